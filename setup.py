@@ -1,0 +1,35 @@
+"""Build for Trident: the Python package plus one native extension, trident._C.
+
+The extension is built with torch.utils.cpp_extension against whatever torch is installed
+(CPU wheel in CI, CUDA wheel on the GPU machine). It needs no CUDA toolkit: the CUDA driver
+API is reached at run time through dlopen("libcuda.so.1"), and streams through torch's
+device-generic guard interface.
+"""
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+SOURCES = [
+    "trident/csrc/module.cpp",
+    "trident/csrc/scm_runtime.cpp",
+    "trident/csrc/cuda_driver.cpp",
+]
+
+setup(
+    name="trident-scm",
+    version="0.1.0",
+    description="Specialization Cache Modules: native host programs for PyTorch graphs of Triton kernels",
+    packages=find_packages(include=["trident", "trident.*"]),
+    package_data={"trident": ["csrc/*.h", "csrc/*.cpp"]},
+    ext_modules=[
+        CppExtension(
+            "trident._C",
+            SOURCES,
+            extra_compile_args=["-O2"],
+            libraries=["dl"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11", "triton>=3.6", "torch-mlir"],
+)

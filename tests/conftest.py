@@ -1,0 +1,33 @@
+import os
+import re
+
+import pytest
+import torch
+
+import trident  # noqa: F401  (sets up Triton's driver on CPU-only machines)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (runs on the device machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def device(request):
+    return request.param
+
+
+def normalize(text: str) -> str:
+    """Golden-safe text: no addresses, no process-wide counters."""
+    text = re.sub(r"0x[0-9a-f]+", "0xADDR", text)
+    text = re.sub(r"kernel_idx = \d+", "kernel_idx = K", text)
+    text = re.sub(r"constant_args_idx = \d+", "constant_args_idx = C", text)
+    text = re.sub(r"trident\.scm\.default\(\d+,", "trident.scm.default(REGION,", text)
+    return text
+
+
+DEVICE_ENV = os.environ.get("TRIDENT_TEST_DEVICE", "")

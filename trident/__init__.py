@@ -1,0 +1,33 @@
+"""Trident: native Specialization Cache Modules for PyTorch graphs of Triton kernels.
+
+    gm = trident.capture(fn, *example_inputs)   # FX graph: ATen ops + Triton launches
+    opt = trident.optimize(gm)                   # each region -> one torch.ops.trident.scm call
+    opt(*inputs)                                 # hits never enter Python
+    trident.cache_info(opt), trident.explain(opt)
+"""
+
+from .errors import (
+    CaptureError,
+    GuardError,
+    LaunchError,
+    LoweringError,
+    TridentError,
+    UnsupportedError,
+)
+from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
+from .capture import capture
+from .optimize import cache_info, explain, optimize, scm_text
+
+__all__ = [
+    "CaptureError",
+    "GuardError",
+    "LaunchError",
+    "LoweringError",
+    "TridentError",
+    "UnsupportedError",
+    "cache_info",
+    "capture",
+    "explain",
+    "optimize",
+    "scm_text",
+]

@@ -1,0 +1,22 @@
+// The few CUDA driver entry points Trident needs, resolved at run time from libcuda.so.1 so
+// that one build serves the CPU and CUDA torch wheels (no CUDA toolkit at build time).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trident::cuda {
+
+// True once libcuda.so.1 was found and every symbol resolved.
+bool available();
+
+// Loads `cubin` into the current context of `device` and returns the CUfunction for `name`,
+// enabling large dynamic shared memory when `shared` needs it (Triton's rule).
+void* load_function(int64_t device, const std::string& cubin, const std::string& name,
+                    int64_t shared, std::string* error);
+
+// One cuLaunchKernel on `stream`. Returns 0 or the CUresult; `error` gets the driver's text.
+int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps,
+           int64_t shared, void* stream, void** params, std::string* error);
+
+}  // namespace trident::cuda

@@ -1,0 +1,159 @@
+// The trident._C extension: the trident::scm operator and the services Python uses to build
+// SCMs (regions, kernels, allocation plans) and to test native pieces against their originals.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <chrono>
+
+#include "cuda_driver.h"
+#include "scm_runtime.h"
+
+namespace py = pybind11;
+
+namespace trident {
+namespace {
+
+std::vector<at::Tensor> scm_kernel(int64_t region, at::TensorList mutated, at::TensorList inputs) {
+  std::vector<at::Tensor> all;
+  all.reserve(mutated.size() + inputs.size());
+  all.insert(all.end(), mutated.begin(), mutated.end());
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  return run_region(region, std::move(all));
+}
+
+int64_t create_region(const std::string& name, int64_t num_inputs, int64_t max_rank,
+                      int64_t num_outputs, py::object miss_handler) {
+  auto r = std::make_shared<Region>();
+  r->name = name;
+  r->num_inputs = num_inputs;
+  r->max_rank = max_rank;
+  r->num_outputs = num_outputs;
+  r->miss_handler = std::move(miss_handler);
+  return register_region(r);
+}
+
+int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, int64_t num_ctas,
+                   int64_t shared, int64_t gs_size, int64_t gs_align, int64_t ps_size,
+                   int64_t ps_align, std::vector<std::string> param_types, py::object cpu_runner) {
+  auto k = std::make_shared<KernelEntry>();
+  k->name = name;
+  k->cubin = std::string(cubin);
+  k->num_warps = num_warps;
+  k->num_ctas = num_ctas;
+  k->shared = shared;
+  k->global_scratch_size = gs_size;
+  k->global_scratch_align = std::max<int64_t>(gs_align, 1);
+  k->profile_scratch_size = ps_size;
+  k->profile_scratch_align = std::max<int64_t>(ps_align, 1);
+  k->param_types = std::move(param_types);
+  k->cpu_runner = std::move(cpu_runner);
+  return register_kernel(std::move(k));
+}
+
+int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, const at::Tensor& dtype_of,
+                  const std::string& device, bool zero, int64_t output_index) {
+  AllocEntry a;
+  a.sizes = std::move(sizes);
+  a.strides = std::move(strides);
+  a.dtype = dtype_of.scalar_type();
+  a.device = at::Device(device);
+  a.zero = zero;
+  a.output_index = output_index;
+  return register_alloc(std::move(a));
+}
+
+std::vector<int64_t> tensor_facts(const at::Tensor& t, int64_t max_rank) {
+  std::vector<int64_t> out(kFactsFixed + 2 * max_rank, 0);
+  fill_tensor_facts(t, max_rank, out.data());
+  return out;
+}
+
+// Host cost of a bare cuLaunchKernel loop over registered kernels: the benchmark's floor.
+// `launches` lists (kernel index, gx, gy, gz, slot values). Returns total nanoseconds for
+// `iters` passes over the list (launches only; the caller synchronizes).
+int64_t bare_launch_loop(
+    const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>>>& launches,
+    int64_t device, int64_t iters) {
+  TORCH_CHECK(cuda::available(), "bare_launch_loop needs the CUDA driver");
+  c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+  c10::OptionalDeviceGuard guard(dev);
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
+  struct Prepared {
+    void* fn;
+    const KernelEntry* k;
+    int64_t gx, gy, gz;
+    std::vector<int64_t> slots;
+    std::vector<void*> params;
+  };
+  std::vector<Prepared> prepared(launches.size());
+  int64_t zero = 0;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    auto& p = prepared[i];
+    std::string err;
+    p.k = &kernel_entry(std::get<0>(launches[i]));
+    p.fn = kernel_function(std::get<0>(launches[i]), device, &err);
+    TORCH_CHECK(p.fn, err);
+    p.gx = std::get<1>(launches[i]);
+    p.gy = std::get<2>(launches[i]);
+    p.gz = std::get<3>(launches[i]);
+    p.slots = std::get<4>(launches[i]);
+  }
+  for (auto& p : prepared) {
+    for (auto& v : p.slots) p.params.push_back(&v);
+    p.params.push_back(&zero);
+    p.params.push_back(&zero);
+  }
+  std::string err;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t it = 0; it < iters; ++it) {
+    for (auto& p : prepared) {
+      if (cuda::launch(p.fn, p.gx, p.gy, p.gz, p.k->num_warps, p.k->shared, stream, p.params.data(), &err))
+        TORCH_CHECK(false, err);
+    }
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+}
+
+}  // namespace
+}  // namespace trident
+
+TORCH_LIBRARY(trident, m) {
+  m.def(
+      "scm(int region, Tensor(a!)[] mutated, Tensor[] inputs) -> Tensor[]",
+      {at::Tag::pt2_compliant_tag});
+  // Stands for one Triton launch when a region is imported into torch-mlir's torch dialect:
+  // value semantics, returning the new values of the tensors the kernel writes (the way
+  // triton_kernel_wrapper_functional does). Never executed.
+  m.def("triton_launch(int launch, Tensor[] reads, Tensor[] writes) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(trident, CPU, m) { m.impl("scm", &trident::scm_kernel); }
+TORCH_LIBRARY_IMPL(trident, CUDA, m) { m.impl("scm", &trident::scm_kernel); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("create_region", &trident::create_region);
+  m.def("set_host", [](int64_t id, int64_t host, int64_t select) {
+    auto r = trident::get_region(id);
+    r->select.store(reinterpret_cast<trident::HostFn>(select), std::memory_order_release);
+    r->host.store(reinterpret_cast<trident::HostFn>(host), std::memory_order_release);
+  });
+  m.def("region_stats", [](int64_t id) {
+    auto r = trident::get_region(id);
+    return py::make_tuple(r->hits.load(), r->misses.load(), r->last_spec.load());
+  });
+  m.def("add_kernel", &trident::add_kernel);
+  m.def("add_alloc", &trident::add_alloc);
+  m.def("tensor_facts", &trident::tensor_facts);
+  m.def("encode_meta", &trident::encode_meta);
+  m.def("probe", &trident::probe_region);
+  m.def("cuda_available", &trident::cuda::available);
+  m.def("bare_launch_loop", &trident::bare_launch_loop);
+  m.def("kernel_function", [](int64_t k, int64_t dev) {
+    std::string err;
+    void* fn = trident::kernel_function(k, dev, &err);
+    TORCH_CHECK(fn, err);
+    return reinterpret_cast<int64_t>(fn);
+  });
+  m.def("facts_fixed", [] { return trident::kFactsFixed; });
+}

@@ -1,0 +1,330 @@
+#include "scm_runtime.h"
+
+#include <torch/extension.h>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <array>
+#include <cstring>
+
+#include "cuda_driver.h"
+
+namespace py = pybind11;
+
+namespace trident {
+namespace {
+
+// Tables never shrink, and their capacity is reserved up front, so the hit path can index
+// them without a lock while a miss on another thread appends.
+constexpr size_t kTableCapacity = 1 << 16;
+
+template <typename T>
+struct Table {
+  std::mutex mutex;
+  std::vector<T> items;
+  Table() { items.reserve(kTableCapacity); }
+  int64_t add(T item) {
+    std::lock_guard<std::mutex> lock(mutex);
+    TORCH_CHECK(items.size() < kTableCapacity, "trident: runtime table is full (", kTableCapacity,
+                " entries); this process created too many SCM specializations");
+    items.push_back(std::move(item));
+    return static_cast<int64_t>(items.size() - 1);
+  }
+};
+
+Table<std::shared_ptr<Region>>& regions() {
+  static Table<std::shared_ptr<Region>> t;
+  return t;
+}
+Table<std::shared_ptr<KernelEntry>>& kernels() {
+  static Table<std::shared_ptr<KernelEntry>> t;
+  return t;
+}
+Table<AllocEntry>& allocs() {
+  static Table<AllocEntry> t;
+  return t;
+}
+
+constexpr int64_t kAllocFailed = -1;
+
+int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
+  try {
+    const AllocEntry& a = allocs().items[index];
+    at::Tensor t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(a.device));
+    if (a.zero) t.zero_();
+    int64_t ptr = reinterpret_cast<int64_t>(t.data_ptr());
+    if (a.output_index >= 0) {
+      ctx->outputs[a.output_index] = std::move(t);
+    } else {
+      ctx->temps.push_back(std::move(t));
+    }
+    return ptr;
+  } catch (const std::exception& e) {
+    ctx->error = std::string("allocation failed: ") + e.what();
+    return kAllocFailed;
+  }
+}
+
+py::object decode_slot(const std::string& ty, int64_t bits) {
+  if (ty[0] == '*') return py::int_(static_cast<uint64_t>(bits));
+  if (ty == "i1" || ty == "u1") return py::bool_(bits & 1);
+  if (ty == "i8") return py::int_(static_cast<int8_t>(bits));
+  if (ty == "i16") return py::int_(static_cast<int16_t>(bits));
+  if (ty == "i32") return py::int_(static_cast<int32_t>(bits));
+  if (ty == "i64") return py::int_(bits);
+  if (ty == "u8") return py::int_(static_cast<uint8_t>(bits));
+  if (ty == "u16") return py::int_(static_cast<uint16_t>(bits));
+  if (ty == "u32") return py::int_(static_cast<uint32_t>(bits));
+  if (ty == "u64") return py::int_(static_cast<uint64_t>(bits));
+  if (ty == "fp32") {
+    float f;
+    uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&f, &b, 4);
+    return py::float_(f);
+  }
+  if (ty == "fp64") {
+    double d;
+    std::memcpy(&d, &bits, 8);
+    return py::float_(d);
+  }
+  if (ty == "fp16") {
+    c10::Half h(static_cast<uint16_t>(bits), c10::Half::from_bits());
+    return py::float_(static_cast<float>(h));
+  }
+  if (ty == "bf16") {
+    c10::BFloat16 h(static_cast<uint16_t>(bits), c10::BFloat16::from_bits());
+    return py::float_(static_cast<float>(h));
+  }
+  throw std::runtime_error("kernel parameter type '" + ty + "' has no CPU decoding");
+}
+
+int64_t launch_cpu(HostCtx* ctx, KernelEntry& k, int64_t gx, int64_t gy, int64_t gz,
+                   const int64_t* slots) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::list args(k.param_types.size());
+    for (size_t i = 0; i < k.param_types.size(); ++i) args[i] = decode_slot(k.param_types[i], slots[i]);
+    k.cpu_runner(py::make_tuple(gx, gy, gz), args);
+    return 0;
+  } catch (const std::exception& e) {
+    ctx->error = "kernel '" + k.name + "' failed in Triton's interpreter: " + e.what();
+    return -2;
+  }
+}
+
+void* load_kernel(KernelEntry& k, int64_t dev, std::string* error) {
+  if (dev < 0 || dev >= KernelEntry::kMaxDevices) {
+    *error = "CUDA device index " + std::to_string(dev) + " is out of range";
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(k.load_mutex);
+  void* fn = k.functions[dev].load();
+  if (!fn) {
+    if (k.cubin.empty()) {
+      *error = "kernel '" + k.name + "' has no cubin; it was compiled for the CPU interpreter only";
+      return nullptr;
+    }
+    fn = cuda::load_function(dev, k.cubin, k.name, k.shared, error);
+    k.functions[dev].store(fn);
+  }
+  return fn;
+}
+
+int64_t launch_cuda(HostCtx* ctx, KernelEntry& k, int64_t gx, int64_t gy, int64_t gz,
+                    const int64_t* slots) {
+  const int64_t dev = ctx->device_index;
+  void* fn = (dev >= 0 && dev < KernelEntry::kMaxDevices) ? k.functions[dev].load(std::memory_order_acquire) : nullptr;
+  if (!fn && !(fn = load_kernel(k, dev, &ctx->error))) return -2;
+  const size_t n = k.param_types.size();
+  constexpr size_t kMaxParams = 254;
+  if (n > kMaxParams) {
+    ctx->error = "kernel '" + k.name + "' has more than 254 parameters";
+    return -2;
+  }
+  std::array<void*, kMaxParams + 2> params;
+  for (size_t i = 0; i < n; ++i) params[i] = const_cast<int64_t*>(slots + i);
+  // Triton 3.6 appends two scratch pointers to every kernel (see nvidia/driver.py).
+  int64_t global_scratch = 0, profile_scratch = 0;
+  try {
+    auto scratch = [&](int64_t size, int64_t align) -> int64_t {
+      if (size <= 0) return 0;
+      int64_t bytes = gx * gy * gz * k.num_ctas * size + align;
+      at::Tensor t = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, dev));
+      int64_t p = reinterpret_cast<int64_t>(t.data_ptr());
+      ctx->temps.push_back(std::move(t));
+      return (p + align - 1) / align * align;
+    };
+    global_scratch = scratch(k.global_scratch_size, k.global_scratch_align);
+    profile_scratch = scratch(k.profile_scratch_size, k.profile_scratch_align);
+  } catch (const std::exception& e) {
+    ctx->error = std::string("scratch allocation failed: ") + e.what();
+    return -2;
+  }
+  params[n] = &global_scratch;
+  params[n + 1] = &profile_scratch;
+  if (cuda::launch(fn, gx, gy, gz, k.num_warps, k.shared, ctx->stream, params.data(), &ctx->error)) {
+    ctx->error = "kernel '" + k.name + "': " + ctx->error;
+    return -2;
+  }
+  return 0;
+}
+
+int64_t rt_launch(HostCtx* ctx, int64_t index, int64_t gx, int64_t gy, int64_t gz,
+                  const int64_t* slots) noexcept {
+  try {
+    KernelEntry& k = *kernels().items[index];
+    if (ctx->device_index >= 0) return launch_cuda(ctx, k, gx, gy, gz, slots);
+    return launch_cpu(ctx, k, gx, gy, gz, slots);
+  } catch (const std::exception& e) {
+    ctx->error = e.what();
+    return -2;
+  }
+}
+
+RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch};
+
+thread_local std::vector<int64_t> tls_facts;
+
+int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx) {
+  HostFn host = r.host.load(std::memory_order_acquire);
+  if (!host) return -1;  // nothing compiled yet: the first call is a miss
+  RuntimeTable* table = &kRuntimeTable;
+  HostCtx* ctx_ptr = &ctx;
+  int64_t result = -1;
+  void* args[3] = {&table, &ctx_ptr, &result};
+  host(args);
+  return result;
+}
+
+}  // namespace
+
+int64_t encode_meta(const at::Tensor& t) {
+  if (!t.defined()) return -1;
+  const at::Device d = t.device();
+  return static_cast<int64_t>(t.scalar_type()) | (static_cast<int64_t>(d.type()) << 8) |
+         (static_cast<int64_t>(d.index() + 1) << 16);
+}
+
+void fill_tensor_facts(const at::Tensor& t, int64_t max_rank, int64_t* out) {
+  if (!t.defined()) {
+    out[0] = 0;
+    out[1] = -1;
+    out[2] = -1;
+    return;
+  }
+  out[0] = reinterpret_cast<int64_t>(t.data_ptr());
+  out[1] = encode_meta(t);
+  const int64_t ndim = t.dim();
+  out[2] = ndim;
+  const int64_t n = std::min(ndim, max_rank);
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  for (int64_t i = 0; i < n; ++i) {
+    out[kFactsFixed + i] = sizes[i];
+    out[kFactsFixed + max_rank + i] = strides[i];
+  }
+}
+
+int64_t register_region(std::shared_ptr<Region> region) {
+  int64_t id = regions().add(region);
+  region->id = id;
+  return id;
+}
+
+std::shared_ptr<Region> get_region(int64_t id) {
+  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(),
+              "trident: no SCM region with id ", id,
+              " in this process; the graph was optimized in another process or the id is corrupt");
+  return regions().items[id];
+}
+
+int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().add(std::move(kernel)); }
+
+int64_t register_alloc(AllocEntry alloc) { return allocs().add(std::move(alloc)); }
+
+const KernelEntry& kernel_entry(int64_t index) {
+  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);
+  return *kernels().items[index];
+}
+
+void* kernel_function(int64_t index, int64_t device, std::string* error) {
+  kernel_entry(index);
+  return load_kernel(*kernels().items[index], device, error);
+}
+
+static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
+                    c10::OptionalDeviceGuard& guard) {
+  const int64_t stride = r.facts_stride();
+  tls_facts.assign(inputs.size() * stride, 0);
+  for (size_t i = 0; i < inputs.size(); ++i) fill_tensor_facts(inputs[i], r.max_rank, tls_facts.data() + i * stride);
+  ctx.facts = tls_facts.data();
+  ctx.inputs = &inputs;
+  ctx.outputs.assign(r.num_outputs, at::Tensor());
+  ctx.temps.clear();
+  ctx.error.clear();
+  ctx.device_index = -1;
+  ctx.stream = nullptr;
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.is_cuda()) {
+      ctx.device_index = t.device().index();
+      guard.reset_device(t.device());
+      ctx.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+      break;
+    }
+  }
+}
+
+int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
+  // Runs the generated guard-and-select function: nothing is allocated or launched.
+  auto r = get_region(region_id);
+  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r->num_inputs, "trident: region '", r->name,
+              "' expected ", r->num_inputs, " tensor inputs, got ", inputs.size());
+  HostCtx ctx;
+  c10::OptionalDeviceGuard guard;
+  prepare(*r, inputs, ctx, guard);
+  HostFn select = r->select.load(std::memory_order_acquire);
+  if (!select) return -1;
+  RuntimeTable* table = &kRuntimeTable;
+  HostCtx* ctx_ptr = &ctx;
+  int64_t result = -1;
+  void* args[3] = {&table, &ctx_ptr, &result};
+  select(args);
+  return result;
+}
+
+std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs) {
+  auto rp = get_region(region_id);
+  Region& r = *rp;
+  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
+              "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
+  HostCtx ctx;
+  c10::OptionalDeviceGuard guard;
+  prepare(r, inputs, ctx, guard);
+  int64_t result = run_host(r, inputs, ctx);
+  if (result == -1) {
+    r.misses.fetch_add(1, std::memory_order_relaxed);
+    {
+      // GIL first, then the region's lock: one order for every thread.
+      py::gil_scoped_acquire gil;
+      std::lock_guard<std::mutex> lock(r.miss_mutex);
+      py::list py_inputs;
+      for (const at::Tensor& t : inputs) py_inputs.append(py::cast(t));
+      r.miss_handler(region_id, py_inputs);  // raises TridentError when it cannot specialize
+    }
+    prepare(r, inputs, ctx, guard);
+    result = run_host(r, inputs, ctx);
+    TORCH_CHECK(result != -1, "trident: region '", r.name,
+                "' still has no matching specialization after compiling one for these inputs; "
+                "this is a bug in Trident's guards, please report it with trident.explain(gm)");
+  } else if (result >= 0) {
+    r.hits.fetch_add(1, std::memory_order_relaxed);
+  }
+  TORCH_CHECK(result >= 0, "trident: region '", r.name, "' failed: ", ctx.error);
+  r.last_spec.store(result, std::memory_order_relaxed);
+  return std::move(ctx.outputs);
+}
+
+}  // namespace trident

@@ -1,0 +1,25 @@
+"""Trident's one error hierarchy. Messages say what was expected, what came, and what to do."""
+
+
+class TridentError(RuntimeError):
+    """Base class of every error Trident raises on purpose."""
+
+
+class CaptureError(TridentError):
+    """The function could not be captured into an FX graph of Triton launches and ATen ops."""
+
+
+class UnsupportedError(TridentError):
+    """The graph uses something Trident does not handle (yet); the message says what."""
+
+
+class LoweringError(TridentError):
+    """The MLIR pipeline failed; the message names the saved input and the repro command."""
+
+
+class LaunchError(TridentError):
+    """A kernel could not be launched or an SCM could not run on the given inputs."""
+
+
+class GuardError(TridentError):
+    """Inputs differ from the captured graph in a way no new specialization can serve."""

@@ -1,0 +1,64 @@
+"""Every TRIDENT_* environment setting, typed, in one place.
+
+Read at use (not at import) so tests can change them with `knobs.scope(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _Knob:
+    env: str
+    default: str
+    doc: str
+
+    def get(self) -> str:
+        return os.environ.get(self.env, self.default)
+
+
+_KNOBS = {
+    "dump_dir": _Knob("TRIDENT_DUMP_DIR", "", "write every generated artifact (SCM IR, MLIR) here"),
+    "repro_dir": _Knob("TRIDENT_REPRO_DIR", "", "where a failed MLIR pipeline saves its input"),
+    "mlir_opt_level": _Knob("TRIDENT_MLIR_OPT_LEVEL", "2", "ExecutionEngine optimization level"),
+    "compile_cubin_on_cpu": _Knob(
+        "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too"
+    ),
+}
+
+
+def dump_dir() -> str:
+    return _KNOBS["dump_dir"].get()
+
+
+def repro_dir() -> str:
+    return _KNOBS["repro_dir"].get()
+
+
+def mlir_opt_level() -> int:
+    return int(_KNOBS["mlir_opt_level"].get())
+
+
+def compile_cubin_on_cpu() -> bool:
+    return _KNOBS["compile_cubin_on_cpu"].get() not in ("0", "false", "False", "")
+
+
+@contextlib.contextmanager
+def scope(**values: str):
+    """Temporarily set knobs by name, e.g. `with knobs.scope(dump_dir="/tmp/x"): ...`."""
+    saved = {}
+    try:
+        for name, value in values.items():
+            env = _KNOBS[name].env
+            saved[env] = os.environ.get(env)
+            os.environ[env] = str(value)
+        yield
+    finally:
+        for env, old in saved.items():
+            if old is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = old

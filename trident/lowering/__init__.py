@@ -1,0 +1,14 @@
+from .pipeline import HostBinary, compile_host, lower_to_llvm
+from .region_to_torch import functional_region_graph, import_region
+from .scm_to_llvm import emit_host_module, meta_code, slot_bits
+
+__all__ = [
+    "HostBinary",
+    "compile_host",
+    "emit_host_module",
+    "functional_region_graph",
+    "import_region",
+    "lower_to_llvm",
+    "meta_code",
+    "slot_bits",
+]

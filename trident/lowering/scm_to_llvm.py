@@ -1,0 +1,249 @@
+"""Stage 2 of the lowering: SCM IR + the region in torch dialect -> the native host program.
+
+The host program is one function, `scm_host(rt, ctx) -> i64`, in the func/arith/cf/llvm
+dialects (ABI: trident/csrc/scm_runtime.h, Note [Host ABI]). It
+  1. loads the input facts the native prologue wrote (data pointer, dtype/device code, rank,
+     sizes, strides per input) and evaluates every specialization's guards on them, in order;
+  2. for the first specialization whose guards hold, walks the region's steps in the order of
+     the torch-dialect function: each allocation calls the runtime's `alloc` service (and
+     checks the 16-byte alignment the kernels were specialized on), each
+     `trident.triton_launch` packs the kernel's parameters into 64-bit slots and calls the
+     runtime's `launch` service with the kernel's handle and grid;
+  3. returns the specialization's index, -1 when no guard set holds (a miss), -2 when a
+     runtime service failed.
+Every constant a decision needs (expected codes, handles, grids, scalar bits) is baked in.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+from torch_mlir import ir
+from torch_mlir.dialects import arith, cf, func, llvm
+
+from ..scm.ir import SCM, LaunchPlan, Param, Specialization, ValueRef
+from .region_to_torch import LAUNCH_OP_NAME
+
+FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
+RT_ALLOC, RT_LAUNCH = 0, 1  # field order of RuntimeTable
+HOST_SYMBOL = "scm_host"
+SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
+
+_ALLOC_OPS = {
+    "torch.aten.empty.memory_format",
+    "torch.aten.empty_like",
+    "torch.aten.empty_strided",
+    "torch.aten.new_empty",
+    "torch.aten.zeros",
+    "torch.aten.zeros_like",
+    "torch.aten.new_zeros",
+}
+
+_DEVICE_TYPE = {"cpu": 0, "cuda": 1}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """c10::ScalarType value of a dtype, as the native prologue encodes it."""
+    from ..runtime.native import scalar_type_code
+
+    return scalar_type_code(dtype)
+
+
+def meta_code(dtype: torch.dtype, device: torch.device) -> int:
+    """The prologue's meta fact for a tensor (scm_runtime.cpp: encode_meta)."""
+    index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
+    return dtype_code(dtype) | (_DEVICE_TYPE[device.type] << 8) | ((index + 1) << 16)
+
+
+def slot_bits(ty: str, value) -> int:
+    """Raw bits of a scalar kernel parameter, zero-extended to 64 bits (Note [Host ABI])."""
+    if ty in ("i1", "u1"):
+        return int(bool(value))
+    if ty[0] in "iu":
+        width = int(ty[1:])
+        return int(value) & ((1 << width) - 1)
+    if ty == "fp32":
+        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    if ty == "fp64":
+        return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+    if ty in ("fp16", "bf16"):
+        dt = torch.float16 if ty == "fp16" else torch.bfloat16
+        return int(torch.tensor(float(value), dtype=dt).view(torch.int16).item()) & 0xFFFF
+    raise ValueError(f"no slot encoding for kernel parameter type {ty!r}")
+
+
+def region_steps(torch_module: ir.Module, name: str) -> list[tuple[str, int]]:
+    """The region's steps in the order of its torch-dialect function: ("alloc", k) for the
+    k-th allocation, ("launch", j) for launch index j."""
+    fn = None
+    for op in torch_module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            fn = op
+    assert fn is not None, f"function {name} not found in the imported region"
+    steps: list[tuple[str, int]] = []
+    allocs = 0
+    for op in fn.regions[0].blocks[0].operations:
+        opname = op.operation.name
+        if opname in _ALLOC_OPS:
+            steps.append(("alloc", allocs))
+            allocs += 1
+        elif opname == "torch.operator" and ir.StringAttr(op.attributes["name"]).value == LAUNCH_OP_NAME:
+            launch_id = op.operands[0].owner
+            value = ir.IntegerAttr(launch_id.attributes["value"]).value
+            steps.append(("launch", value))
+    return steps
+
+
+class _Emitter:
+    def __init__(self, scm: SCM, steps: list[tuple[str, int]]):
+        self.scm = scm
+        self.steps = steps
+        self.i64 = ir.IntegerType.get_signless(64)
+        self.i1 = ir.IntegerType.get_signless(1)
+        self.ptr = ir.Type.parse("!llvm.ptr")
+        self.stride = FACTS_FIXED + 2 * scm.max_rank
+
+    # -- small builders -------------------------------------------------------------------
+    def const(self, v: int):
+        if v >= 1 << 63:
+            v -= 1 << 64
+        return arith.constant(self.i64, v)
+
+    def load_at(self, base, index: int, ty):
+        addr = llvm.GEPOp(self.ptr, base, [], [index], ty, 0).result
+        return llvm.LoadOp(ty, addr).result
+
+    def eq(self, a, b):
+        return arith.CmpIOp(arith.CmpIPredicate.eq, a, b).result
+
+    def ne(self, a, b):
+        return arith.CmpIOp(arith.CmpIPredicate.ne, a, b).result
+
+    def fact(self, input_index: int, offset: int):
+        key = (input_index, offset)
+        if key not in self.facts:
+            with ir.InsertionPoint.at_block_terminator(self.entry) if self.entry_done else ir.InsertionPoint(self.entry):
+                self.facts[key] = self.load_at(self.facts_ptr, input_index * self.stride + offset, self.i64)
+        return self.facts[key]
+
+    def aligned16(self, value):
+        low = arith.AndIOp(value, self.const(15)).result
+        return self.eq(low, self.const(0))
+
+    # -- the program ----------------------------------------------------------------------
+    def emit(self, module: ir.Module, select_only: bool = False) -> None:
+        with ir.InsertionPoint(module.body):
+            name = SELECT_SYMBOL if select_only else HOST_SYMBOL
+            fn = func.FuncOp(name, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
+        self.entry = fn.add_entry_block()
+        self.entry_done = False
+        rt, ctx = self.entry.arguments
+        self.ctx = ctx
+        self.facts: dict = {}
+        region = fn.regions[0]
+        specs = self.scm.specializations
+        guard_blocks = [region.blocks.append() for _ in specs]
+        body_blocks = [region.blocks.append() for _ in specs]
+        miss = region.blocks.append()
+        fail = None if select_only else region.blocks.append()
+        with ir.InsertionPoint(self.entry):
+            self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
+            self.alloc_fn = self.load_at(rt, RT_ALLOC, self.ptr)
+            self.launch_fn = self.load_at(rt, RT_LAUNCH, self.ptr)
+            max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
+            self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
+            cf.BranchOp([], guard_blocks[0] if specs else miss)
+        self.entry_done = True
+        for i, spec in enumerate(specs):
+            nxt = guard_blocks[i + 1] if i + 1 < len(specs) else miss
+            with ir.InsertionPoint(guard_blocks[i]):
+                cf.CondBranchOp(self.guards(spec), [], [], body_blocks[i], nxt)
+            if select_only:
+                with ir.InsertionPoint(body_blocks[i]):
+                    func.ReturnOp([self.const(spec.index)])
+            else:
+                self.body(spec, body_blocks[i], fail, region)
+        with ir.InsertionPoint(miss):
+            func.ReturnOp([self.const(-1)])
+        if fail is not None:
+            with ir.InsertionPoint(fail):
+                func.ReturnOp([self.const(-2)])
+
+    def guards(self, spec: Specialization):
+        ok = arith.constant(self.i1, 1)
+        for g in spec.guards:
+            f = g.facts
+            checks = [
+                (1, meta_code(f.dtype, f.device)),
+                (2, len(f.sizes)),
+            ]
+            checks += [(FACTS_FIXED + d, s) for d, s in enumerate(f.sizes)]
+            checks += [(FACTS_FIXED + self.scm.max_rank + d, s) for d, s in enumerate(f.strides)]
+            for offset, expected in checks:
+                ok = arith.AndIOp(ok, self.eq(self.fact(g.input, offset), self.const(expected))).result
+            if g.aligned16 is not None:
+                is_aligned = self.aligned16(self.fact(g.input, 0))
+                want = arith.constant(self.i1, 1 if g.aligned16 else 0)
+                ok = arith.AndIOp(ok, self.eq(is_aligned, want)).result
+        return ok
+
+    def _continue(self, cond_ok, fail, region):
+        """Branch to `fail` unless cond_ok; returns the block to keep emitting into."""
+        nxt = region.blocks.append()
+        cf.CondBranchOp(cond_ok, [], [], nxt, fail)
+        return nxt
+
+    def body(self, spec: Specialization, block, fail, region) -> None:
+        allocs: dict[int, ir.Value] = {}
+        needs_alignment = {k for lp in spec.launches for k in lp.aligned_allocs}
+        cur = block
+        for kind, index in self.steps:
+            with ir.InsertionPoint(cur):
+                if kind == "alloc":
+                    plan = spec.allocs[index]
+                    p = llvm.CallOp(self.i64, [self.alloc_fn, self.ctx, self.const(plan.handle)], [], []).result
+                    allocs[index] = p
+                    ok = self.ne(p, self.const(-1))
+                    if index in needs_alignment:
+                        ok = arith.AndIOp(ok, self.aligned16(p)).result
+                    cur = self._continue(ok, fail, region)
+                else:
+                    launch = spec.launches[index]
+                    self.store_params(launch, allocs)
+                    gx, gy, gz = launch.step.grid
+                    r = llvm.CallOp(
+                        self.i64,
+                        [self.launch_fn, self.ctx, self.const(launch.handle), self.const(gx), self.const(gy),
+                         self.const(gz), self.slots],
+                        [],
+                        [],
+                    ).result
+                    cur = self._continue(self.eq(r, self.const(0)), fail, region)
+        with ir.InsertionPoint(cur):
+            func.ReturnOp([self.const(spec.index)])
+
+    def param_value(self, p: Param, allocs):
+        src = p.source
+        if isinstance(src, ValueRef):
+            return self.fact(src.index, 0) if src.kind == "input" else allocs[src.index]
+        return self.const(slot_bits(p.ty, src))
+
+    def store_params(self, launch: LaunchPlan, allocs) -> None:
+        for i, p in enumerate(launch.params):
+            addr = llvm.GEPOp(self.ptr, self.slots, [], [i], self.i64, 0).result
+            llvm.StoreOp(self.param_value(p, allocs), addr)
+
+
+def emit_host_module(scm: SCM, torch_module: ir.Module) -> ir.Module:
+    """A new module, in the context of `torch_module`, holding the host program of `scm`."""
+    steps = region_steps(torch_module, scm.program.name)
+    expected = sorted(("alloc", i) for i in range(len(scm.program.allocs))) + sorted(
+        ("launch", j) for j in range(len(scm.program.launches))
+    )
+    assert sorted(steps) == sorted(expected), f"torch dialect steps {steps} do not match the SCM program"
+    with torch_module.context, ir.Location.unknown():
+        module = ir.Module.create()
+        _Emitter(scm, steps).emit(module)
+        _Emitter(scm, steps).emit(module, select_only=True)
+    return module

@@ -1,0 +1,116 @@
+"""trident.optimize and the inspection helpers over optimized graphs."""
+
+from __future__ import annotations
+
+import torch
+
+from .capture import ensure_triton_driver
+from .errors import GuardError, TridentError
+from .passes import decompose_functional_launches, outline_regions, partition_regions, sink_allocations
+from .runtime import SCMRuntime
+from .scm.ir import RegionProgram
+from .scm.printer import format_guard, format_scm
+
+
+def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    return new
+
+
+def _make_scm(program: RegionProgram) -> int:
+    rt = SCMRuntime(program)
+    # Specialize ahead for the captured input facts with aligned pointers (what fresh tensors
+    # have); other alignments, dtypes or devices are compiled on their first miss.
+    rt.add_specialization(program.captured_inputs, [True] * len(program.inputs))
+    return rt.region_id
+
+
+def _install_input_checks(gm: torch.fx.GraphModule) -> None:
+    """Replace the module's __call__ with a check of arity, tensor-ness and captured constants,
+    then a direct call of forward (per-instance class, so other modules are untouched)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = [n.name for n in placeholders]
+    constants = dict(gm.meta.get("trident_constant_inputs", {}))
+    tensor_positions = [i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)]
+    n_inputs = len(placeholders)
+    forward = gm.forward
+
+    def checked_call(self, *args, **kwargs):
+        if kwargs or len(args) != n_inputs:
+            raise TridentError(
+                f"optimized graph expected {n_inputs} positional inputs ({', '.join(names)}), "
+                f"got {len(args)} positional and {len(kwargs)} keyword"
+            )
+        for i in tensor_positions:
+            if not isinstance(args[i], torch.Tensor):
+                raise TridentError(
+                    f"input {names[i]!r} (position {i}) expected a Tensor, got {type(args[i]).__name__}"
+                )
+        for i, want in constants.items():
+            if args[i] != want or type(args[i]) is not type(want):
+                raise GuardError(
+                    f"input {names[i]!r} (position {i}) was captured as the constant {want!r}, got {args[i]!r}; "
+                    "non-tensor inputs are baked into the captured graph: capture again with this value"
+                )
+        return forward(*args)
+
+    type(gm).__call__ = checked_call
+
+
+def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replace every region of Triton launches (and the allocations feeding them) with ONE
+    torch.ops.trident.scm call. Returns a new GraphModule; `gm` is left unchanged."""
+    ensure_triton_driver()
+    new = _copy_graph_module(gm)
+    decompose_functional_launches(new)
+    sink_allocations(new)
+    part = partition_regions(new)
+    region_ids = outline_regions(new, part.regions, _make_scm)
+    new.meta["trident_regions"] = region_ids
+    new.meta["trident_cuts"] = part.cuts
+    _install_input_checks(new)
+    return new
+
+
+def _regions(gm: torch.fx.GraphModule) -> list[SCMRuntime]:
+    if "trident_regions" not in gm.meta:
+        raise TridentError("this GraphModule was not produced by trident.optimize")
+    return [SCMRuntime.get(r) for r in gm.meta["trident_regions"]]
+
+
+def cache_info(gm: torch.fx.GraphModule) -> dict[str, dict]:
+    """Per region: hits, misses, specializations (ints), and the last miss reason."""
+    return {rt.program.name: rt.stats() for rt in _regions(gm)}
+
+
+def explain(gm: torch.fx.GraphModule) -> str:
+    lines = []
+    regions = _regions(gm)
+    lines.append(f"{len(regions)} region(s)")
+    for rt in regions:
+        s = rt.stats()
+        lines.append(
+            f"{rt.program.name}: {len(rt.program.launches)} launch(es), {len(rt.program.allocs)} allocation(s); "
+            f"hits={s['hits']} misses={s['misses']} specializations={s['specializations']}"
+        )
+        for spec in rt.scm.specializations:
+            lines.append(f"  specialization {spec.index}:")
+            lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)
+            for launch in spec.launches:
+                lines.append(f"    launch {launch.step.kernel_name} key={launch.key}")
+        if s["last_miss_reason"]:
+            lines.append(f"  last miss: {s['last_miss_reason']}")
+    cuts = gm.meta.get("trident_cuts", [])
+    if cuts:
+        lines.append("cuts:")
+        lines.extend(f"  {node}: {why}" for node, why in cuts)
+    return "\n".join(lines) + "\n"
+
+
+def scm_text(gm: torch.fx.GraphModule) -> str:
+    """The printed SCM IR of every region."""
+    return "".join(format_scm(rt.scm) for rt in _regions(gm))

@@ -1,0 +1,14 @@
+from .decompose_functional_launches import decompose_functional_launches
+from .outline_regions import outline_regions, region_program
+from .partition_regions import Partition, Region, partition_regions
+from .sink_allocations import sink_allocations
+
+__all__ = [
+    "Partition",
+    "Region",
+    "decompose_functional_launches",
+    "outline_regions",
+    "partition_regions",
+    "region_program",
+    "sink_allocations",
+]

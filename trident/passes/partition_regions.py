@@ -1,0 +1,86 @@
+"""Cut a graph into regions: maximal runs of consecutive Triton launches plus the allocations
+feeding them. Every node that ends a region is recorded with the reason, for explain()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from triton.runtime.jit import JITFunction
+
+from .common import is_allocation, is_launch, launch_kernel, launch_kwargs
+
+
+@dataclass
+class Region:
+    name: str
+    nodes: list[torch.fx.Node]
+
+
+@dataclass
+class Partition:
+    regions: list[Region] = field(default_factory=list)
+    cuts: list[tuple[str, str]] = field(default_factory=list)  # (node, why it is not in a region)
+
+
+def unsupported_launch_reason(node: torch.fx.Node) -> str | None:
+    """Why a launch cannot join a region, or None when it can."""
+    kernel = launch_kernel(node)
+    if not isinstance(kernel, JITFunction):
+        return f"kernel {type(kernel).__name__} is not a plain @triton.jit function (autotune/heuristics come later)"
+    if node.kwargs.get("tma_descriptor_metadata"):
+        return "TMA descriptors are not supported yet"
+    grid = node.kwargs["grid"]
+    if len(grid) != 1 or not all(isinstance(g, int) for g in grid[0]):
+        return f"grid {grid} is not one static (x, y, z)"
+    for name, value in launch_kwargs(node).items():
+        if isinstance(value, torch.fx.Node):
+            val = value.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                return f"argument {name!r} is a traced non-tensor value; symbolic scalars come later"
+        elif isinstance(value, (tuple, list)):
+            return f"argument {name!r} is a tuple; tuple arguments are not supported yet"
+        elif isinstance(value, torch.Tensor):
+            return f"argument {name!r} is a tensor constant baked into the graph"
+    return None
+
+
+def _region_reason(node: torch.fx.Node) -> str:
+    if node.op == "call_function":
+        return f"{node.target}: ATen ops other than allocations stay outside regions in this version"
+    return f"{node.op} node"
+
+
+def partition_regions(gm: torch.fx.GraphModule) -> Partition:
+    part = Partition()
+    current: list[torch.fx.Node] = []
+
+    def close(reason_node: torch.fx.Node | None, reason: str | None):
+        nonlocal current
+        # Leading/trailing allocations without a launch stay outside.
+        if any(is_launch(n) for n in current):
+            part.regions.append(Region(f"region{len(part.regions)}", current))
+            if reason_node is not None and reason is not None:
+                part.cuts.append((reason_node.name, reason))
+        current = []
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            continue
+        if is_launch(node):
+            why = unsupported_launch_reason(node)
+            if why is None:
+                current.append(node)
+                continue
+            close(node, why)
+            part.cuts.append((node.name, why))
+            continue
+        if is_allocation(node):
+            current.append(node)
+            continue
+        if node.op == "output":
+            close(None, None)
+            continue
+        close(node, _region_reason(node))
+    # Allocations left alone in `current` never formed a region; they stay ordinary nodes.
+    return part

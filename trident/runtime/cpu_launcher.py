@@ -1,0 +1,57 @@
+"""Run a compiled kernel's launch on the CPU through Triton's interpreter.
+
+The native runtime hands over exactly what cuLaunchKernel would get: the grid and the packed
+parameter values (pointers as addresses, scalars decoded from their slots). Triton's own
+GridExecutor wants torch tensors; here pointers are raw host addresses, so this mirrors its loop
+with raw-pointer arguments. Constexprs are passed the way GridExecutor passes them: declared
+`tl.constexpr` parameters as tl.constexpr values, parameters the specializer folded (None, the
+integer 1) through the interpreter's own implicit conversion.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter as interp
+
+
+def _arg(ty: str, value: Any):
+    tl_ty = tl.str_to_ty(ty, None)
+    if ty.startswith("*"):
+        handle = interp.TensorHandle(np.array([value], dtype=np.uint64), tl_ty)
+        return tl.tensor(handle, tl_ty)
+    np_dtype = {
+        "i1": np.bool_, "u1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+        "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+        "fp16": np.float16, "bf16": np.float32, "fp32": np.float32, "fp64": np.float64,
+    }[ty]
+    handle = interp.TensorHandle(np.array([value], dtype=np_dtype), tl_ty)
+    return tl.tensor(handle, tl_ty)
+
+
+def make_cpu_runner(
+    jit_fn, param_names: Sequence[str], param_types: Sequence[str], constexprs: dict[str, Any]
+) -> Callable[[tuple[int, int, int], list], None]:
+    interpreted = interp.InterpretedFunction(jit_fn.fn)
+    declared = {p.name for p in jit_fn.params if p.is_constexpr}
+    const_args = {k: (tl.constexpr(v) if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
+
+    def run(grid: tuple[int, int, int], values: list) -> None:
+        fn = interpreted.rewrite()
+        args = dict(const_args)
+        for name, ty, value in zip(param_names, param_types, values):
+            args[name] = _arg(ty, value)
+        patch_scope = interp._patch_lang(jit_fn.fn)
+        try:
+            interp.interpreter_builder.set_grid_dim(*grid)
+            for x in range(grid[0]):
+                for y in range(grid[1]):
+                    for z in range(grid[2]):
+                        interp.interpreter_builder.set_grid_idx(x, y, z)
+                        fn(**args)
+        finally:
+            patch_scope.restore()
+
+    return run

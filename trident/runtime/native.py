@@ -1,0 +1,63 @@
+"""The native extension (trident._C) and the Python-side registration of its tables."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import _C  # noqa: F401  (loading it registers torch.ops.trident.*)
+from ..scm.ir import AllocPlan, LaunchPlan
+from .cpu_launcher import make_cpu_runner
+
+C = _C
+
+
+@functools.lru_cache(maxsize=None)
+def scalar_type_code(dtype: torch.dtype) -> int:
+    return C.encode_meta(torch.empty(0, dtype=dtype)) & 0xFF
+
+
+_kernel_handles: dict[tuple, int] = {}
+
+
+def register_launch(plan: LaunchPlan) -> int:
+    """Native kernel table entry for a launch plan; one per compiled kernel and constexpr set."""
+    compiled = plan.compiled
+    key = (id(plan.step.kernel), compiled.hash if compiled is not None else None, plan.key)
+    handle = _kernel_handles.get(key)
+    if handle is not None:
+        return handle
+    names = [p.name for p in plan.params]
+    types = [p.ty for p in plan.params]
+    runner = make_cpu_runner(plan.step.kernel, names, types, plan.constexprs)
+    meta = compiled.metadata if compiled is not None else None
+    cubin = compiled.asm.get("cubin", b"") if compiled is not None else b""
+    handle = C.add_kernel(
+        compiled.name if compiled is not None else plan.step.kernel_name,
+        cubin,
+        plan.num_warps,
+        plan.num_ctas,
+        plan.shared,
+        getattr(meta, "global_scratch_size", 0) or 0,
+        getattr(meta, "global_scratch_align", 1) or 1,
+        getattr(meta, "profile_scratch_size", 0) or 0,
+        getattr(meta, "profile_scratch_align", 1) or 1,
+        types,
+        runner,
+    )
+    _kernel_handles[key] = handle
+    return handle
+
+
+def register_alloc(plan: AllocPlan) -> int:
+    f = plan.facts
+    out = plan.step.output_index
+    return C.add_alloc(
+        list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero,
+        -1 if out is None else out,
+    )
+
+
+def kernel_function(kernel_handle: int, device: int) -> int:
+    return C.kernel_function(kernel_handle, device)

@@ -1,0 +1,182 @@
+"""One SCM at run time: its IR, its native region, its compiled host programs, its miss path.
+
+The hit path is entirely native (trident._C: prologue, generated host program, launches). This
+object is entered only on a miss: it explains the miss, checks that the captured program can
+serve the new inputs, builds a specialization (Triton compiles the kernels), rebuilds the host
+program over all specializations and swaps it in.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional, Sequence
+
+import torch
+
+from .. import knobs
+from ..errors import GuardError, TridentError, UnsupportedError
+from ..lowering import compile_host, emit_host_module, import_region
+from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
+from ..scm.printer import format_dtype, format_scm
+from ..scm.specialize import build_specialization
+from . import native
+
+_REGISTRY: dict[int, "SCMRuntime"] = {}
+
+
+def facts_of(t: torch.Tensor) -> TensorFacts:
+    return TensorFacts(t.dtype, t.device, tuple(t.shape), tuple(t.stride()))
+
+
+def check_verbose(guard: TensorGuard, value) -> Optional[str]:
+    """Python twin of one native guard: None when it holds, else why not (Dynamo's wording)."""
+    name = guard.name
+    if not isinstance(value, torch.Tensor):
+        return f"input {name!r} type mismatch: expected Tensor, got {type(value).__name__}"
+    f = guard.facts
+    if value.dtype != f.dtype:
+        return f"tensor {name!r} dtype mismatch: expected {format_dtype(f.dtype)}, got {format_dtype(value.dtype)}"
+    if value.device != f.device:
+        return f"tensor {name!r} device mismatch: expected {f.device}, got {value.device}"
+    if value.dim() != len(f.sizes):
+        return f"tensor {name!r} rank mismatch: expected {len(f.sizes)}, got {value.dim()}"
+    for i, (want, got) in enumerate(zip(f.sizes, value.shape)):
+        if want != got:
+            return f"tensor {name!r} size mismatch at index {i}. expected {want}, actual {got}"
+    for i, (want, got) in enumerate(zip(f.strides, value.stride())):
+        if want != got:
+            return f"tensor {name!r} stride mismatch at index {i}. expected {want}, actual {got}"
+    if guard.aligned16 is not None:
+        offset = value.data_ptr() % 16
+        if guard.aligned16 and offset:
+            return f"tensor {name!r} alignment mismatch: expected 16-byte aligned, got offset {offset}"
+        if not guard.aligned16 and not offset:
+            return f"tensor {name!r} alignment mismatch: expected not 16-byte aligned, got aligned"
+    return None
+
+
+class SCMRuntime:
+    def __init__(self, program: RegionProgram):
+        self.program = program
+        max_rank = max([len(f.sizes) for f in program.captured_inputs] + [0])
+        self.scm = SCM(program, max_rank)
+        self.binaries: list = []  # every host ever installed stays alive (another thread may run it)
+        self.last_miss_reason: Optional[str] = None
+        self.torch_mlir: str = ""
+        self.host_mlir: str = ""
+        self._lock = threading.Lock()
+        self.region_id = native.C.create_region(
+            program.name, len(program.inputs), max_rank, len(program.outputs), self._on_miss
+        )
+        _REGISTRY[self.region_id] = self
+
+    @staticmethod
+    def get(region_id: int) -> "SCMRuntime":
+        try:
+            return _REGISTRY[region_id]
+        except KeyError:
+            raise TridentError(f"no SCM region {region_id} in this process") from None
+
+    # -- building -------------------------------------------------------------------------
+    def add_specialization(self, facts: Sequence[TensorFacts], aligned: Sequence[bool]) -> Specialization:
+        spec = build_specialization(
+            self.program, facts, aligned, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
+        )
+        for plan in spec.allocs:
+            plan.handle = native.register_alloc(plan)
+        for plan in spec.launches:
+            plan.handle = native.register_launch(plan)
+        self.scm.specializations.append(spec)
+        self.rebuild()
+        return spec
+
+    @staticmethod
+    def _compile_kernels(facts: Sequence[TensorFacts]) -> bool:
+        on_cuda = any(f.device.type == "cuda" for f in facts)
+        return on_cuda or knobs.compile_cubin_on_cpu()
+
+    def rebuild(self) -> None:
+        from torch_mlir import ir
+
+        ctx = ir.Context()
+        torch_module = import_region(self.program, ctx)
+        host = emit_host_module(self.scm, torch_module)
+        self.torch_mlir = str(torch_module)
+        self.host_mlir = str(host)
+        binary = compile_host(host, self.program.name)
+        self.binaries.append(binary)
+        native.C.set_host(self.region_id, binary.address, binary.select_address)
+        self._dump()
+
+    def _dump(self) -> None:
+        folder = knobs.dump_dir()
+        if not folder:
+            return
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, f"{self.program.name}.{self.region_id}")
+        for suffix, text in ((".scm.txt", format_scm(self.scm)), (".torch.mlir", self.torch_mlir), (".host.mlir", self.host_mlir)):
+            with open(stem + suffix, "w") as f:
+                f.write(text)
+
+    # -- the miss path --------------------------------------------------------------------
+    def explain_miss(self, inputs: Sequence) -> str:
+        if not self.scm.specializations:
+            return "no specialization compiled yet"
+        reasons = []
+        for spec in self.scm.specializations:
+            for g in spec.guards:
+                why = check_verbose(g, inputs[g.input])
+                if why:
+                    reasons.append(f"specialization {spec.index}: {why}")
+                    break
+        return "; ".join(reasons)
+
+    def _check_servable(self, inputs: Sequence) -> None:
+        """The captured program is static: grids and scalars were computed for the captured
+        sizes, so inputs must have them. Dtype, device and alignment may change."""
+        for i, (inp, t) in enumerate(zip(self.program.inputs, inputs)):
+            want = self.program.captured_inputs[i]
+            if not isinstance(t, torch.Tensor):
+                raise GuardError(f"input {inp.name!r}: expected a Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != want.sizes or tuple(t.stride()) != want.strides:
+                raise GuardError(
+                    f"input {inp.name!r} of {self.program.name}: expected sizes {list(want.sizes)} and strides "
+                    f"{list(want.strides)} as captured, got sizes {list(t.shape)} and strides {list(t.stride())}. "
+                    "The graph was captured with static shapes (grids and size arguments are baked in); "
+                    "capture again with inputs of this shape."
+                )
+
+    def _on_miss(self, region_id: int, inputs: list) -> None:
+        with self._lock:
+            self.last_miss_reason = self.explain_miss(inputs)
+            self._check_servable(inputs)
+            facts = [facts_of(t) for t in inputs]
+            aligned = [t.data_ptr() % 16 == 0 for t in inputs]
+            try:
+                self.add_specialization(facts, aligned)
+            except TridentError:
+                raise
+            except Exception as e:
+                raise UnsupportedError(
+                    f"{self.program.name}: cannot specialize for inputs "
+                    f"{[f'{format_dtype(f.dtype)}{list(f.sizes)}@{f.device}' for f in facts]}: {type(e).__name__}: {e}"
+                ) from e
+
+    # -- inspection -----------------------------------------------------------------------
+    def stats(self) -> dict:
+        hits, misses, last = native.C.region_stats(self.region_id)
+        return {
+            "hits": hits,
+            "misses": misses,
+            "specializations": len(self.scm.specializations),
+            "last_specialization": last,
+            "last_miss_reason": self.last_miss_reason,
+        }
+
+    def probe(self, inputs: Sequence[torch.Tensor]) -> int:
+        """Native guard evaluation only: the index of the matching specialization, or -1."""
+        return native.C.probe(self.region_id, list(inputs))
+
+    def fake(self, mutated, inputs):
+        return list(torch.fx.Interpreter(self.program.graph_module).run(*mutated, *inputs))

@@ -1,0 +1,145 @@
+"""The SCM IR: plain data describing one Specialization Cache Module.
+
+An SCM serves one region of an FX graph. It has
+  * a RegionProgram: what the region does, independent of any specialization: its inputs
+    (which ones kernels write), its steps (allocations and Triton launches, in order) and its
+    outputs. It is the FX subgraph the partitioner cut, kept as a GraphModule.
+  * Specializations: for one set of input facts (dtype, device, sizes, strides, Triton's
+    16-byte alignment), the guards that recognise those facts (the prologue) and the concrete
+    plan (allocation layouts, compiled kernels with their Triton keys and parameter sources).
+
+Guards are kept apart from the plan (a prologue, as in Thunder) so the lowering can order and
+share them. Sizes are concrete today; every size field is a tuple of ints so that symbolic
+sizes (roadmap) can replace ints with expressions without changing the shape of the IR.
+
+This module is the single description the lowering (trident/lowering) consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class RegionInput:
+    name: str
+    mutated: bool  # some kernel of the region writes it
+
+
+@dataclass(frozen=True)
+class AllocStep:
+    """A tensor allocated inside the region (aten.empty/empty_like/zeros/...)."""
+
+    name: str
+    op: str  # the ATen overload it came from, e.g. "aten.empty_like.default"
+    zero: bool
+    output_index: Optional[int]  # position in the SCM's results, None for a temporary
+
+
+@dataclass(frozen=True)
+class LaunchStep:
+    """One Triton launch (a triton_kernel_wrapper_mutation node)."""
+
+    name: str
+    kernel: Any = field(compare=False)  # the triton JITFunction
+    kernel_name: str
+    grid: tuple[int, int, int]
+    args: dict[str, Any] = field(compare=False)  # param name -> Value ref or Python constant
+    writes: tuple[str, ...]  # param names of the tensors it writes (torch's TTIR analysis)
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """A reference to a region value: an input (`kind="input"`) or an allocation."""
+
+    kind: str  # "input" | "alloc"
+    index: int
+    name: str
+
+
+@dataclass
+class RegionProgram:
+    name: str
+    inputs: list[RegionInput]
+    steps: list[Union[AllocStep, LaunchStep]]
+    outputs: list[str]  # names of allocations returned, in result order
+    graph_module: torch.fx.GraphModule  # the region as FX: placeholders = inputs, in order
+    captured_inputs: list["TensorFacts"]  # facts of the inputs at capture time
+
+    @property
+    def allocs(self) -> list[AllocStep]:
+        return [s for s in self.steps if isinstance(s, AllocStep)]
+
+    @property
+    def launches(self) -> list[LaunchStep]:
+        return [s for s in self.steps if isinstance(s, LaunchStep)]
+
+
+@dataclass(frozen=True)
+class TensorFacts:
+    """What a guard may look at on one tensor."""
+
+    dtype: torch.dtype
+    device: torch.device
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TensorGuard:
+    """Prologue check of one region input. `aligned16` follows Triton's rule for pointer
+    arguments ('D' when data_ptr % 16 == 0): True/False pins it, None means no kernel
+    specializes on this input's alignment."""
+
+    input: int
+    name: str
+    facts: TensorFacts
+    aligned16: Optional[bool]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One non-constexpr kernel parameter, as the compiled kernel receives it."""
+
+    name: str
+    ty: str  # Triton's type string: "*fp32", "i32", "fp32", ...
+    source: Union[ValueRef, int, float, bool]
+
+
+@dataclass
+class AllocPlan:
+    step: AllocStep
+    facts: TensorFacts
+    handle: int = -1  # index in the native allocation table
+
+
+@dataclass
+class LaunchPlan:
+    step: LaunchStep
+    key: tuple  # Triton's specialization, e.g. (('*fp32', 'D'), ('i32', ''), ('constexpr', 128))
+    params: list[Param]
+    constexprs: dict[str, Any]  # every constexpr param (declared or folded by Triton) and its value
+    num_warps: int
+    num_ctas: int
+    shared: int
+    aligned_allocs: tuple[int, ...]  # allocations passed as 'D' pointers: checked at run time
+    compiled: Any = field(default=None, repr=False)  # triton CompiledKernel
+    handle: int = -1  # index in the native kernel table
+
+
+@dataclass
+class Specialization:
+    index: int
+    guards: list[TensorGuard]
+    allocs: list[AllocPlan]
+    launches: list[LaunchPlan]
+
+
+@dataclass
+class SCM:
+    program: RegionProgram
+    max_rank: int
+    specializations: list[Specialization] = field(default_factory=list)

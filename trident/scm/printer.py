@@ -1,0 +1,100 @@
+"""Readable text for the SCM IR (golden-tested; addresses and handles never appear)."""
+
+from __future__ import annotations
+
+import torch
+
+from .ir import SCM, AllocStep, LaunchStep, Param, Specialization, TensorFacts, TensorGuard, ValueRef
+
+_DTYPE_SHORT = {
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+}
+
+
+def format_dtype(dtype: torch.dtype) -> str:
+    return _DTYPE_SHORT.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def format_facts(f: TensorFacts) -> str:
+    sizes = ", ".join(map(str, f.sizes))
+    strides = ", ".join(map(str, f.strides))
+    return f"{format_dtype(f.dtype)}[{sizes}] strides=({strides}) {f.device}"
+
+
+def format_guard(g: TensorGuard) -> str:
+    align = {True: " aligned16", False: " unaligned16", None: ""}[g.aligned16]
+    return f"{g.name}: {format_facts(g.facts)}{align}"
+
+
+def format_key(key: tuple) -> str:
+    parts = []
+    for ty, attr in key:
+        if ty == "constexpr":
+            parts.append(f"constexpr={attr!r}")
+        elif attr:
+            parts.append(f"{ty}:{attr}")
+        else:
+            parts.append(ty)
+    return "(" + ", ".join(parts) + ")"
+
+
+def _format_source(src) -> str:
+    if isinstance(src, ValueRef):
+        return src.name
+    return repr(src)
+
+
+def format_param(p: Param) -> str:
+    return f"{p.name}={_format_source(p.source)}:{p.ty}"
+
+
+def format_program(scm: SCM) -> list[str]:
+    prog = scm.program
+    ins = ", ".join(f"{i.name}{'!' if i.mutated else ''}" for i in prog.inputs)
+    lines = [f"scm {prog.name}({ins}) -> ({', '.join(prog.outputs)})"]
+    for step in prog.steps:
+        if isinstance(step, AllocStep):
+            out = f"  # output {step.output_index}" if step.output_index is not None else "  # temporary"
+            lines.append(f"  {step.name} = {step.op}{out}")
+        elif isinstance(step, LaunchStep):
+            args = ", ".join(
+                f"{k}={v.name if isinstance(v, ValueRef) else repr(v)}" for k, v in step.args.items()
+            )
+            writes = ", ".join(step.writes)
+            lines.append(f"  launch {step.kernel_name}[{', '.join(map(str, step.grid))}]({args}) writes({writes})")
+    return lines
+
+
+def format_specialization(spec: Specialization) -> list[str]:
+    lines = [f"  specialization {spec.index}:"]
+    lines.append("    guards:")
+    lines.extend(f"      {format_guard(g)}" for g in spec.guards)
+    lines.append("    plan:")
+    for a in spec.allocs:
+        lines.append(f"      {a.step.name} = alloc {format_facts(a.facts)}{' zeroed' if a.step.zero else ''}")
+    for launch in spec.launches:
+        lines.append(
+            f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.step.grid))}] "
+            f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
+        )
+        lines.append(f"        params: {', '.join(format_param(p) for p in launch.params)}")
+        if launch.aligned_allocs:
+            names = [spec.allocs[i].step.name for i in launch.aligned_allocs]
+            lines.append(f"        runtime check: {', '.join(names)} 16-byte aligned")
+    return lines
+
+
+def format_scm(scm: SCM) -> str:
+    lines = format_program(scm)
+    for spec in scm.specializations:
+        lines.extend(format_specialization(spec))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,167 @@
+"""Build one Specialization of a RegionProgram for concrete input facts.
+
+Everything Triton decides per call is decided here once, by Triton itself:
+  * the specialization key of every launch comes from the kernel's own binder
+    (`JITFunction.create_binder` -> native_specialize_impl), fed with stand-ins that carry the
+    real dtypes and the real pointer alignment;
+  * the compiled kernel comes from `JITFunction.warmup` with those same arguments, so the
+    cubin, its parameter list (constexprs and value-1 ints folded away) and its launch
+    metadata are exactly what `kernel[grid](...)` would have used.
+Allocation layouts come from fake-tensor propagation of the region's FX graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Sequence
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..errors import UnsupportedError
+from .ir import (
+    AllocPlan,
+    LaunchPlan,
+    LaunchStep,
+    Param,
+    RegionProgram,
+    Specialization,
+    TensorFacts,
+    TensorGuard,
+    ValueRef,
+)
+
+
+class PointerStandIn:
+    """What Triton's specializer sees of a tensor argument: its dtype and its address.
+    Only the address modulo 16 matters, so a stand-in keeps `data_ptr() % 16` of the tensor."""
+
+    def __init__(self, dtype: torch.dtype, aligned16: bool):
+        self.dtype = dtype
+        self._ptr = 0 if aligned16 else 4
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+def _device_scope(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _facts(t: torch.Tensor) -> TensorFacts:
+    return TensorFacts(t.dtype, t.device, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
+
+
+def propagate_allocations(program: RegionProgram, inputs: Sequence[TensorFacts]) -> list[TensorFacts]:
+    """Layouts of the region's allocations for inputs with these facts (fake propagation)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with mode:
+        fakes = [torch.empty_strided(f.sizes, f.strides, dtype=f.dtype, device=f.device) for f in inputs]
+    values: dict[str, torch.Tensor] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                values[n.name] = out
+            return out
+
+    with mode:
+        Recorder(program.graph_module).run(*fakes)
+    return [_facts(values[a.name]) for a in program.allocs]
+
+
+def _launch_plan(
+    step: LaunchStep,
+    input_facts: Sequence[TensorFacts],
+    input_aligned: Sequence[bool],
+    alloc_facts: Sequence[TensorFacts],
+    device: torch.device,
+    compile_kernel: bool,
+) -> LaunchPlan:
+    kernel = step.kernel
+    call_args = {}
+    for name, value in step.args.items():
+        if isinstance(value, ValueRef):
+            if value.kind == "input":
+                call_args[name] = PointerStandIn(input_facts[value.index].dtype, input_aligned[value.index])
+            else:
+                call_args[name] = PointerStandIn(alloc_facts[value.index].dtype, True)
+        else:
+            call_args[name] = value
+    with _device_scope(device):
+        dev = torch.cuda.current_device() if device.type == "cuda" else 0
+        import triton
+
+        if device.type != "cuda":
+            dev = triton.runtime.driver.active.get_current_device()
+        binder = kernel.device_caches[dev][4]
+        try:
+            _, specialization, _ = binder(**call_args)
+        except TypeError as e:
+            raise UnsupportedError(f"launch of {step.kernel_name}: {e}") from e
+        compiled = kernel.warmup(grid=step.grid, **call_args) if compile_kernel else None
+    key = tuple((ty, attr) for ty, attr in specialization)
+    # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and
+    # folded value-1 ints / None) from the signature.
+    param_names = [p.name for p in kernel.params]
+    params: list[Param] = []
+    constexprs = {}
+    aligned_allocs = []
+    for pname, (ty, attr) in zip(param_names, key):
+        value = step.args.get(pname, kernel.params[param_names.index(pname)].default)
+        if ty == "constexpr":
+            constexprs[pname] = attr
+            continue
+        if isinstance(ty, tuple):
+            raise UnsupportedError(f"launch of {step.kernel_name}: tuple parameter {pname!r}")
+        if isinstance(value, ValueRef) and value.kind == "alloc" and attr == "D":
+            aligned_allocs.append(value.index)
+        params.append(Param(pname, ty, value))
+    meta = compiled.metadata if compiled is not None else None
+    num_warps = meta.num_warps if meta else step.args.get("num_warps", 4)
+    return LaunchPlan(
+        step=step,
+        key=key,
+        params=params,
+        constexprs=constexprs,
+        num_warps=num_warps,
+        num_ctas=meta.num_ctas if meta else 1,
+        shared=meta.shared if meta else 0,
+        aligned_allocs=tuple(sorted(set(aligned_allocs))),
+        compiled=compiled,
+    )
+
+
+def build_specialization(
+    program: RegionProgram,
+    inputs: Sequence[TensorFacts],
+    aligned: Sequence[bool],
+    index: int,
+    compile_kernels: bool = True,
+) -> Specialization:
+    alloc_facts = propagate_allocations(program, inputs)
+    devices = {f.device for f in inputs} | {f.device for f in alloc_facts}
+    if len(devices) > 1:
+        raise UnsupportedError(
+            f"region {program.name} mixes devices {sorted(map(str, devices))}; one region runs on one device"
+        )
+    device = devices.pop() if devices else torch.device("cpu")
+    launches = [
+        _launch_plan(step, inputs, aligned, alloc_facts, device, compile_kernels) for step in program.launches
+    ]
+    # A guard pins an input's alignment when some launch specializes on it.
+    pinned: dict[int, Optional[bool]] = {}
+    for plan in launches:
+        for p in plan.params:
+            if isinstance(p.source, ValueRef) and p.source.kind == "input":
+                attr = dict(zip([q.name for q in plan.step.kernel.params], plan.key)).get(p.name, (None, None))[1]
+                if attr in ("D", ""):
+                    pinned[p.source.index] = aligned[p.source.index]
+    guards = [
+        TensorGuard(i, inp.name, inputs[i], pinned.get(i)) for i, inp in enumerate(program.inputs)
+    ]
+    allocs = [AllocPlan(step, facts) for step, facts in zip(program.allocs, alloc_facts)]
+    return Specialization(index, guards, allocs, launches)
