@@ -149,6 +149,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("probe", &trident::probe_region);
   m.def("cuda_available", &trident::cuda::available);
   m.def("bare_launch_loop", &trident::bare_launch_loop);
+  // Profiling entry points (tools/bench_launch.py): the op's native work without the
+  // dispatcher (run), and the same in a C++ loop (run_loop, total nanoseconds).
+  m.def("run", [](int64_t region, std::vector<at::Tensor> inputs) { return trident::run_region(region, std::move(inputs)); });
+  m.def("run_loop", [](int64_t region, std::vector<at::Tensor> inputs, int64_t iters) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) trident::run_region(region, inputs);
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  });
   m.def("kernel_function", [](int64_t k, int64_t dev) {
     std::string err;
     void* fn = trident::kernel_function(k, dev, &err);
