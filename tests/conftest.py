@@ -27,6 +27,7 @@ def normalize(text: str) -> str:
     text = re.sub(r"kernel_idx = \d+", "kernel_idx = K", text)
     text = re.sub(r"constant_args_idx = \d+", "constant_args_idx = C", text)
     text = re.sub(r"trident\.scm\.default\(\d+,", "trident.scm.default(REGION,", text)
+    text = re.sub(r"\) -> [\w.]+:\n", "):\n", text)  # return annotations vary across torch versions
     return text
 
 

@@ -102,7 +102,7 @@ def bare_launch_us(opt, x, y, out, iters: int, reps: int) -> float:
                 slots.append(t.data_ptr())
             else:
                 slots.append(slot_bits(p.ty, p.source))
-        launches.append((plan.handle, *plan.step.grid, slots))
+        launches.append((plan.global_handle, *plan.step.grid, slots))
     dev = x.device.index or 0
     C.bare_launch_loop(launches, dev, 50)
     torch.cuda.synchronize()

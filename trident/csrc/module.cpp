@@ -143,6 +143,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(r->hits.load(), r->misses.load(), r->last_spec.load());
   });
   m.def("add_kernel", &trident::add_kernel);
+  m.def("region_bind", [](int64_t region, bool kernel, int64_t handle) {
+    // Region-local index of a process-wide kernel (kernel=true) or allocation plan.
+    auto r = trident::get_region(region);
+    std::lock_guard<std::mutex> lock(r->bind_mutex);
+    auto& v = kernel ? r->kernel_handles : r->alloc_handles;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] == handle) return static_cast<int64_t>(i);
+    TORCH_CHECK(v.size() < trident::Region::kMaxLocal, "trident: region table full");
+    v.push_back(handle);
+    return static_cast<int64_t>(v.size() - 1);
+  });
   m.def("add_alloc", &trident::add_alloc);
   m.def("tensor_facts", &trident::tensor_facts);
   m.def("encode_meta", &trident::encode_meta);

@@ -52,7 +52,7 @@ constexpr int64_t kAllocFailed = -1;
 
 int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
   try {
-    const AllocEntry& a = allocs().items[index];
+    const AllocEntry& a = allocs().items[ctx->region->alloc_handles[index]];
     at::Tensor t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(a.device));
     if (a.zero) t.zero_();
     int64_t ptr = reinterpret_cast<int64_t>(t.data_ptr());
@@ -175,7 +175,7 @@ int64_t launch_cuda(HostCtx* ctx, KernelEntry& k, int64_t gx, int64_t gy, int64_
 int64_t rt_launch(HostCtx* ctx, int64_t index, int64_t gx, int64_t gy, int64_t gz,
                   const int64_t* slots) noexcept {
   try {
-    KernelEntry& k = *kernels().items[index];
+    KernelEntry& k = *kernels().items[ctx->region->kernel_handles[index]];
     if (ctx->device_index >= 0) return launch_cuda(ctx, k, gx, gy, gz, slots);
     return launch_cpu(ctx, k, gx, gy, gz, slots);
   } catch (const std::exception& e) {
@@ -261,6 +261,7 @@ static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& c
   tls_facts.assign(inputs.size() * stride, 0);
   for (size_t i = 0; i < inputs.size(); ++i) fill_tensor_facts(inputs[i], r.max_rank, tls_facts.data() + i * stride);
   ctx.facts = tls_facts.data();
+  ctx.region = &r;
   ctx.inputs = &inputs;
   ctx.outputs.assign(r.num_outputs, at::Tensor());
   ctx.temps.clear();

@@ -20,6 +20,7 @@
 namespace trident {
 
 // Note [Host ABI]
+// (Kernel and allocation indices passed to the services are region-local, see Region.)
 // ~~~~~~~~~~~~~~~
 // The generated host program has the ExecutionEngine's packed form
 //   void _mlir_scm_host(void** args)   with args = {&RuntimeTable*, &HostCtx*, &int64_t result}
@@ -76,8 +77,11 @@ struct AllocEntry {
   int64_t fill_bits = 0;      // unused unless `zero`
 };
 
+struct Region;
+
 struct HostCtx {
   int64_t* facts;  // must stay first: the host program loads it from offset 0
+  const Region* region = nullptr;
   const std::vector<at::Tensor>* inputs;
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> temps;
@@ -101,6 +105,17 @@ struct Region {
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> last_spec{-1};
   std::mutex miss_mutex;
+  // The host program names kernels and allocation plans by region-local index (so the code
+  // generated for a region does not depend on what else the process compiled); these map
+  // them to the process-wide tables. Capacity is reserved: appends never move entries.
+  static constexpr size_t kMaxLocal = 1 << 12;
+  std::mutex bind_mutex;
+  std::vector<int64_t> kernel_handles;
+  std::vector<int64_t> alloc_handles;
+  Region() {
+    kernel_handles.reserve(kMaxLocal);
+    alloc_handles.reserve(kMaxLocal);
+  }
 
   int64_t facts_stride() const { return kFactsFixed + 2 * max_rank; }
   ~Region() { miss_handler.release(); }

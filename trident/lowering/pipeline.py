@@ -41,28 +41,32 @@ def _save_repro(text: str, name: str) -> str:
     return path
 
 
+def _failure(stage: str, name: str, text: str, error: Exception) -> LoweringError:
+    path = _save_repro(text, name)
+    return LoweringError(
+        f"{stage} failed for {name}: {error}\n"
+        f"input saved to {path}; reproduce with:\n"
+        f"  {sys.executable} -m trident.lowering.pipeline {path}\n"
+        f"  torch-mlir-opt --pass-pipeline='{LLVM_PIPELINE}' {path}"
+    )
+
+
 def lower_to_llvm(module: ir.Module, name: str) -> None:
     text = str(module)
     try:
         with module.context:
             PassManager.parse(LLVM_PIPELINE).run(module.operation)
     except Exception as e:
-        path = _save_repro(text, name)
-        raise LoweringError(
-            f"MLIR pipeline {LLVM_PIPELINE!r} failed for {name}: {e}\n"
-            f"input saved to {path}; reproduce with:\n"
-            f"  {sys.executable} -m trident.lowering.pipeline {path}\n"
-            f"  torch-mlir-opt --pass-pipeline='{LLVM_PIPELINE}' {path}"
-        ) from e
+        raise _failure(f"MLIR pipeline {LLVM_PIPELINE!r}", name, text, e) from e
 
 
 def compile_host(module: ir.Module, name: str) -> HostBinary:
+    text = str(module)  # the input as given, for a repro of any later failure
     lower_to_llvm(module, name)
     try:
         engine = ExecutionEngine(module, opt_level=knobs.mlir_opt_level())
     except Exception as e:
-        path = _save_repro(str(module), name)
-        raise LoweringError(f"ExecutionEngine failed for {name}: {e}; LLVM-dialect input saved to {path}") from e
+        raise _failure("LLVM translation (ExecutionEngine)", name, text, e) from e
     address = engine.raw_lookup(HOST_SYMBOL)
     select_address = engine.raw_lookup(SELECT_SYMBOL)
     if not address or not select_address:
@@ -77,6 +81,7 @@ def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         text = f.read()
     ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True  # a saved repro may hold the op that broke it
     torch_d.register_dialect(ctx)
     with ctx:
         module = ir.Module.parse(text)

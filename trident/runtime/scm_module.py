@@ -84,9 +84,10 @@ class SCMRuntime:
             self.program, facts, aligned, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
         )
         for plan in spec.allocs:
-            plan.handle = native.register_alloc(plan)
+            plan.handle = native.C.region_bind(self.region_id, False, native.register_alloc(plan))
         for plan in spec.launches:
-            plan.handle = native.register_launch(plan)
+            plan.global_handle = native.register_launch(plan)
+            plan.handle = native.C.region_bind(self.region_id, True, plan.global_handle)
         self.scm.specializations.append(spec)
         self.rebuild()
         return spec

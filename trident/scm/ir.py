@@ -113,7 +113,7 @@ class Param:
 class AllocPlan:
     step: AllocStep
     facts: TensorFacts
-    handle: int = -1  # index in the native allocation table
+    handle: int = -1  # region-local index of its native allocation plan
 
 
 @dataclass
@@ -127,7 +127,8 @@ class LaunchPlan:
     shared: int
     aligned_allocs: tuple[int, ...]  # allocations passed as 'D' pointers: checked at run time
     compiled: Any = field(default=None, repr=False)  # triton CompiledKernel
-    handle: int = -1  # index in the native kernel table
+    handle: int = -1  # region-local index of its native kernel entry
+    global_handle: int = -1  # index in the process-wide kernel table
 
 
 @dataclass

@@ -1,0 +1,262 @@
+"""Goldens for the region in torch dialect and the generated host program; the repro path of a
+failed pipeline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import expecttest
+import pytest
+from torch_mlir import ir
+
+from tests.goldens import axpy_graph
+from trident.errors import LoweringError
+from trident.lowering import compile_host
+from trident.runtime import SCMRuntime
+
+
+def _runtime(opt) -> SCMRuntime:
+    (rid,) = opt.meta["trident_regions"]
+    return SCMRuntime.get(rid)
+
+
+class TestMLIR(expecttest.TestCase):
+    def test_torch_dialect(self):
+        _, opt = axpy_graph()
+        self.assertExpectedInline(_runtime(opt).torch_mlir, """\
+module {
+  func.func @region0(%arg0: !torch.vtensor<[1000],f32>, %arg1: !torch.vtensor<[1000],f32>) -> !torch.vtensor<[1000],f32> {
+    %none = torch.constant.none
+    %none_0 = torch.constant.none
+    %none_1 = torch.constant.none
+    %false = torch.constant.bool false
+    %none_2 = torch.constant.none
+    %0 = torch.aten.empty_like %arg0, %none, %none_0, %none_1, %false, %none_2 : !torch.vtensor<[1000],f32>, !torch.none, !torch.none, !torch.none, !torch.bool, !torch.none -> !torch.vtensor<[1000],f32>
+    %int0 = torch.constant.int 0
+    %1 = torch.prim.ListConstruct %arg0, %arg1 : (!torch.vtensor<[1000],f32>, !torch.vtensor<[1000],f32>) -> !torch.list<vtensor>
+    %2 = torch.prim.ListConstruct %0 : (!torch.vtensor<[1000],f32>) -> !torch.list<vtensor>
+    %3 = torch.operator "torch.trident.triton_launch"(%int0, %1, %2) : (!torch.int, !torch.list<vtensor>, !torch.list<vtensor>) -> !torch.list<vtensor> 
+    %4 = torch.prim.ListUnpack %3 : !torch.list<vtensor> -> !torch.vtensor<[1000],f32>
+    return %4 : !torch.vtensor<[1000],f32>
+  }
+}
+""")
+
+    def test_host_program(self):
+        _, opt = axpy_graph()
+        self.assertExpectedInline(_runtime(opt).host_mlir, """\
+module {
+  func.func @scm_host(%arg0: !llvm.ptr, %arg1: !llvm.ptr) -> i64 {
+    %0 = llvm.load %arg1 : !llvm.ptr -> !llvm.ptr
+    %1 = llvm.getelementptr %arg0[0] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
+    %2 = llvm.load %1 : !llvm.ptr -> !llvm.ptr
+    %3 = llvm.getelementptr %arg0[1] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
+    %4 = llvm.load %3 : !llvm.ptr -> !llvm.ptr
+    %c5_i64 = arith.constant 5 : i64
+    %5 = llvm.alloca %c5_i64 x i64 : (i64) -> !llvm.ptr
+    %6 = llvm.getelementptr %0[1] : (!llvm.ptr) -> !llvm.ptr, i64
+    %7 = llvm.load %6 : !llvm.ptr -> i64
+    %8 = llvm.getelementptr %0[2] : (!llvm.ptr) -> !llvm.ptr, i64
+    %9 = llvm.load %8 : !llvm.ptr -> i64
+    %10 = llvm.getelementptr %0[3] : (!llvm.ptr) -> !llvm.ptr, i64
+    %11 = llvm.load %10 : !llvm.ptr -> i64
+    %12 = llvm.getelementptr %0[4] : (!llvm.ptr) -> !llvm.ptr, i64
+    %13 = llvm.load %12 : !llvm.ptr -> i64
+    %14 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    %15 = llvm.load %14 : !llvm.ptr -> i64
+    %16 = llvm.getelementptr %0[6] : (!llvm.ptr) -> !llvm.ptr, i64
+    %17 = llvm.load %16 : !llvm.ptr -> i64
+    %18 = llvm.getelementptr %0[7] : (!llvm.ptr) -> !llvm.ptr, i64
+    %19 = llvm.load %18 : !llvm.ptr -> i64
+    %20 = llvm.getelementptr %0[8] : (!llvm.ptr) -> !llvm.ptr, i64
+    %21 = llvm.load %20 : !llvm.ptr -> i64
+    %22 = llvm.getelementptr %0[9] : (!llvm.ptr) -> !llvm.ptr, i64
+    %23 = llvm.load %22 : !llvm.ptr -> i64
+    %24 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
+    %25 = llvm.load %24 : !llvm.ptr -> i64
+    cf.br ^bb1
+  ^bb1:  // pred: ^bb0
+    %true = arith.constant true
+    %c6_i64 = arith.constant 6 : i64
+    %26 = arith.cmpi eq, %7, %c6_i64 : i64
+    %27 = arith.andi %true, %26 : i1
+    %c1_i64 = arith.constant 1 : i64
+    %28 = arith.cmpi eq, %9, %c1_i64 : i64
+    %29 = arith.andi %27, %28 : i1
+    %c1000_i64 = arith.constant 1000 : i64
+    %30 = arith.cmpi eq, %11, %c1000_i64 : i64
+    %31 = arith.andi %29, %30 : i1
+    %c1_i64_0 = arith.constant 1 : i64
+    %32 = arith.cmpi eq, %13, %c1_i64_0 : i64
+    %33 = arith.andi %31, %32 : i1
+    %c15_i64 = arith.constant 15 : i64
+    %34 = arith.andi %15, %c15_i64 : i64
+    %c0_i64 = arith.constant 0 : i64
+    %35 = arith.cmpi eq, %34, %c0_i64 : i64
+    %true_1 = arith.constant true
+    %36 = arith.cmpi eq, %35, %true_1 : i1
+    %37 = arith.andi %33, %36 : i1
+    %c6_i64_2 = arith.constant 6 : i64
+    %38 = arith.cmpi eq, %17, %c6_i64_2 : i64
+    %39 = arith.andi %37, %38 : i1
+    %c1_i64_3 = arith.constant 1 : i64
+    %40 = arith.cmpi eq, %19, %c1_i64_3 : i64
+    %41 = arith.andi %39, %40 : i1
+    %c1000_i64_4 = arith.constant 1000 : i64
+    %42 = arith.cmpi eq, %21, %c1000_i64_4 : i64
+    %43 = arith.andi %41, %42 : i1
+    %c1_i64_5 = arith.constant 1 : i64
+    %44 = arith.cmpi eq, %23, %c1_i64_5 : i64
+    %45 = arith.andi %43, %44 : i1
+    %c15_i64_6 = arith.constant 15 : i64
+    %46 = arith.andi %25, %c15_i64_6 : i64
+    %c0_i64_7 = arith.constant 0 : i64
+    %47 = arith.cmpi eq, %46, %c0_i64_7 : i64
+    %true_8 = arith.constant true
+    %48 = arith.cmpi eq, %47, %true_8 : i1
+    %49 = arith.andi %45, %48 : i1
+    cf.cond_br %49, ^bb2, ^bb3
+  ^bb2:  // pred: ^bb1
+    %c0_i64_9 = arith.constant 0 : i64
+    %50 = llvm.call %2(%arg1, %c0_i64_9) : !llvm.ptr, (!llvm.ptr, i64) -> i64
+    %c-1_i64 = arith.constant -1 : i64
+    %51 = arith.cmpi ne, %50, %c-1_i64 : i64
+    %c15_i64_10 = arith.constant 15 : i64
+    %52 = arith.andi %50, %c15_i64_10 : i64
+    %c0_i64_11 = arith.constant 0 : i64
+    %53 = arith.cmpi eq, %52, %c0_i64_11 : i64
+    %54 = arith.andi %51, %53 : i1
+    cf.cond_br %54, ^bb5, ^bb4
+  ^bb3:  // pred: ^bb1
+    %c-1_i64_12 = arith.constant -1 : i64
+    return %c-1_i64_12 : i64
+  ^bb4:  // 2 preds: ^bb2, ^bb5
+    %c-2_i64 = arith.constant -2 : i64
+    return %c-2_i64 : i64
+  ^bb5:  // pred: ^bb2
+    %55 = llvm.getelementptr %5[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %15, %55 : i64, !llvm.ptr
+    %56 = llvm.getelementptr %5[1] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %25, %56 : i64, !llvm.ptr
+    %57 = llvm.getelementptr %5[2] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %50, %57 : i64, !llvm.ptr
+    %58 = llvm.getelementptr %5[3] : (!llvm.ptr) -> !llvm.ptr, i64
+    %c1000_i64_13 = arith.constant 1000 : i64
+    llvm.store %c1000_i64_13, %58 : i64, !llvm.ptr
+    %59 = llvm.getelementptr %5[4] : (!llvm.ptr) -> !llvm.ptr, i64
+    %c1075838976_i64 = arith.constant 1075838976 : i64
+    llvm.store %c1075838976_i64, %59 : i64, !llvm.ptr
+    %c0_i64_14 = arith.constant 0 : i64
+    %c8_i64 = arith.constant 8 : i64
+    %c1_i64_15 = arith.constant 1 : i64
+    %c1_i64_16 = arith.constant 1 : i64
+    %60 = llvm.call %4(%arg1, %c0_i64_14, %c8_i64, %c1_i64_15, %c1_i64_16, %5) : !llvm.ptr, (!llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> i64
+    %c0_i64_17 = arith.constant 0 : i64
+    %61 = arith.cmpi eq, %60, %c0_i64_17 : i64
+    cf.cond_br %61, ^bb6, ^bb4
+  ^bb6:  // pred: ^bb5
+    %c0_i64_18 = arith.constant 0 : i64
+    return %c0_i64_18 : i64
+  }
+  func.func @scm_select(%arg0: !llvm.ptr, %arg1: !llvm.ptr) -> i64 {
+    %0 = llvm.load %arg1 : !llvm.ptr -> !llvm.ptr
+    %1 = llvm.getelementptr %arg0[0] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
+    %2 = llvm.load %1 : !llvm.ptr -> !llvm.ptr
+    %3 = llvm.getelementptr %arg0[1] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
+    %4 = llvm.load %3 : !llvm.ptr -> !llvm.ptr
+    %c5_i64 = arith.constant 5 : i64
+    %5 = llvm.alloca %c5_i64 x i64 : (i64) -> !llvm.ptr
+    %6 = llvm.getelementptr %0[1] : (!llvm.ptr) -> !llvm.ptr, i64
+    %7 = llvm.load %6 : !llvm.ptr -> i64
+    %8 = llvm.getelementptr %0[2] : (!llvm.ptr) -> !llvm.ptr, i64
+    %9 = llvm.load %8 : !llvm.ptr -> i64
+    %10 = llvm.getelementptr %0[3] : (!llvm.ptr) -> !llvm.ptr, i64
+    %11 = llvm.load %10 : !llvm.ptr -> i64
+    %12 = llvm.getelementptr %0[4] : (!llvm.ptr) -> !llvm.ptr, i64
+    %13 = llvm.load %12 : !llvm.ptr -> i64
+    %14 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    %15 = llvm.load %14 : !llvm.ptr -> i64
+    %16 = llvm.getelementptr %0[6] : (!llvm.ptr) -> !llvm.ptr, i64
+    %17 = llvm.load %16 : !llvm.ptr -> i64
+    %18 = llvm.getelementptr %0[7] : (!llvm.ptr) -> !llvm.ptr, i64
+    %19 = llvm.load %18 : !llvm.ptr -> i64
+    %20 = llvm.getelementptr %0[8] : (!llvm.ptr) -> !llvm.ptr, i64
+    %21 = llvm.load %20 : !llvm.ptr -> i64
+    %22 = llvm.getelementptr %0[9] : (!llvm.ptr) -> !llvm.ptr, i64
+    %23 = llvm.load %22 : !llvm.ptr -> i64
+    %24 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
+    %25 = llvm.load %24 : !llvm.ptr -> i64
+    cf.br ^bb1
+  ^bb1:  // pred: ^bb0
+    %true = arith.constant true
+    %c6_i64 = arith.constant 6 : i64
+    %26 = arith.cmpi eq, %7, %c6_i64 : i64
+    %27 = arith.andi %true, %26 : i1
+    %c1_i64 = arith.constant 1 : i64
+    %28 = arith.cmpi eq, %9, %c1_i64 : i64
+    %29 = arith.andi %27, %28 : i1
+    %c1000_i64 = arith.constant 1000 : i64
+    %30 = arith.cmpi eq, %11, %c1000_i64 : i64
+    %31 = arith.andi %29, %30 : i1
+    %c1_i64_0 = arith.constant 1 : i64
+    %32 = arith.cmpi eq, %13, %c1_i64_0 : i64
+    %33 = arith.andi %31, %32 : i1
+    %c15_i64 = arith.constant 15 : i64
+    %34 = arith.andi %15, %c15_i64 : i64
+    %c0_i64 = arith.constant 0 : i64
+    %35 = arith.cmpi eq, %34, %c0_i64 : i64
+    %true_1 = arith.constant true
+    %36 = arith.cmpi eq, %35, %true_1 : i1
+    %37 = arith.andi %33, %36 : i1
+    %c6_i64_2 = arith.constant 6 : i64
+    %38 = arith.cmpi eq, %17, %c6_i64_2 : i64
+    %39 = arith.andi %37, %38 : i1
+    %c1_i64_3 = arith.constant 1 : i64
+    %40 = arith.cmpi eq, %19, %c1_i64_3 : i64
+    %41 = arith.andi %39, %40 : i1
+    %c1000_i64_4 = arith.constant 1000 : i64
+    %42 = arith.cmpi eq, %21, %c1000_i64_4 : i64
+    %43 = arith.andi %41, %42 : i1
+    %c1_i64_5 = arith.constant 1 : i64
+    %44 = arith.cmpi eq, %23, %c1_i64_5 : i64
+    %45 = arith.andi %43, %44 : i1
+    %c15_i64_6 = arith.constant 15 : i64
+    %46 = arith.andi %25, %c15_i64_6 : i64
+    %c0_i64_7 = arith.constant 0 : i64
+    %47 = arith.cmpi eq, %46, %c0_i64_7 : i64
+    %true_8 = arith.constant true
+    %48 = arith.cmpi eq, %47, %true_8 : i1
+    %49 = arith.andi %45, %48 : i1
+    cf.cond_br %49, ^bb2, ^bb3
+  ^bb2:  // pred: ^bb1
+    %c0_i64_9 = arith.constant 0 : i64
+    return %c0_i64_9 : i64
+  ^bb3:  // pred: ^bb1
+    %c-1_i64 = arith.constant -1 : i64
+    return %c-1_i64 : i64
+  }
+}
+""")
+
+
+def test_failed_pipeline_saves_input_and_repro(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIDENT_REPRO_DIR", str(tmp_path))
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    with ctx, ir.Location.unknown():
+        # An op no conversion knows: convert-to-llvm must fail on it.
+        module = ir.Module.parse('func.func @scm_host() { "bogus.op"() : () -> () return }')
+    with pytest.raises(LoweringError) as info:
+        compile_host(module, "broken")
+    msg = str(info.value)
+    saved = tmp_path / "broken.mlir"
+    assert saved.exists() and "bogus.op" in saved.read_text()
+    assert f"-m trident.lowering.pipeline {saved}" in msg
+    # The printed command reproduces the failure.
+    proc = subprocess.run(
+        [sys.executable, "-m", "trident.lowering.pipeline", str(saved)],
+        capture_output=True, text=True, env={**os.environ, "TRIDENT_REPRO_DIR": str(tmp_path / "again")},
+    )
+    assert proc.returncode != 0 and "LoweringError" in proc.stderr

@@ -1,0 +1,40 @@
+"""Goldens for the captured graph and the optimized graph (one trident.scm call per region)."""
+
+from __future__ import annotations
+
+import expecttest
+import torch
+
+from tests.conftest import normalize
+from tests.goldens import axpy_graph, mixed_graph
+
+
+class TestOptimizedGraph(expecttest.TestCase):
+    def test_axpy_captured(self):
+        gm, _ = axpy_graph()
+        self.assertExpectedInline(normalize(gm.code.strip()), """\
+def forward(self, x_1, y_1):
+    empty_like = torch.ops.aten.empty_like.default(x_1, pin_memory = False)
+    triton_kernel_wrapper_mutation_proxy = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(8, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': x_1, 'y_ptr': y_1, 'out_ptr': empty_like, 'n': 1000, 'alpha': 2.5, 'BLOCK': 128});  x_1 = y_1 = triton_kernel_wrapper_mutation_proxy = None
+    return empty_like""")
+
+    def test_axpy_optimized(self):
+        _, opt = axpy_graph()
+        self.assertExpectedInline(normalize(opt.code.strip()), """\
+def forward(self, x_1, y_1):
+    scm_default = torch.ops.trident.scm.default(REGION, [], [x_1, y_1]);  x_1 = y_1 = None
+    getitem = scm_default[0];  scm_default = None
+    return getitem""")
+
+    def test_mixed_optimized_two_regions(self):
+        _, opt = mixed_graph()
+        self.assertExpectedInline(normalize(opt.code.strip()), """\
+def forward(self, x_1, y_1):
+    scm_default = torch.ops.trident.scm.default(REGION, [], [x_1, y_1]);  x_1 = y_1 = None
+    getitem = scm_default[0];  scm_default = None
+    sin = torch.ops.aten.sin.default(getitem);  getitem = None
+    scm_default_1 = torch.ops.trident.scm.default(REGION, [sin], []);  scm_default_1 = None
+    mul = torch.ops.aten.mul.Tensor(sin, 1.0);  sin = None
+    return mul""")
+        scm_calls = [n for n in opt.graph.nodes if n.target is torch.ops.trident.scm.default]
+        self.assertEqual(len(scm_calls), 2)

@@ -1,0 +1,139 @@
+"""Hit/miss accounting, miss reasons, and bad input: a miss plus a correct result when the
+kernel can serve it, otherwise a TridentError naming what was expected. Never a crash."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import trident
+from tests import kernels as K
+from trident.runtime import SCMRuntime, check_verbose
+
+
+def _opt(fn, *example):
+    return trident.optimize(trident.capture(fn, *example))
+
+
+def _stats(opt):
+    (s,) = trident.cache_info(opt).values()
+    return s
+
+
+def test_hits_and_misses_are_counted(device):
+    opt = _opt(K.axpy, torch.randn(1000, device=device), torch.randn(1000, device=device))
+    assert _stats(opt) | {} == _stats(opt)
+    s = _stats(opt)
+    assert (s["hits"], s["misses"], s["specializations"]) == (0, 0, 1)
+    x, y = torch.randn(1000, device=device), torch.randn(1000, device=device)
+    for _ in range(4):
+        torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+    s = _stats(opt)
+    assert (s["hits"], s["misses"], s["specializations"]) == (4, 0, 1)
+
+    # Misaligned first input: Triton keys it '*fp32' (no 'D'), so a new specialization.
+    xs = torch.randn(1001, device=device)[1:]
+    torch.testing.assert_close(opt(xs, y), K.axpy_ref(xs, y))
+    s = _stats(opt)
+    assert (s["hits"], s["misses"], s["specializations"]) == (4, 1, 2)
+    assert s["last_miss_reason"] == (
+        "specialization 0: tensor 'x_1' alignment mismatch: expected 16-byte aligned, got offset 4"
+    )
+    # Same signature again: a hit on the new specialization.
+    torch.testing.assert_close(opt(xs, y), K.axpy_ref(xs, y))
+    s = _stats(opt)
+    assert (s["hits"], s["misses"], s["specializations"], s["last_specialization"]) == (5, 1, 2, 1)
+    assert "last miss: specialization 0: tensor 'x_1' alignment mismatch" in trident.explain(opt)
+
+
+def test_new_dtype_is_a_miss_with_a_correct_result(device):
+    opt = _opt(K.axpy, torch.randn(1000, device=device), torch.randn(1000, device=device))
+    x, y = torch.randn(1000, device=device, dtype=torch.float64), torch.randn(1000, device=device, dtype=torch.float64)
+    out = opt(x, y)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, K.axpy_ref(x, y))
+    s = _stats(opt)
+    assert (s["misses"], s["specializations"]) == (1, 2)
+    assert "dtype mismatch: expected f32, got f64" in s["last_miss_reason"]
+
+
+def test_wrong_arity_and_non_tensor():
+    opt = _opt(K.axpy, torch.randn(1000), torch.randn(1000))
+    with pytest.raises(trident.TridentError, match=r"expected 2 positional inputs \(x_1, y_1\), got 1"):
+        opt(torch.randn(1000))
+    with pytest.raises(trident.TridentError, match=r"input 'y_1' \(position 1\) expected a Tensor, got int"):
+        opt(torch.randn(1000), 3)
+
+
+def test_other_shape_or_rank_raises_guard_error():
+    opt = _opt(K.axpy, torch.randn(1000), torch.randn(1000))
+    with pytest.raises(trident.GuardError, match=r"expected sizes \[1000\] and strides \[1\] as captured, got sizes \[10, 100\]"):
+        opt(torch.randn(10, 100), torch.randn(1000))
+    with pytest.raises(trident.GuardError, match=r"got sizes \[999\]"):
+        opt(torch.randn(999), torch.randn(1000))
+    # The failed miss left the SCM usable.
+    x, y = torch.randn(1000), torch.randn(1000)
+    torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+
+
+def test_dtype_triton_cannot_take_raises_trident_error():
+    opt = _opt(K.axpy, torch.randn(1000), torch.randn(1000))
+    z = torch.randn(1000, dtype=torch.complex64)
+    with pytest.raises(trident.TridentError, match="cannot specialize"):
+        opt(z, z)
+
+
+def test_captured_scalar_inputs_are_guarded():
+    def fn(x, k):
+        return K.axpy(x, x) + k
+
+    opt = _opt(fn, torch.randn(1000), 3)
+    x = torch.randn(1000)
+    torch.testing.assert_close(opt(x, 3), K.axpy_ref(x, x) + 3)
+    with pytest.raises(trident.GuardError, match="captured as the constant 3, got 4"):
+        opt(x, 4)
+
+
+@pytest.mark.cuda
+def test_mixed_devices_raise():
+    opt = _opt(K.axpy, torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda"))
+    with pytest.raises(trident.TridentError, match="mixes devices"):
+        opt(torch.randn(1000, device="cuda"), torch.randn(1000))
+
+
+def test_native_guards_agree_with_python_twin():
+    """The generated guard code (probe) and check_verbose agree on many generated inputs."""
+    opt = _opt(K.axpy, torch.randn(64), torch.randn(64))
+    (rid,) = opt.meta["trident_regions"]
+    rt = SCMRuntime.get(rid)
+    # Grow a few specializations: misaligned x, misaligned y, float64.
+    opt(torch.randn(65)[1:], torch.randn(64))
+    opt(torch.randn(64), torch.randn(66)[2:])
+    opt(torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64))
+    rng = random.Random(0)
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.int32]
+    checked = 0
+    for _ in range(400):
+        def make():
+            dt = rng.choice(dtypes)
+            shape = rng.choice([(64,), (63,), (8, 8), (65,)])
+            n = 1
+            for s in shape:
+                n *= s
+            off = rng.randrange(0, 4)
+            base = torch.zeros(n + off, dtype=dt)
+            t = base[off:off + n].view(shape)
+            if rng.random() < 0.2 and len(shape) == 2:
+                t = t.t()
+            return t
+
+        inputs = [make(), make()]
+        expected = next(
+            (s.index for s in rt.scm.specializations if all(check_verbose(g, inputs[g.input]) is None for g in s.guards)),
+            -1,
+        )
+        assert rt.probe(inputs) == expected, [(t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in inputs]
+        checked += 1
+    assert checked == 400
