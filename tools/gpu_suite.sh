@@ -10,6 +10,10 @@ if [[ -f .carry/torch_mlir_cp312.tar.xz ]]; then
   tar xJf .carry/torch_mlir_cp312.tar.xz -C /tmp/site
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
+if ls .whl/*.whl >/dev/null 2>&1; then  # expecttest etc., absent from the GPU image
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"

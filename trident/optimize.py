@@ -29,15 +29,32 @@ def _make_scm(program: RegionProgram) -> int:
     return rt.region_id
 
 
+_SCM_OP_TEXT = "torch.ops.trident.scm.default("
+
+
+def _direct_forward(gm: torch.fx.GraphModule):
+    """gm's forward with each trident.scm call made through trident._C.scm_call, which runs the
+    op's kernel directly when the dispatcher would only select it (csrc/module.cpp, Note [Direct
+    call of the SCM]) and calls the op otherwise. The graph, and gm.code, keep the op."""
+    from .runtime.native import C
+
+    code = gm.graph.python_code(root_module="self")
+    src = code.src.replace(_SCM_OP_TEXT, "trident_scm_call(")
+    namespace = dict(code.globals)
+    namespace["trident_scm_call"] = C.scm_call
+    exec(compile(src, f"<trident forward of {type(gm).__name__}>", "exec"), namespace)
+    return namespace["forward"]
+
+
 def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     """Replace the module's __call__ with a check of arity, tensor-ness and captured constants,
-    then a direct call of forward (per-instance class, so other modules are untouched)."""
+    then the direct forward (per-instance class, so other modules are untouched)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     names = [n.name for n in placeholders]
     constants = dict(gm.meta.get("trident_constant_inputs", {}))
     tensor_positions = [i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)]
     n_inputs = len(placeholders)
-    forward = gm.forward
+    direct = _direct_forward(gm)
 
     def checked_call(self, *args, **kwargs):
         if kwargs or len(args) != n_inputs:
@@ -56,7 +73,7 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
                     f"input {names[i]!r} (position {i}) was captured as the constant {want!r}, got {args[i]!r}; "
                     "non-tensor inputs are baked into the captured graph: capture again with this value"
                 )
-        return forward(*args)
+        return direct(self, *args)
 
     type(gm).__call__ = checked_call
 

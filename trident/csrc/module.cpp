@@ -3,6 +3,10 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/python_variable.h>
+
 #include <chrono>
 
 #include "cuda_driver.h"
@@ -19,6 +23,20 @@ std::vector<at::Tensor> scm_kernel(int64_t region, at::TensorList mutated, at::T
   all.insert(all.end(), mutated.begin(), mutated.end());
   all.insert(all.end(), inputs.begin(), inputs.end());
   return run_region(region, std::move(all));
+}
+
+// The functional form of scm, used when a graph is functionalized (AOT autograd, opcheck):
+// the written inputs are cloned, the region runs on the clones, and their new values are
+// returned after the region's outputs. See runtime/op.py.
+std::vector<at::Tensor> scm_functional_kernel(int64_t region, at::TensorList mutated, at::TensorList inputs) {
+  std::vector<at::Tensor> all;
+  all.reserve(mutated.size() + inputs.size());
+  for (const at::Tensor& t : mutated) all.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t));
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  std::vector<at::Tensor> clones(all.begin(), all.begin() + mutated.size());
+  std::vector<at::Tensor> out = run_region(region, std::move(all));
+  out.insert(out.end(), clones.begin(), clones.end());
+  return out;
 }
 
 int64_t create_region(const std::string& name, int64_t num_inputs, int64_t max_rank,
@@ -115,6 +133,50 @@ int64_t bare_launch_loop(
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
 }
 
+// Note [Direct call of the SCM]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Calling torch.ops.trident.scm from Python costs ~4 us of argument parsing, boxing and
+// dispatch before the kernel runs. When the dispatcher would do nothing but pick the CPU/CUDA
+// kernel -- plain dense tensors, no dispatch or torch-function modes, no thread-local key
+// changes, no autograd to record -- the optimized module calls the kernel's body directly.
+// In every other case (tracing, fake tensors, subclasses, grad-requiring inputs, ...) it goes
+// through the op, so the behaviour is the op's.
+bool direct_call_allowed(const std::vector<at::Tensor>& tensors) {
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  if (!(tls.included_ == c10::default_included_set) || !(tls.excluded_ == c10::default_excluded_set)) return false;
+  if (at::impl::PythonTorchFunctionTLS::stack_len() > 0) return false;
+  const bool grad = at::GradMode::is_enabled();
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || t.layout() != at::kStrided) return false;
+    if (!(t.is_cpu() || t.is_cuda()) || t.is_conj() || t.is_neg()) return false;
+    if (grad && t.requires_grad()) return false;
+  }
+  return true;
+}
+
+bool unpack_exact(PyObject* list, std::vector<at::Tensor>& out) {
+  const Py_ssize_t n = PyList_GET_SIZE(list);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(list, i);
+    if (!THPVariable_CheckExact(item)) return false;  // subclasses (FakeTensor, ...) take the op
+    out.push_back(THPVariable_Unpack(item));
+  }
+  return true;
+}
+
+py::object scm_call(int64_t region, py::list mutated, py::list inputs) {
+  std::vector<at::Tensor> all;
+  all.reserve(PyList_GET_SIZE(mutated.ptr()) + PyList_GET_SIZE(inputs.ptr()));
+  if (unpack_exact(mutated.ptr(), all) && unpack_exact(inputs.ptr(), all) && direct_call_allowed(all)) {
+    std::vector<at::Tensor> out = run_region(region, std::move(all));
+    py::list result(out.size());
+    for (size_t i = 0; i < out.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out[i])));
+    return std::move(result);
+  }
+  static py::object op = py::module_::import("torch").attr("ops").attr("trident").attr("scm").attr("default");
+  return op(region, mutated, inputs);
+}
+
 }  // namespace
 }  // namespace trident
 
@@ -126,10 +188,17 @@ TORCH_LIBRARY(trident, m) {
   // value semantics, returning the new values of the tensors the kernel writes (the way
   // triton_kernel_wrapper_functional does). Never executed.
   m.def("triton_launch(int launch, Tensor[] reads, Tensor[] writes) -> Tensor[]");
+  m.def("scm_functional(int region, Tensor[] mutated, Tensor[] inputs) -> Tensor[]", {at::Tag::pt2_compliant_tag});
 }
 
-TORCH_LIBRARY_IMPL(trident, CPU, m) { m.impl("scm", &trident::scm_kernel); }
-TORCH_LIBRARY_IMPL(trident, CUDA, m) { m.impl("scm", &trident::scm_kernel); }
+TORCH_LIBRARY_IMPL(trident, CPU, m) {
+  m.impl("scm", &trident::scm_kernel);
+  m.impl("scm_functional", &trident::scm_functional_kernel);
+}
+TORCH_LIBRARY_IMPL(trident, CUDA, m) {
+  m.impl("scm", &trident::scm_kernel);
+  m.impl("scm_functional", &trident::scm_functional_kernel);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("create_region", &trident::create_region);
@@ -143,6 +212,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(r->hits.load(), r->misses.load(), r->last_spec.load());
   });
   m.def("add_kernel", &trident::add_kernel);
+  m.def("scm_call", &trident::scm_call, "torch.ops.trident.scm.default, called directly when allowed");
   m.def("region_bind", [](int64_t region, bool kernel, int64_t handle) {
     // Region-local index of a process-wide kernel (kernel=true) or allocation plan.
     auto r = trident::get_region(region);

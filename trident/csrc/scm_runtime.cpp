@@ -2,6 +2,7 @@
 
 #include <torch/extension.h>
 
+#include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/BFloat16.h>
@@ -53,7 +54,21 @@ constexpr int64_t kAllocFailed = -1;
 int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
   try {
     const AllocEntry& a = allocs().items[ctx->region->alloc_handles[index]];
-    at::Tensor t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(a.device));
+    // Straight to the device's allocator (what at::empty_strided ends in), no dispatch.
+    at::Tensor t;
+    if (a.device.is_cuda()) {
+      if (a.device.index() != ctx->device_index) {
+        ctx->error = "allocation planned on " + a.device.str() + " but the region runs on cuda:" +
+                     std::to_string(ctx->device_index);
+        return kAllocFailed;
+      }
+      t = at::detail::empty_strided_generic(a.sizes, a.strides, c10::GetAllocator(c10::DeviceType::CUDA),
+                                            c10::DispatchKeySet(c10::DispatchKey::CUDA), a.dtype);
+    } else if (a.device.is_cpu()) {
+      t = at::detail::empty_strided_cpu(a.sizes, a.strides, a.dtype);
+    } else {
+      t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(a.device));
+    }
     if (a.zero) t.zero_();
     int64_t ptr = reinterpret_cast<int64_t>(t.data_ptr());
     if (a.output_index >= 0) {

@@ -73,6 +73,61 @@ def slot_bits(ty: str, value) -> int:
     raise ValueError(f"no slot encoding for kernel parameter type {ty!r}")
 
 
+# Note [Integer keys]
+# Triton keys an int argument (runtime/jit.py -> native_specialize_impl) as ('constexpr', 1)
+# when specialized and equal to 1, else by type -- i32 for [-2**31, 2**31), i64 beyond -- with
+# attribute 'D' when specialized and divisible by 16, '' when not, None when the parameter is
+# do_not_specialize. Facts are int64, so u64 (>= 2**63) cannot occur. The host program encodes
+# a key as one of these codes; tests check the emitted code against Triton on many values.
+INT_KEY_CODES = {
+    ("constexpr", 1): 0,
+    ("i32", "D"): 1,
+    ("i32", ""): 2,
+    ("i64", "D"): 3,
+    ("i64", ""): 4,
+    ("i32", None): 5,
+    ("i64", None): 6,
+}
+
+
+def emit_int_key(value, specialize: bool):
+    """MLIR computing the Note [Integer keys] code of the i64 `value` (at the insertion point)."""
+    i64 = ir.IntegerType.get_signless(64)
+
+    def c(v):
+        return arith.constant(i64, v)
+
+    def cmp(pred, a, b):
+        return arith.CmpIOp(pred, a, b).result
+
+    is32 = arith.AndIOp(
+        cmp(arith.CmpIPredicate.sge, value, c(-(2**31))), cmp(arith.CmpIPredicate.sle, value, c(2**31 - 1))
+    ).result
+    if not specialize:
+        return arith.SelectOp(is32, c(INT_KEY_CODES[("i32", None)]), c(INT_KEY_CODES[("i64", None)])).result
+    div16 = cmp(arith.CmpIPredicate.eq, arith.AndIOp(value, c(15)).result, c(0))
+    k32 = arith.SelectOp(div16, c(INT_KEY_CODES[("i32", "D")]), c(INT_KEY_CODES[("i32", "")])).result
+    k64 = arith.SelectOp(div16, c(INT_KEY_CODES[("i64", "D")]), c(INT_KEY_CODES[("i64", "")])).result
+    by_type = arith.SelectOp(is32, k32, k64).result
+    is_one = cmp(arith.CmpIPredicate.eq, value, c(1))
+    return arith.SelectOp(is_one, c(INT_KEY_CODES[("constexpr", 1)]), by_type).result
+
+
+def emit_int_key_module(context: ir.Context) -> ir.Module:
+    """`int_key(i64) -> i64` and `int_key_nospec(i64) -> i64`: the integer-key code alone, for
+    checking it against Triton's specializer."""
+    with context, ir.Location.unknown():
+        module = ir.Module.create()
+        i64 = ir.IntegerType.get_signless(64)
+        for name, specialize in (("int_key", True), ("int_key_nospec", False)):
+            with ir.InsertionPoint(module.body):
+                fn = func.FuncOp(name, ir.FunctionType.get([i64], [i64]))
+            block = fn.add_entry_block()
+            with ir.InsertionPoint(block):
+                func.ReturnOp([emit_int_key(block.arguments[0], specialize)])
+    return module
+
+
 def region_steps(torch_module: ir.Module, name: str) -> list[tuple[str, int]]:
     """The region's steps in the order of its torch-dialect function: ("alloc", k) for the
     k-th allocation, ("launch", j) for launch index j."""
