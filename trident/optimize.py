@@ -41,7 +41,7 @@ def _direct_forward(gm: torch.fx.GraphModule):
     code = gm.graph.python_code(root_module="self")
     src = code.src.replace(_SCM_OP_TEXT, "trident_scm_call(")
     namespace = dict(code.globals)
-    namespace["trident_scm_call"] = C.scm_call
+    namespace["trident_scm_call"] = C.scm_call_fast
     exec(compile(src, f"<trident forward of {type(gm).__name__}>", "exec"), namespace)
     return namespace["forward"]
 
@@ -56,24 +56,38 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     n_inputs = len(placeholders)
     direct = _direct_forward(gm)
 
-    def checked_call(self, *args, **kwargs):
-        if kwargs or len(args) != n_inputs:
-            raise TridentError(
-                f"optimized graph expected {n_inputs} positional inputs ({', '.join(names)}), "
-                f"got {len(args)} positional and {len(kwargs)} keyword"
-            )
+    def diagnose(args) -> None:
         for i in tensor_positions:
             if not isinstance(args[i], torch.Tensor):
                 raise TridentError(
                     f"input {names[i]!r} (position {i}) expected a Tensor, got {type(args[i]).__name__}"
                 )
+
+    def check_constants(args) -> None:
         for i, want in constants.items():
             if args[i] != want or type(args[i]) is not type(want):
                 raise GuardError(
                     f"input {names[i]!r} (position {i}) was captured as the constant {want!r}, got {args[i]!r}; "
                     "non-tensor inputs are baked into the captured graph: capture again with this value"
                 )
-        return direct(self, *args)
+
+    def checked_call(self, *args, **kwargs):
+        if kwargs or len(args) != n_inputs:
+            raise TridentError(
+                f"optimized graph expected {n_inputs} positional inputs ({', '.join(names)}), "
+                f"got {len(args)} positional and {len(kwargs)} keyword"
+            )
+        if constants:
+            check_constants(args)
+        try:
+            return direct(self, *args)
+        except TridentError:
+            raise
+        except Exception:
+            # Type checks cost nothing on the hot path: a non-tensor input fails in the graph
+            # (or the op's argument parser), and is named here.
+            diagnose(args)
+            raise
 
     type(gm).__call__ = checked_call
 

@@ -177,6 +177,32 @@ py::object scm_call(int64_t region, py::list mutated, py::list inputs) {
   return op(region, mutated, inputs);
 }
 
+// METH_FASTCALL form of scm_call(region, mutated, inputs): the optimized module's hot entry.
+// pybind11's generic argument dispatch costs more than the rest of the Python-side call.
+PyObject* scm_call_fast(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 3 || !PyLong_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
+      PyErr_SetString(PyExc_TypeError, "scm_call(region: int, mutated: list[Tensor], inputs: list[Tensor])");
+      return nullptr;
+    }
+    py::object r = scm_call(PyLong_AsLongLong(args[0]), py::reinterpret_borrow<py::list>(args[1]),
+                            py::reinterpret_borrow<py::list>(args[2]));
+    return r.release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef kScmCallDef = {"scm_call_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scm_call_fast)),
+                           METH_FASTCALL, "scm_call without pybind11's argument dispatch"};
+
 }  // namespace
 }  // namespace trident
 
@@ -213,6 +239,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("add_kernel", &trident::add_kernel);
   m.def("scm_call", &trident::scm_call, "torch.ops.trident.scm.default, called directly when allowed");
+  m.add_object("scm_call_fast", py::reinterpret_steal<py::object>(PyCFunction_New(&trident::kScmCallDef, nullptr)));
   m.def("region_bind", [](int64_t region, bool kernel, int64_t handle) {
     // Region-local index of a process-wide kernel (kernel=true) or allocation plan.
     auto r = trident::get_region(region);
