@@ -154,3 +154,16 @@ def via_wrap_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     wrap_triton(axpy_kernel)[(triton.cdiv(n, 128),)](x, y, out, n, 2.5, BLOCK=128)
     return out
+
+
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["x_ptr"])
+def unspecialized_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+def unspecialized(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    unspecialized_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+    return out

@@ -123,3 +123,20 @@ def test_int_keys_match_triton(int_key_fns):
     for v in values:
         assert key(v) == INT_KEY_CODES[triton_key(v, True)], v
         assert key_nospec(v) == INT_KEY_CODES[triton_key(v, False)], v
+
+
+def test_do_not_specialize_leaves_alignment_unguarded():
+    """do_not_specialize_on_alignment: Triton keys x_ptr the same at any offset, so the SCM
+    has no alignment guard for it and a misaligned input is a hit, not a miss."""
+    opt = trident.optimize(trident.capture(K.unspecialized, torch.randn(64)))
+    (rid,) = opt.meta["trident_regions"]
+    rt = SCMRuntime.get(rid)
+    (spec,) = rt.scm.specializations
+    assert spec.guards[0].aligned16 is None
+    assert spec.launches[0].key[:3] == (("*fp32", ""), ("*fp32", "D"), ("i32", None))
+    for offset in range(16):
+        x = torch.randn(80)[offset:offset + 64]
+        assert triton_key(x, align=False) == spec.launches[0].key[0]
+        torch.testing.assert_close(opt(x), x * 2)
+    s = trident.cache_info(opt)[rt.program.name]
+    assert (s["hits"], s["misses"], s["specializations"]) == (16, 0, 1)

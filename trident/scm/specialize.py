@@ -153,12 +153,15 @@ def build_specialization(
         _launch_plan(step, inputs, aligned, alloc_facts, device, compile_kernels) for step in program.launches
     ]
     # A guard pins an input's alignment when some launch specializes on it.
+    # (Triton's KernelParam flags say whether it does: do_not_specialize and
+    # do_not_specialize_on_alignment parameters get the same key at any address.)
     pinned: dict[int, Optional[bool]] = {}
     for plan in launches:
+        kparams = {q.name: q for q in plan.step.kernel.params}
         for p in plan.params:
+            kp = kparams[p.name]
             if isinstance(p.source, ValueRef) and p.source.kind == "input":
-                attr = dict(zip([q.name for q in plan.step.kernel.params], plan.key)).get(p.name, (None, None))[1]
-                if attr in ("D", ""):
+                if not (kp.do_not_specialize or kp.do_not_specialize_on_alignment):
                     pinned[p.source.index] = aligned[p.source.index]
     guards = [
         TensorGuard(i, inp.name, inputs[i], pinned.get(i)) for i, inp in enumerate(program.inputs)
