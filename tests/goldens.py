@@ -14,8 +14,14 @@ def axpy_graph():
     return gm, trident.optimize(gm)
 
 
+def python_scale(t: torch.Tensor) -> torch.Tensor:
+    """A Python callable in the graph: no schema, so it cuts the region."""
+    return t * 0.5
+
+
 def mixed_graph():
-    """Two regions: launches, then an ATen op that cuts, then an in-place launch."""
+    """Launches and ATen ops in one region, a Python callable that cuts, an in-place launch
+    on the cut's result in a second region."""
 
     def fn(x, y):
         t = K.two_kernels(x, y)
@@ -24,4 +30,12 @@ def mixed_graph():
 
     x, y = torch.randn(777), torch.randn(777)
     gm = trident.capture(fn, x, y)
+    sin = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sin.default)
+    with gm.graph.inserting_after(sin):
+        cut = gm.graph.call_function(python_scale, (sin,))
+    cut.meta["val"] = sin.meta["val"]
+    for user in list(sin.users):
+        if user is not cut:
+            user.replace_input_with(sin, cut)
+    gm.recompile()
     return gm, trident.optimize(gm)

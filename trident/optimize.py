@@ -25,7 +25,7 @@ def _make_scm(program: RegionProgram) -> int:
     rt = SCMRuntime(program)
     # Specialize ahead for the captured input facts with aligned pointers (what fresh tensors
     # have); other alignments, dtypes or devices are compiled on their first miss.
-    rt.add_specialization(program.captured_inputs, [True] * len(program.inputs))
+    rt.add_specialization(program.captured_inputs, [0] * len(program.inputs))
     return rt.region_id
 
 
@@ -100,9 +100,9 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     decompose_functional_launches(new)
     sink_allocations(new)
     part = partition_regions(new)
-    region_ids = outline_regions(new, part.regions, _make_scm)
+    region_ids, skipped = outline_regions(new, part.regions, _make_scm)
     new.meta["trident_regions"] = region_ids
-    new.meta["trident_cuts"] = part.cuts
+    new.meta["trident_cuts"] = part.cuts + skipped
     _install_input_checks(new)
     return new
 

@@ -32,9 +32,9 @@ def forward(self, x_1, y_1):
 def forward(self, x_1, y_1):
     scm_default = torch.ops.trident.scm.default(REGION, [], [x_1, y_1]);  x_1 = y_1 = None
     getitem = scm_default[0];  scm_default = None
-    sin = torch.ops.aten.sin.default(getitem);  getitem = None
-    scm_default_1 = torch.ops.trident.scm.default(REGION, [sin], []);  scm_default_1 = None
-    mul = torch.ops.aten.mul.Tensor(sin, 1.0);  sin = None
-    return mul""")
+    python_scale = tests_goldens_python_scale(getitem);  getitem = None
+    scm_default_1 = torch.ops.trident.scm.default(REGION, [python_scale], []);  python_scale = None
+    getitem_1 = scm_default_1[0];  scm_default_1 = None
+    return getitem_1""")
         scm_calls = [n for n in opt.graph.nodes if n.target is torch.ops.trident.scm.default]
         self.assertEqual(len(scm_calls), 2)

@@ -57,7 +57,7 @@ def test_pointer_keys_match_triton_for_every_dtype_and_offset():
             for aligned in (True, False):
                 if dt == torch.float32 and aligned:
                     continue  # the captured specialization
-                rt.add_specialization([facts], [aligned])
+                rt.add_specialization([facts], [0 if aligned else 4])
     rng = random.Random(1)
     cases = 0
     for dt in TRITON_DTYPES:

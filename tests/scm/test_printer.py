@@ -14,7 +14,7 @@ class TestSCMText(expecttest.TestCase):
         _, opt = axpy_graph()
         self.assertExpectedInline(trident.scm_text(opt), """\
 scm region0(x_1, y_1) -> (empty_like)
-  empty_like = aten.empty_like.default  # output 0
+  empty_like = aten.empty_like.default  # value 0
   launch axpy_kernel[8, 1, 1](x_ptr=x_1, y_ptr=y_1, out_ptr=empty_like, n=1000, alpha=2.5, BLOCK=128) writes(out_ptr)
   specialization 0:
     guards:
@@ -30,11 +30,12 @@ scm region0(x_1, y_1) -> (empty_like)
     def test_mixed(self):
         _, opt = mixed_graph()
         self.assertExpectedInline(trident.scm_text(opt), """\
-scm region0(x_1, y_1) -> (zeros_like)
-  empty_like = aten.empty_like.default  # temporary
+scm region0(x_1, y_1) -> (sin)
+  empty_like = aten.empty_like.default  # value 0
   launch axpy_kernel[13, 1, 1](num_warps=2, num_ctas=1, num_stages=3, x_ptr=x_1, y_ptr=y_1, out_ptr=empty_like, n=777, alpha=0.5, BLOCK=64) writes(out_ptr)
-  zeros_like = aten.zeros_like.default  # output 0
+  zeros_like = aten.zeros_like.default  # value 1
   launch axpy_kernel[4, 1, 1](x_ptr=empty_like, y_ptr=x_1, out_ptr=zeros_like, n=777, alpha=-1.0, BLOCK=256) writes(out_ptr)
+  sin = aten.sin.default(zeros_like)
   specialization 0:
     guards:
       x_1: f32[777] strides=(1) cpu aligned16
@@ -48,14 +49,15 @@ scm region0(x_1, y_1) -> (zeros_like)
       launch axpy_kernel[4, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32, fp32, constexpr=256) num_warps=4 shared=0
         params: x_ptr=empty_like:*fp32, y_ptr=x_1:*fp32, out_ptr=zeros_like:*fp32, n=777:i32, alpha=-1.0:fp32
         runtime check: empty_like, zeros_like 16-byte aligned
-scm region1(sin!) -> ()
-  launch inplace_mul_kernel[7, 1, 1](x_ptr=sin, n=777, factor=3.0, BLOCK=128) writes(x_ptr)
+scm region1(python_scale!) -> (mul)
+  launch inplace_mul_kernel[7, 1, 1](x_ptr=python_scale, n=777, factor=3.0, BLOCK=128) writes(x_ptr)
+  mul = aten.mul.Tensor(python_scale, 1.0)
   specialization 0:
     guards:
-      sin: f32[777] strides=(1) cpu aligned16
+      python_scale: f32[777] strides=(1) cpu aligned16
     plan:
       launch inplace_mul_kernel[7, 1, 1] key=(*fp32:D, i32, fp32, constexpr=128) num_warps=4 shared=0
-        params: x_ptr=sin:*fp32, n=777:i32, factor=3.0:fp32
+        params: x_ptr=python_scale:*fp32, n=777:i32, factor=3.0:fp32
 """)
 
     def test_second_specialization_after_misaligned_miss(self):
@@ -64,7 +66,7 @@ scm region1(sin!) -> ()
         opt(x, torch.randn(1000))
         self.assertExpectedInline(trident.scm_text(opt), """\
 scm region0(x_1, y_1) -> (empty_like)
-  empty_like = aten.empty_like.default  # output 0
+  empty_like = aten.empty_like.default  # value 0
   launch axpy_kernel[8, 1, 1](x_ptr=x_1, y_ptr=y_1, out_ptr=empty_like, n=1000, alpha=2.5, BLOCK=128) writes(out_ptr)
   specialization 0:
     guards:

@@ -4,8 +4,10 @@
 #include <torch/library.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/ScalarOps.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <chrono>
 
@@ -40,12 +42,13 @@ std::vector<at::Tensor> scm_functional_kernel(int64_t region, at::TensorList mut
 }
 
 int64_t create_region(const std::string& name, int64_t num_inputs, int64_t max_rank,
-                      int64_t num_outputs, py::object miss_handler) {
+                      int64_t num_values, std::vector<int64_t> output_slots, py::object miss_handler) {
   auto r = std::make_shared<Region>();
   r->name = name;
   r->num_inputs = num_inputs;
   r->max_rank = max_rank;
-  r->num_outputs = num_outputs;
+  r->num_values = num_values;
+  r->output_slots = std::move(output_slots);
   r->miss_handler = std::move(miss_handler);
   return register_region(r);
 }
@@ -69,15 +72,74 @@ int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, 
 }
 
 int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, const at::Tensor& dtype_of,
-                  const std::string& device, bool zero, int64_t output_index) {
+                  const std::string& device, bool zero, int64_t slot) {
   AllocEntry a;
   a.sizes = std::move(sizes);
   a.strides = std::move(strides);
   a.dtype = dtype_of.scalar_type();
   a.device = at::Device(device);
   a.zero = zero;
-  a.output_index = output_index;
+  a.slot = slot;
   return register_alloc(std::move(a));
+}
+
+// spec: one entry per schema argument, a tuple ("const", value) | ("input", i) |
+// ("value", slot) | ("default",) | ("list", [entries]).
+AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
+  py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
+  std::string kind = t[0].cast<std::string>();
+  AtenArg a;
+  if (kind == "input" || kind == "value") {
+    a.kind = kind == "input" ? AtenArg::kInput : AtenArg::kValue;
+    a.index = t[1].cast<int64_t>();
+  } else if (kind == "list") {
+    a.kind = AtenArg::kList;
+    c10::TypePtr elem = type;
+    if (auto opt = type->cast<c10::OptionalType>()) elem = opt->getElementType();
+    c10::TypePtr item_type = elem->castRaw<c10::ListType>()->getElementType();
+    a.optional_items = item_type->kind() == c10::TypeKind::OptionalType;
+    for (const py::handle& item : py::reinterpret_borrow<py::list>(t[1])) a.items.push_back(parse_arg(item, item_type));
+  } else if (kind == "const") {
+    a.kind = AtenArg::kConst;
+    PyObject* v = t[1].ptr();
+    const bool number = PyFloat_Check(v) || PyLong_Check(v) || PyBool_Check(v);
+    if (number && type->kind() == c10::TypeKind::TensorType) {
+      // A Python number where the schema takes a Tensor (x * 2.0 -> mul.Tensor): eager makes it
+      // a wrapped-number tensor, which type promotion treats as a scalar.
+      at::Tensor w = at::scalar_to_tensor(torch::jit::toIValue(t[1], c10::NumberType::get()).toScalar());
+      w.unsafeGetTensorImpl()->set_wrapped_number(true);
+      a.constant = w;
+    } else {
+      a.constant = torch::jit::toIValue(t[1], type);
+    }
+  } else {
+    TORCH_CHECK(false, "trident: unknown argument kind ", kind);
+  }
+  return a;
+}
+
+int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots) {
+  auto e = std::make_shared<AtenEntry>();
+  e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  e->name = name + (overload.empty() ? "" : "." + overload);
+  const auto& schema = e->op->schema();
+  TORCH_CHECK(args.size() == schema.arguments().size(), "trident: ", e->name, " expects ",
+              schema.arguments().size(), " arguments, the plan has ", args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& arg = schema.arguments()[i];
+    py::tuple t = py::reinterpret_borrow<py::tuple>(args[i]);
+    if (t[0].cast<std::string>() == "default") {
+      TORCH_CHECK(arg.default_value().has_value(), "trident: ", e->name, " argument ", arg.name(), " has no default");
+      AtenArg a;
+      a.kind = AtenArg::kConst;
+      a.constant = *arg.default_value();
+      e->args.push_back(std::move(a));
+    } else {
+      e->args.push_back(parse_arg(args[i], arg.type()));
+    }
+  }
+  e->out_slots = std::move(out_slots);
+  return register_aten(std::move(e));
 }
 
 std::vector<int64_t> tensor_facts(const at::Tensor& t, int64_t max_rank) {
@@ -240,11 +302,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_kernel", &trident::add_kernel);
   m.def("scm_call", &trident::scm_call, "torch.ops.trident.scm.default, called directly when allowed");
   m.add_object("scm_call_fast", py::reinterpret_steal<py::object>(PyCFunction_New(&trident::kScmCallDef, nullptr)));
-  m.def("region_bind", [](int64_t region, bool kernel, int64_t handle) {
-    // Region-local index of a process-wide kernel (kernel=true) or allocation plan.
+  m.def("add_aten", &trident::add_aten);
+  m.def("region_bind", [](int64_t region, const std::string& table, int64_t handle) {
+    // Region-local index of a process-wide kernel, allocation plan or ATen call entry.
     auto r = trident::get_region(region);
     std::lock_guard<std::mutex> lock(r->bind_mutex);
-    auto& v = kernel ? r->kernel_handles : r->alloc_handles;
+    auto& v = table == "kernel" ? r->kernel_handles : table == "alloc" ? r->alloc_handles : r->aten_handles;
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] == handle) return static_cast<int64_t>(i);
     TORCH_CHECK(v.size() < trident::Region::kMaxLocal, "trident: region table full");

@@ -48,6 +48,10 @@ Table<AllocEntry>& allocs() {
   static Table<AllocEntry> t;
   return t;
 }
+Table<std::shared_ptr<AtenEntry>>& atens() {
+  static Table<std::shared_ptr<AtenEntry>> t;
+  return t;
+}
 
 constexpr int64_t kAllocFailed = -1;
 
@@ -71,11 +75,7 @@ int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
     }
     if (a.zero) t.zero_();
     int64_t ptr = reinterpret_cast<int64_t>(t.data_ptr());
-    if (a.output_index >= 0) {
-      ctx->outputs[a.output_index] = std::move(t);
-    } else {
-      ctx->temps.push_back(std::move(t));
-    }
+    ctx->values[a.slot] = std::move(t);
     return ptr;
   } catch (const std::exception& e) {
     ctx->error = std::string("allocation failed: ") + e.what();
@@ -199,7 +199,65 @@ int64_t rt_launch(HostCtx* ctx, int64_t index, int64_t gx, int64_t gy, int64_t g
   }
 }
 
-RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch};
+c10::IValue materialize(const AtenArg& a, HostCtx* ctx) {
+  switch (a.kind) {
+    case AtenArg::kInput:
+      return (*ctx->inputs)[a.index];
+    case AtenArg::kValue:
+      return ctx->values[a.index];
+    case AtenArg::kList: {
+      if (a.optional_items) {
+        c10::List<std::optional<at::Tensor>> list;
+        for (const AtenArg& item : a.items) {
+          c10::IValue v = materialize(item, ctx);
+          list.push_back(v.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(v.toTensor()));
+        }
+        return list;
+      }
+      c10::List<at::Tensor> list;
+      for (const AtenArg& item : a.items) list.push_back(materialize(item, ctx).toTensor());
+      return list;
+    }
+    default:
+      return a.constant;
+  }
+}
+
+int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
+  const AtenEntry* e = nullptr;
+  try {
+    e = atens().items[ctx->region->aten_handles[index]].get();
+    torch::jit::Stack stack;
+    stack.reserve(e->args.size());
+    for (const AtenArg& a : e->args) stack.push_back(materialize(a, ctx));
+    e->op->callBoxed(stack);
+    size_t k = 0;
+    for (c10::IValue& r : stack) {
+      if (r.isTensor()) {
+        int64_t slot = k < e->out_slots.size() ? e->out_slots[k] : -1;
+        if (slot >= 0) ctx->values[slot] = r.toTensor();
+        ++k;
+      } else if (r.isTensorList()) {
+        for (const at::Tensor& t : r.toTensorVector()) {
+          int64_t slot = k < e->out_slots.size() ? e->out_slots[k] : -1;
+          if (slot >= 0) ctx->values[slot] = t;
+          ++k;
+        }
+      }
+    }
+    return 0;
+  } catch (const std::exception& ex) {
+    ctx->error = std::string(e ? e->name : "aten call") + " failed: " + ex.what();
+    return -2;
+  }
+}
+
+int64_t rt_value_ptr(HostCtx* ctx, int64_t slot) noexcept {
+  const at::Tensor& t = ctx->values[slot];
+  return t.defined() ? reinterpret_cast<int64_t>(t.data_ptr()) : 0;
+}
+
+RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr};
 
 thread_local std::vector<int64_t> tls_facts;
 
@@ -260,6 +318,8 @@ int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().
 
 int64_t register_alloc(AllocEntry alloc) { return allocs().add(std::move(alloc)); }
 
+int64_t register_aten(std::shared_ptr<AtenEntry> entry) { return atens().add(std::move(entry)); }
+
 const KernelEntry& kernel_entry(int64_t index) {
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);
   return *kernels().items[index];
@@ -278,7 +338,7 @@ static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& c
   ctx.facts = tls_facts.data();
   ctx.region = &r;
   ctx.inputs = &inputs;
-  ctx.outputs.assign(r.num_outputs, at::Tensor());
+  ctx.values.assign(r.num_values, at::Tensor());
   ctx.temps.clear();
   ctx.error.clear();
   ctx.device_index = -1;
@@ -340,7 +400,10 @@ std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> in
   }
   TORCH_CHECK(result >= 0, "trident: region '", r.name, "' failed: ", ctx.error);
   r.last_spec.store(result, std::memory_order_relaxed);
-  return std::move(ctx.outputs);
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(r.output_slots.size());
+  for (int64_t slot : r.output_slots) outputs.push_back(ctx.values[slot]);
+  return outputs;
 }
 
 }  // namespace trident

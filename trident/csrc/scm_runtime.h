@@ -10,7 +10,10 @@
 #include <pybind11/pybind11.h>
 
 #include <array>
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <atomic>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,9 +39,11 @@ namespace trident {
 struct HostCtx;
 
 struct RuntimeTable {
-  int64_t (*alloc)(HostCtx*, int64_t alloc_index);
+  int64_t (*alloc)(HostCtx*, int64_t alloc_index);  // -> data pointer, or -1
   int64_t (*launch)(HostCtx*, int64_t kernel_index, int64_t gx, int64_t gy, int64_t gz,
-                    const int64_t* slots);
+                    const int64_t* slots);           // -> 0, or -2
+  int64_t (*aten)(HostCtx*, int64_t aten_index);     // -> 0, or -2
+  int64_t (*value_ptr)(HostCtx*, int64_t slot);      // -> data pointer of a region value
 };
 
 constexpr int64_t kFactsFixed = 3;
@@ -73,8 +78,25 @@ struct AllocEntry {
   at::ScalarType dtype;
   at::Device device{at::kCPU};
   bool zero = false;
-  int64_t output_index = -1;  // position in the op's result list, or -1 for a region temporary
-  int64_t fill_bits = 0;      // unused unless `zero`
+  int64_t slot = -1;  // the region value it becomes
+};
+
+// One ATen (or any schema'd) operator call: a boxed call through the dispatcher with an
+// argument template over region values.
+struct AtenArg {
+  enum Kind { kConst, kInput, kValue, kDefault, kList };
+  Kind kind = kConst;
+  int64_t index = -1;
+  c10::IValue constant;
+  std::vector<AtenArg> items;  // kList
+  bool optional_items = false;  // Tensor?[] rather than Tensor[]
+};
+
+struct AtenEntry {
+  std::string name;
+  std::optional<c10::OperatorHandle> op;
+  std::vector<AtenArg> args;
+  std::vector<int64_t> out_slots;  // flat over tensor results; -1 = unused
 };
 
 struct Region;
@@ -83,8 +105,8 @@ struct HostCtx {
   int64_t* facts;  // must stay first: the host program loads it from offset 0
   const Region* region = nullptr;
   const std::vector<at::Tensor>* inputs;
-  std::vector<at::Tensor> outputs;
-  std::vector<at::Tensor> temps;
+  std::vector<at::Tensor> values;  // the region's value table (allocations, ATen results)
+  std::vector<at::Tensor> temps;   // scratch buffers kept alive until the call returns
   void* stream = nullptr;
   int64_t device_index = -1;
   std::string error;
@@ -97,7 +119,8 @@ struct Region {
   std::string name;
   int64_t num_inputs = 0;
   int64_t max_rank = 0;
-  int64_t num_outputs = 0;
+  int64_t num_values = 0;
+  std::vector<int64_t> output_slots;  // result k of the op = value slot output_slots[k]
   pybind11::object miss_handler;  // callable(region_id, inputs) -> None; rebuilds the host program
   std::atomic<HostFn> host{nullptr};
   std::atomic<HostFn> select{nullptr};  // guards and selection only (probe)
@@ -112,9 +135,11 @@ struct Region {
   std::mutex bind_mutex;
   std::vector<int64_t> kernel_handles;
   std::vector<int64_t> alloc_handles;
+  std::vector<int64_t> aten_handles;
   Region() {
     kernel_handles.reserve(kMaxLocal);
     alloc_handles.reserve(kMaxLocal);
+    aten_handles.reserve(kMaxLocal);
   }
 
   int64_t facts_stride() const { return kFactsFixed + 2 * max_rank; }
@@ -126,6 +151,7 @@ int64_t register_region(std::shared_ptr<Region> region);
 std::shared_ptr<Region> get_region(int64_t id);
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
+int64_t register_aten(std::shared_ptr<AtenEntry> entry);
 const KernelEntry& kernel_entry(int64_t index);
 // The kernel's CUfunction on CUDA device `device`, loading its cubin on first use.
 void* kernel_function(int64_t index, int64_t device, std::string* error);

@@ -22,23 +22,17 @@ import torch
 from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, func, llvm
 
-from ..scm.ir import SCM, LaunchPlan, Param, Specialization, ValueRef
+from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Specialization, ValueRef
 from .region_to_torch import LAUNCH_OP_NAME
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
-RT_ALLOC, RT_LAUNCH = 0, 1  # field order of RuntimeTable
+RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR = 0, 1, 2, 3  # field order of RuntimeTable
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
 
-_ALLOC_OPS = {
-    "torch.aten.empty.memory_format",
-    "torch.aten.empty_like",
-    "torch.aten.empty_strided",
-    "torch.aten.new_empty",
-    "torch.aten.zeros",
-    "torch.aten.zeros_like",
-    "torch.aten.new_zeros",
-}
+# torch-dialect ops that are plumbing, not steps of the region.
+_NOT_STEPS = ("torch.constant.", "torch.prim.ListConstruct", "torch.prim.ListUnpack", "torch.prim.TupleConstruct",
+              "torch.prim.TupleIndex", "func.return")
 
 _DEVICE_TYPE = {"cpu": 0, "cuda": 1}
 
@@ -128,32 +122,45 @@ def emit_int_key_module(context: ir.Context) -> ir.Module:
     return module
 
 
-def region_steps(torch_module: ir.Module, name: str) -> list[tuple[str, int]]:
-    """The region's steps in the order of its torch-dialect function: ("alloc", k) for the
-    k-th allocation, ("launch", j) for launch index j."""
+def region_steps(torch_module: ir.Module, name: str) -> list[tuple]:
+    """The region's steps in the order of its torch-dialect function: ("launch", j) for the
+    placeholder of launch j, ("op", opname) for every other operator."""
     fn = None
     for op in torch_module.body.operations:
         if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
             fn = op
     assert fn is not None, f"function {name} not found in the imported region"
-    steps: list[tuple[str, int]] = []
-    allocs = 0
+    steps: list[tuple] = []
     for op in fn.regions[0].blocks[0].operations:
         opname = op.operation.name
-        if opname in _ALLOC_OPS:
-            steps.append(("alloc", allocs))
-            allocs += 1
-        elif opname == "torch.operator" and ir.StringAttr(op.attributes["name"]).value == LAUNCH_OP_NAME:
-            launch_id = op.operands[0].owner
-            value = ir.IntegerAttr(launch_id.attributes["value"]).value
-            steps.append(("launch", value))
+        if opname.startswith(_NOT_STEPS):
+            continue
+        if opname == "torch.operator":
+            opname = ir.StringAttr(op.attributes["name"]).value
+            if opname == LAUNCH_OP_NAME:
+                launch_id = op.operands[0].owner
+                steps.append(("launch", ir.IntegerAttr(launch_id.attributes["value"]).value))
+                continue
+        steps.append(("op", opname))
     return steps
 
 
+def program_steps(scm: SCM) -> list[tuple]:
+    """The same sequence as region_steps expects it from the SCM program."""
+    out = []
+    launch = 0
+    for step in scm.program.steps:
+        if isinstance(step, LaunchStep):
+            out.append(("launch", launch))
+            launch += 1
+        else:
+            out.append(("op",))
+    return out
+
+
 class _Emitter:
-    def __init__(self, scm: SCM, steps: list[tuple[str, int]]):
+    def __init__(self, scm: SCM):
         self.scm = scm
-        self.steps = steps
         self.i64 = ir.IntegerType.get_signless(64)
         self.i1 = ir.IntegerType.get_signless(1)
         self.ptr = ir.Type.parse("!llvm.ptr")
@@ -206,6 +213,8 @@ class _Emitter:
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
             self.alloc_fn = self.load_at(rt, RT_ALLOC, self.ptr)
             self.launch_fn = self.load_at(rt, RT_LAUNCH, self.ptr)
+            self.aten_fn = self.load_at(rt, RT_ATEN, self.ptr)
+            self.value_ptr_fn = self.load_at(rt, RT_VALUE_PTR, self.ptr)
             max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
             self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
             cf.BranchOp([], guard_blocks[0] if specs else miss)
@@ -237,7 +246,10 @@ class _Emitter:
             checks += [(FACTS_FIXED + self.scm.max_rank + d, s) for d, s in enumerate(f.strides)]
             for offset, expected in checks:
                 ok = arith.AndIOp(ok, self.eq(self.fact(g.input, offset), self.const(expected))).result
-            if g.aligned16 is not None:
+            if g.residue16 is not None:
+                low = arith.AndIOp(self.fact(g.input, 0), self.const(15)).result
+                ok = arith.AndIOp(ok, self.eq(low, self.const(g.residue16))).result
+            elif g.aligned16 is not None:
                 is_aligned = self.aligned16(self.fact(g.input, 0))
                 want = arith.constant(self.i1, 1 if g.aligned16 else 0)
                 ok = arith.AndIOp(ok, self.eq(is_aligned, want)).result
@@ -250,55 +262,75 @@ class _Emitter:
         return nxt
 
     def body(self, spec: Specialization, block, fail, region) -> None:
-        allocs: dict[int, ir.Value] = {}
-        needs_alignment = {k for lp in spec.launches for k in lp.aligned_allocs}
+        values: dict[int, ir.Value] = {}  # value slot -> its data pointer, once known
+        self.values = values
+        allocs = {plan.step.slot: plan for plan in spec.allocs}
+        atens = iter(spec.atens)
+        launches = iter(spec.launches)
         cur = block
-        for kind, index in self.steps:
+        for step in self.scm.program.steps:
             with ir.InsertionPoint(cur):
-                if kind == "alloc":
-                    plan = spec.allocs[index]
+                if isinstance(step, AllocStep):
+                    plan = allocs[step.slot]
                     p = llvm.CallOp(self.i64, [self.alloc_fn, self.ctx, self.const(plan.handle)], [], []).result
-                    allocs[index] = p
-                    ok = self.ne(p, self.const(-1))
-                    if index in needs_alignment:
-                        ok = arith.AndIOp(ok, self.aligned16(p)).result
-                    cur = self._continue(ok, fail, region)
-                else:
-                    launch = spec.launches[index]
-                    self.store_params(launch, allocs)
-                    gx, gy, gz = launch.step.grid
-                    r = llvm.CallOp(
-                        self.i64,
-                        [self.launch_fn, self.ctx, self.const(launch.handle), self.const(gx), self.const(gy),
-                         self.const(gz), self.slots],
-                        [],
-                        [],
-                    ).result
+                    values[step.slot] = p
+                    cur = self._continue(self.ne(p, self.const(-1)), fail, region)
+                elif isinstance(step, AtenStep):
+                    plan = next(atens)
+                    r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
                     cur = self._continue(self.eq(r, self.const(0)), fail, region)
+                else:
+                    launch = next(launches)
+                    ok = self.store_params(launch)
+                    gx, gy, gz = launch.step.grid
+                    if ok is not None:  # pointers the kernel was specialized as 16-byte aligned
+                        cur = self._continue(ok, fail, region)
+                    with ir.InsertionPoint(cur):
+                        r = llvm.CallOp(
+                            self.i64,
+                            [self.launch_fn, self.ctx, self.const(launch.handle), self.const(gx), self.const(gy),
+                             self.const(gz), self.slots],
+                            [],
+                            [],
+                        ).result
+                        cur = self._continue(self.eq(r, self.const(0)), fail, region)
         with ir.InsertionPoint(cur):
             func.ReturnOp([self.const(spec.index)])
 
-    def param_value(self, p: Param, allocs):
+    def value_pointer(self, slot: int):
+        if slot not in self.values:
+            self.values[slot] = llvm.CallOp(self.i64, [self.value_ptr_fn, self.ctx, self.const(slot)], [], []).result
+        return self.values[slot]
+
+    def param_value(self, p: Param):
         src = p.source
         if isinstance(src, ValueRef):
-            return self.fact(src.index, 0) if src.kind == "input" else allocs[src.index]
+            return self.fact(src.index, 0) if src.kind == "input" else self.value_pointer(src.index)
         return self.const(slot_bits(p.ty, src))
 
-    def store_params(self, launch: LaunchPlan, allocs) -> None:
+    def store_params(self, launch: LaunchPlan):
+        """Packs the parameters into the slots; returns the i1 'aligned values are aligned'
+        condition, or None when the launch assumes no value's alignment."""
+        ok = None
         for i, p in enumerate(launch.params):
+            value = self.param_value(p)
             addr = llvm.GEPOp(self.ptr, self.slots, [], [i], self.i64, 0).result
-            llvm.StoreOp(self.param_value(p, allocs), addr)
+            llvm.StoreOp(value, addr)
+            if isinstance(p.source, ValueRef) and p.source.kind == "value" and p.source.index in launch.aligned_values:
+                cond = self.aligned16(value)
+                ok = cond if ok is None else arith.AndIOp(ok, cond).result
+        return ok
 
 
 def emit_host_module(scm: SCM, torch_module: ir.Module) -> ir.Module:
     """A new module, in the context of `torch_module`, holding the host program of `scm`."""
     steps = region_steps(torch_module, scm.program.name)
-    expected = sorted(("alloc", i) for i in range(len(scm.program.allocs))) + sorted(
-        ("launch", j) for j in range(len(scm.program.launches))
+    expected = program_steps(scm)
+    assert [s[0] if s[0] == "op" else s for s in steps] == [s[0] if s[0] == "op" else s for s in expected], (
+        f"torch dialect steps {steps} do not match the SCM program {expected}"
     )
-    assert sorted(steps) == sorted(expected), f"torch dialect steps {steps} do not match the SCM program"
     with torch_module.context, ir.Location.unknown():
         module = ir.Module.create()
-        _Emitter(scm, steps).emit(module)
-        _Emitter(scm, steps).emit(module, select_only=True)
+        _Emitter(scm).emit(module)
+        _Emitter(scm).emit(module, select_only=True)
     return module

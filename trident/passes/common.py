@@ -35,6 +35,96 @@ def is_allocation(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in ALLOCATION_OPS
 
 
+_CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+# Ops whose output shape or value depends on data: they end a region (the host program is
+# planned per specialization, before any data is seen).
+_DATA_DEPENDENT_TAGS = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
+
+
+def _tensor_returns_only(schema) -> bool:
+    for r in schema.returns:
+        t = r.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, torch.TensorType):
+            continue
+        if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
+            continue
+        return False
+    return True
+
+
+def _arg_reason(value) -> str | None:
+    if isinstance(value, torch.fx.Node):
+        if not isinstance(value.meta.get("val"), torch.Tensor):
+            return f"argument {value.name} is a traced non-tensor value (symbolic scalars come later)"
+        return None
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            why = _arg_reason(v)
+            if why:
+                return why
+        return None
+    if isinstance(value, _CONSTANT_TYPES):
+        return None
+    return f"argument of type {type(value).__name__} has no native form"
+
+
+def operator_call_reason(node: torch.fx.Node) -> str | None:
+    """Why an operator node cannot be called from the SCM's native host, or None when it can."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return f"{getattr(target, '__name__', target)} is a Python callable, not an operator with a schema"
+    if target.namespace == "trident":
+        return "a Trident op"
+    if _DATA_DEPENDENT_TAGS & set(target.tags) or target is torch.ops.aten._local_scalar_dense.default:
+        return f"{target}: data-dependent output (needs the data before the plan can go on)"
+    if not _tensor_returns_only(target._schema):
+        return f"{target}: returns a non-tensor value"
+    for a in list(node.args) + list(node.kwargs.values()):
+        why = _arg_reason(a)
+        if why:
+            return f"{target}: {why}"
+    return None
+
+
+def is_view_op(node: torch.fx.Node) -> bool:
+    """Its result aliases an input without writing it (view, slice, transpose, ...)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    rets = node.target._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def inplace_root(node: torch.fx.Node):
+    """For an in-place/out= op, the argument node its result aliases (and writes), else None."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    schema = node.target._schema
+    rets = schema.returns
+    if not rets or rets[0].alias_info is None or not rets[0].alias_info.is_write:
+        return None
+    want = set(rets[0].alias_info.before_set)
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write and set(arg.alias_info.before_set) & want:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            return value if isinstance(value, torch.fx.Node) else None
+    return None
+
+
+def written_args(node: torch.fx.Node) -> list:
+    """Argument nodes an operator writes, per its schema's alias annotations."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    out = []
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            out += [v for v in values if isinstance(v, torch.fx.Node)]
+    return out
+
+
 def resolve_kernel(kernel):
     """(JITFunction, launch options) behind a side-table kernel, or (kernel, None) when it is
     something Trident does not unwrap. torch wraps a kernel launched with num_warps=/num_stages=

@@ -1,9 +1,18 @@
 """Replace each region with ONE torch.ops.trident.scm call.
 
-For every region this pass builds the region's RegionProgram (SCM IR: inputs, steps, outputs,
-and the region as its own GraphModule), asks `make_scm` for the native SCM serving it, and
-rewires the graph: `scm = trident.scm(region_id, [written inputs], [read inputs])`, one
-getitem per value the rest of the graph uses.
+For every region this pass builds the region's RegionProgram (SCM IR: inputs, steps, value
+table, outputs, and the region as its own GraphModule), asks `make_scm` for the native SCM
+serving it, and rewires the graph: `scm = trident.scm(region_id, [written inputs], [read
+inputs])`, one getitem per value the rest of the graph uses.
+
+Note [Values leaving a region]
+The op returns fresh tensors only: a result may not alias an input (opcheck, functionalization)
+nor another result. So for each value used after the region:
+  * the result of an in-place op is its written argument: later uses are redirected to that
+    argument (a region input, which the op lists as written, or a value that leaves itself);
+  * a view (of an input or of another leaving value) is recomputed after the call from the
+    values it views -- a real view, with the aliasing eager has;
+  * anything else leaves as a result of the op.
 """
 
 from __future__ import annotations
@@ -13,15 +22,30 @@ from typing import Callable
 
 import torch
 from torch._higher_order_ops import triton_kernel_wrap as tkw
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import UnsupportedError
-from ..scm.ir import AllocStep, LaunchStep, RegionInput, RegionProgram, TensorFacts, ValueRef
-from .common import ALLOCATION_OPS, is_allocation, is_launch, launch_kernel, launch_kwargs
+from ..scm.ir import DEFAULT, AllocStep, AtenStep, LaunchStep, RegionInput, RegionProgram, TensorFacts, ValueRef
+from .common import (
+    ALLOCATION_OPS,
+    inplace_root,
+    is_allocation,
+    is_launch,
+    is_view_op,
+    launch_kernel,
+    launch_kwargs,
+    written_args,
+)
 from .partition_regions import Region
 
 
 def facts_of(val: torch.Tensor) -> TensorFacts:
     return TensorFacts(val.dtype, val.device, tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()))
+
+
+def _storage(node: torch.fx.Node):
+    val = node.meta.get("val")
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
 def written_params(node: torch.fx.Node) -> list[str]:
@@ -37,44 +61,131 @@ def written_params(node: torch.fx.Node) -> list[str]:
     return sorted(set(names))
 
 
-def region_program(region: Region) -> tuple[RegionProgram, list[torch.fx.Node], list[torch.fx.Node]]:
-    """SCM IR for one region, plus its input nodes (in program order) and output nodes."""
+def _leaving_values(region: Region) -> tuple[list[torch.fx.Node], dict, list[torch.fx.Node]]:
+    """Note [Values leaving a region]: (results, redirects, views recomputed after the call)."""
     members = set(region.nodes)
+    order = {n: i for i, n in enumerate(region.nodes)}
+    work = [n for n in region.nodes if any(u not in members for u in n.users)]
+    results: list[torch.fx.Node] = []
+    redirects: dict[torch.fx.Node, torch.fx.Node] = {}
+    views: list[torch.fx.Node] = []
+    seen = set()
+    while work:
+        n = work.pop(0)
+        if n in seen:
+            continue
+        seen.add(n)
+        root = inplace_root(n)
+        if root is not None:
+            redirects[n] = root
+            if root in members:
+                work.append(root)
+            continue
+        if is_view_op(n):
+            views.append(n)
+            work.extend(a for a in n.all_input_nodes if a in members)
+            continue
+        if n.target is operator.getitem or is_allocation(n) or isinstance(n.meta.get("val"), torch.Tensor):
+            results.append(n)
+            continue
+        raise UnsupportedError(f"value {n.name} leaves region {region.name} but is not a tensor")
+    inputs_storage = {_storage(a) for n in region.nodes for a in n.all_input_nodes if a not in members}
+    result_storages = {}
+    for r in results:
+        st = _storage(r)
+        if st in inputs_storage or st in result_storages:
+            raise UnsupportedError(
+                f"value {r.name} leaving region {region.name} aliases "
+                f"{'an input' if st in inputs_storage else result_storages[st]} and is not a view"
+            )
+        result_storages[st] = r.name
+    results.sort(key=order.get)
+    views.sort(key=order.get)
+    return results, redirects, views
+
+
+def _bind_schema_args(node: torch.fx.Node) -> list:
+    schema = node.target._schema
+    bound = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound.append(node.args[i])
+        elif arg.name in node.kwargs:
+            bound.append(node.kwargs[arg.name])
+        else:
+            bound.append(DEFAULT)
+    return bound
+
+
+def region_program(region: Region):
+    """SCM IR for one region, plus its input nodes (in program order), its result nodes, and
+    the redirects and views of Note [Values leaving a region]."""
+    members = set(region.nodes)
+    results, redirects, views = _leaving_values(region)
     inputs: list[torch.fx.Node] = []
-    writes_by_node: dict[torch.fx.Node, list[str]] = {}
-    written_inputs: set[torch.fx.Node] = set()
     for node in region.nodes:
         for inp in node.all_input_nodes:
             if inp not in members and inp not in inputs:
                 if not isinstance(inp.meta.get("val"), torch.Tensor):
                     raise UnsupportedError(f"region input {inp.name} is not a tensor")
                 inputs.append(inp)
+
+    # Which inputs get written: by kernels (torch's TTIR analysis) or by operators (schema
+    # alias annotations), directly or through a view (same storage).
+    storage_to_input = {_storage(n): n for n in inputs}
+    writes_by_node: dict[torch.fx.Node, list[str]] = {}
+    written_inputs: set[torch.fx.Node] = set()
+    for node in region.nodes:
         if is_launch(node):
             writes = written_params(node)
             writes_by_node[node] = writes
-            kw = node.kwargs["kwargs"]
-            written_inputs.update(kw[w] for w in writes if kw[w] not in members)
-    # Written inputs first: the op's schema lists them as Tensor(a!)[].
+            targets = [node.kwargs["kwargs"][w] for w in writes]
+        else:
+            targets = written_args(node)
+        for t in targets:
+            inp = storage_to_input.get(_storage(t))
+            if inp is not None:
+                written_inputs.add(inp)
     inputs = [n for n in inputs if n in written_inputs] + [n for n in inputs if n not in written_inputs]
-    outputs = [n for n in region.nodes if any(u not in members for u in n.users) and n.meta.get("val") is not None]
-    if any(not is_allocation(n) for n in outputs):
-        raise UnsupportedError("only allocations may leave a region")
 
-    refs: dict[torch.fx.Node, ValueRef] = {n: ValueRef("input", i, n.name) for i, n in enumerate(inputs)}
+    refs: dict[torch.fx.Node, object] = {n: ValueRef("input", i, n.name) for i, n in enumerate(inputs)}
+    value_names: list[str] = []
+
+    def new_value(name: str) -> ValueRef:
+        value_names.append(name)
+        return ValueRef("value", len(value_names) - 1, name)
+
+    def to_arg(v):
+        if isinstance(v, torch.fx.Node):
+            return refs[v]
+        if isinstance(v, (list, tuple)):
+            return [to_arg(x) for x in v]
+        return v
+
     steps = []
-    alloc_count = 0
     for node in region.nodes:
         if is_allocation(node):
-            out_idx = outputs.index(node) if node in outputs else None
-            steps.append(AllocStep(node.name, str(node.target), ALLOCATION_OPS[node.target], out_idx))
-            refs[node] = ValueRef("alloc", alloc_count, node.name)
-            alloc_count += 1
-        else:
+            ref = new_value(node.name)
+            steps.append(AllocStep(node.name, str(node.target), ALLOCATION_OPS[node.target], ref.index))
+            refs[node] = ref
+        elif is_launch(node):
             kernel = launch_kernel(node)
-            args = {k: (refs[v] if isinstance(v, torch.fx.Node) else v) for k, v in launch_kwargs(node).items()}
+            args = {k: to_arg(v) for k, v in launch_kwargs(node).items()}
             steps.append(
                 LaunchStep(node.name, kernel, kernel.fn.__name__, tuple(node.kwargs["grid"][0]), args, tuple(writes_by_node[node]))
             )
+        elif node.target is operator.getitem:
+            refs[node] = refs[node.args[0]][node.args[1]]
+        else:
+            val = node.meta["val"]
+            if isinstance(val, (tuple, list)):
+                outs = [new_value(f"{node.name}[{k}]") for k in range(len(val))]
+                refs[node] = outs
+            else:
+                outs = [new_value(node.name)]
+                refs[node] = outs[0]
+            args = tuple(to_arg(a) for a in _bind_schema_args(node))
+            steps.append(AtenStep(node.name, node.target, str(node.target), args, tuple(o.index for o in outs)))
 
     # The region as its own GraphModule: fake propagation and the op's fake kernel run it.
     graph = torch.fx.Graph()
@@ -85,41 +196,71 @@ def region_program(region: Region) -> tuple[RegionProgram, list[torch.fx.Node], 
         env[n] = p
     for node in region.nodes:
         env[node] = graph.node_copy(node, lambda x: env[x])
-    graph.output(tuple(env[n] for n in outputs))
+    graph.output(tuple(env[n] for n in results))
     sub = torch.fx.GraphModule(torch.nn.Module(), graph)
 
     program = RegionProgram(
         name=region.name,
         inputs=[RegionInput(n.name, n in written_inputs) for n in inputs],
         steps=steps,
-        outputs=[n.name for n in outputs],
+        outputs=[refs[n] for n in results],
+        value_names=value_names,
         graph_module=sub,
         captured_inputs=[facts_of(n.meta["val"]) for n in inputs],
     )
-    return program, inputs, outputs
+    return program, inputs, results, redirects, views
 
 
 def outline_regions(
     gm: torch.fx.GraphModule, regions: list[Region], make_scm: Callable[[RegionProgram], int]
-) -> list[int]:
+) -> tuple[list[int], list[tuple[str, str]]]:
+    """Returns the ids of the SCMs made, and (node, reason) for regions left as they were."""
     region_ids = []
+    skipped = []
     for region in regions:
-        program, inputs, outputs = region_program(region)
+        try:
+            program, inputs, results, redirects, views = region_program(region)
+        except UnsupportedError as e:
+            skipped.append((region.nodes[0].name, f"region not outlined: {e}"))
+            continue
         rid = make_scm(program)
         region_ids.append(rid)
+        members = set(region.nodes)
         mutated = [n for n, i in zip(inputs, program.inputs) if i.mutated]
         reads = [n for n, i in zip(inputs, program.inputs) if not i.mutated]
-        first = region.nodes[0]
-        with gm.graph.inserting_before(first):
+        last = region.nodes[-1]
+        outside: dict[torch.fx.Node, torch.fx.Node] = {}
+        with gm.graph.inserting_after(last):
             call = gm.graph.call_function(torch.ops.trident.scm.default, (rid, mutated, reads))
-            call.meta["val"] = [n.meta["val"] for n in outputs]
-            call.meta["trident_region"] = program.name
-            for i, out in enumerate(outputs):
+        call.meta["val"] = [n.meta["val"] for n in results]
+        call.meta["trident_region"] = program.name
+        cursor = call
+        for i, out in enumerate(results):
+            with gm.graph.inserting_after(cursor):
                 item = gm.graph.call_function(operator.getitem, (call, i))
-                item.meta["val"] = out.meta["val"]
-                out.replace_all_uses_with(item)
+            item.meta["val"] = out.meta["val"]
+            outside[out] = item
+            cursor = item
+
+        def resolve(n: torch.fx.Node) -> torch.fx.Node:
+            while n in redirects:
+                n = redirects[n]
+            return outside.get(n, n) if n in members else n
+
+        for v in views:  # recomputed after the call, from what they view
+            with gm.graph.inserting_after(cursor):
+                copy = gm.graph.node_copy(v, resolve)
+            outside[v] = copy
+            cursor = copy
+        for node in region.nodes:
+            target = resolve(node)
+            if target is node:
+                continue
+            for user in list(node.users):
+                if user not in members and user is not target:
+                    user.replace_input_with(node, target)
         for node in reversed(region.nodes):
             gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()
-    return region_ids
+    return region_ids, skipped

@@ -1,5 +1,8 @@
-"""Cut a graph into regions: maximal runs of consecutive Triton launches plus the allocations
-feeding them. Every node that ends a region is recorded with the reason, for explain()."""
+"""Cut a graph into regions: maximal runs of consecutive nodes with a native path -- Triton
+launches, allocations, and every operator with a schema (called natively through the
+dispatcher). What has no native path ends a region: Python callables, data-dependent ops
+(`.item()`, nonzero, ...), non-tensor values. Every cut is recorded with its reason, for
+explain()."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from triton.runtime.jit import JITFunction
 
-from .common import is_allocation, is_launch, launch_kernel, launch_kwargs
+import operator
+
+from .common import is_allocation, is_launch, launch_kernel, launch_kwargs, operator_call_reason
 
 
 @dataclass
@@ -45,10 +50,16 @@ def unsupported_launch_reason(node: torch.fx.Node) -> str | None:
     return None
 
 
-def _region_reason(node: torch.fx.Node) -> str:
-    if node.op == "call_function":
-        return f"{node.target}: ATen ops other than allocations stay outside regions in this version"
-    return f"{node.op} node"
+def _region_reason(node: torch.fx.Node) -> str | None:
+    """None when the node can join a region (besides launches and allocations)."""
+    if node.op != "call_function":
+        return f"{node.op} node"
+    if node.target is operator.getitem:
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and isinstance(src.meta.get("val"), (tuple, list)):
+            return None  # a projection of a multi-result op; follows its producer
+        return "getitem of a non-tensor-tuple value"
+    return operator_call_reason(node)
 
 
 def partition_regions(gm: torch.fx.GraphModule) -> Partition:
@@ -81,6 +92,12 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
         if node.op == "output":
             close(None, None)
             continue
-        close(node, _region_reason(node))
+        why = _region_reason(node)
+        if why is None and node.target is operator.getitem and node.args[0] not in current:
+            why = "projection of a value made outside the region"
+        if why is None:
+            current.append(node)
+            continue
+        close(node, why)
     # Allocations left alone in `current` never formed a region; they stay ordinary nodes.
     return part

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter as interp
+from triton.runtime.jit import JITFunction
 
 
 def _arg(ty: str, value: Any):
@@ -31,6 +32,18 @@ def _arg(ty: str, value: Any):
     return tl.tensor(handle, tl_ty)
 
 
+_interpreted: dict = {}
+
+
+def _call_interpreted(self, *args, **kwargs):
+    """JITFunction.__call__ while interpreting: device functions (tl.sum, user @jit helpers)
+    run interpreted too, as they would had TRITON_INTERPRET=1 been set before import."""
+    fn = _interpreted.get(self)
+    if fn is None:
+        fn = _interpreted[self] = interp.InterpretedFunction(self.fn)
+    return fn(*args, **kwargs)
+
+
 def make_cpu_runner(
     jit_fn, param_names: Sequence[str], param_types: Sequence[str], constexprs: dict[str, Any]
 ) -> Callable[[tuple[int, int, int], list], None]:
@@ -44,6 +57,7 @@ def make_cpu_runner(
         for name, ty, value in zip(param_names, param_types, values):
             args[name] = _arg(ty, value)
         patch_scope = interp._patch_lang(jit_fn.fn)
+        patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
         try:
             interp.interpreter_builder.set_grid_dim(*grid)
             for x in range(grid[0]):

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from .. import _C  # noqa: F401  (loading it registers torch.ops.trident.*)
-from ..scm.ir import AllocPlan, LaunchPlan
+from ..scm.ir import DEFAULT, AllocPlan, AtenStep, LaunchPlan, ValueRef
 from .cpu_launcher import make_cpu_runner
 
 C = _C
@@ -52,11 +52,26 @@ def register_launch(plan: LaunchPlan) -> int:
 
 def register_alloc(plan: AllocPlan) -> int:
     f = plan.facts
-    out = plan.step.output_index
     return C.add_alloc(
-        list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero,
-        -1 if out is None else out,
+        list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero, plan.step.slot
     )
+
+
+def _arg_spec(value):
+    if isinstance(value, ValueRef):
+        return (value.kind, value.index)
+    if value is DEFAULT:
+        return ("default",)
+    if isinstance(value, list) and any(isinstance(v, ValueRef) for v in value):
+        return ("list", [_arg_spec(v) for v in value])
+    return ("const", value)
+
+
+def register_aten(step: AtenStep) -> int:
+    """Native call entry for an operator step: the op by name, an argument template."""
+    schema = step.op._schema
+    name, _, overload = schema.name, None, schema.overload_name
+    return C.add_aten(name, overload, [_arg_spec(a) for a in step.args], list(step.outputs))
 
 
 def kernel_function(kernel_handle: int, device: int) -> int:

@@ -47,6 +47,11 @@ def check_verbose(guard: TensorGuard, value) -> Optional[str]:
     for i, (want, got) in enumerate(zip(f.strides, value.stride())):
         if want != got:
             return f"tensor {name!r} stride mismatch at index {i}. expected {want}, actual {got}"
+    if guard.residue16 is not None and value.data_ptr() % 16 != guard.residue16:
+        return (
+            f"tensor {name!r} alignment mismatch: expected address % 16 == {guard.residue16}, "
+            f"got {value.data_ptr() % 16}"
+        )
     if guard.aligned16 is not None:
         offset = value.data_ptr() % 16
         if guard.aligned16 and offset:
@@ -66,8 +71,14 @@ class SCMRuntime:
         self.torch_mlir: str = ""
         self.host_mlir: str = ""
         self._lock = threading.Lock()
+        self._aten_handles: dict[str, int] = {}
         self.region_id = native.C.create_region(
-            program.name, len(program.inputs), max_rank, len(program.outputs), self._on_miss
+            program.name,
+            len(program.inputs),
+            max_rank,
+            len(program.value_names),
+            [o.index for o in program.outputs],
+            self._on_miss,
         )
         _REGISTRY[self.region_id] = self
 
@@ -79,15 +90,21 @@ class SCMRuntime:
             raise TridentError(f"no SCM region {region_id} in this process") from None
 
     # -- building -------------------------------------------------------------------------
-    def add_specialization(self, facts: Sequence[TensorFacts], aligned: Sequence[bool]) -> Specialization:
+    def add_specialization(self, facts: Sequence[TensorFacts], residues: Sequence[int]) -> Specialization:
+        """residues: data_ptr % 16 of each input."""
         spec = build_specialization(
-            self.program, facts, aligned, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
+            self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
         )
+        bind = native.C.region_bind
         for plan in spec.allocs:
-            plan.handle = native.C.region_bind(self.region_id, False, native.register_alloc(plan))
+            plan.handle = bind(self.region_id, "alloc", native.register_alloc(plan))
+        for plan in spec.atens:  # an operator call's template does not depend on the specialization
+            if plan.step.name not in self._aten_handles:
+                self._aten_handles[plan.step.name] = bind(self.region_id, "aten", native.register_aten(plan.step))
+            plan.handle = self._aten_handles[plan.step.name]
         for plan in spec.launches:
             plan.global_handle = native.register_launch(plan)
-            plan.handle = native.C.region_bind(self.region_id, True, plan.global_handle)
+            plan.handle = bind(self.region_id, "kernel", plan.global_handle)
         self.scm.specializations.append(spec)
         self.rebuild()
         return spec
@@ -153,9 +170,9 @@ class SCMRuntime:
             self.last_miss_reason = self.explain_miss(inputs)
             self._check_servable(inputs)
             facts = [facts_of(t) for t in inputs]
-            aligned = [t.data_ptr() % 16 == 0 for t in inputs]
+            residues = [t.data_ptr() % 16 for t in inputs]
             try:
-                self.add_specialization(facts, aligned)
+                self.add_specialization(facts, residues)
             except TridentError:
                 raise
             except Exception as e:

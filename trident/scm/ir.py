@@ -36,7 +36,28 @@ class AllocStep:
     name: str
     op: str  # the ATen overload it came from, e.g. "aten.empty_like.default"
     zero: bool
-    output_index: Optional[int]  # position in the SCM's results, None for a temporary
+    slot: int  # its place in the region's value table
+
+
+@dataclass(frozen=True)
+class AtenStep:
+    """Any other operator with a schema, called from native code (boxed, through the
+    dispatcher). `args` holds one entry per schema argument: a ValueRef, a list of ValueRefs
+    and constants, a constant, or DEFAULT for the schema's default."""
+
+    name: str
+    op: Any = field(compare=False)  # the torch OpOverload
+    op_name: str  # e.g. "aten.mm.default"
+    args: tuple
+    outputs: tuple[int, ...]  # value slots of its tensor results, in return order
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _Default()
 
 
 @dataclass(frozen=True)
@@ -53,9 +74,10 @@ class LaunchStep:
 
 @dataclass(frozen=True)
 class ValueRef:
-    """A reference to a region value: an input (`kind="input"`) or an allocation."""
+    """A reference to a region value: an input (`kind="input"`, index = input position) or a
+    value made inside the region (`kind="value"`, index = slot: allocations, ATen results)."""
 
-    kind: str  # "input" | "alloc"
+    kind: str  # "input" | "value"
     index: int
     name: str
 
@@ -64,8 +86,9 @@ class ValueRef:
 class RegionProgram:
     name: str
     inputs: list[RegionInput]
-    steps: list[Union[AllocStep, LaunchStep]]
-    outputs: list[str]  # names of allocations returned, in result order
+    steps: list[Union[AllocStep, AtenStep, LaunchStep]]
+    outputs: list[ValueRef]  # values returned, in result order (always kind "value")
+    value_names: list[str]  # name of each value slot
     graph_module: torch.fx.GraphModule  # the region as FX: placeholders = inputs, in order
     captured_inputs: list["TensorFacts"]  # facts of the inputs at capture time
 
@@ -76,6 +99,10 @@ class RegionProgram:
     @property
     def launches(self) -> list[LaunchStep]:
         return [s for s in self.steps if isinstance(s, LaunchStep)]
+
+    @property
+    def atens(self) -> list[AtenStep]:
+        return [s for s in self.steps if isinstance(s, AtenStep)]
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,7 @@ class TensorGuard:
     name: str
     facts: TensorFacts
     aligned16: Optional[bool]
+    residue16: Optional[int] = None  # data_ptr % 16 exactly, when views of it reach kernels
 
 
 @dataclass(frozen=True)
@@ -125,10 +153,16 @@ class LaunchPlan:
     num_warps: int
     num_ctas: int
     shared: int
-    aligned_allocs: tuple[int, ...]  # allocations passed as 'D' pointers: checked at run time
+    aligned_values: tuple[int, ...]  # value slots passed as 'D' pointers: checked at run time
     compiled: Any = field(default=None, repr=False)  # triton CompiledKernel
     handle: int = -1  # region-local index of its native kernel entry
     global_handle: int = -1  # index in the process-wide kernel table
+
+
+@dataclass
+class AtenPlan:
+    step: AtenStep
+    handle: int = -1  # region-local index of its native call entry
 
 
 @dataclass
@@ -137,6 +171,8 @@ class Specialization:
     guards: list[TensorGuard]
     allocs: list[AllocPlan]
     launches: list[LaunchPlan]
+    atens: list[AtenPlan] = field(default_factory=list)
+    value_facts: list[TensorFacts] = field(default_factory=list)  # per value slot
 
 
 @dataclass

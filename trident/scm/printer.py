@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .ir import SCM, AllocStep, LaunchStep, Param, Specialization, TensorFacts, TensorGuard, ValueRef
+from .ir import SCM, AllocStep, AtenStep, LaunchStep, Param, Specialization, TensorFacts, TensorGuard, ValueRef
 
 _DTYPE_SHORT = {
     torch.float16: "f16",
@@ -32,6 +32,8 @@ def format_facts(f: TensorFacts) -> str:
 
 def format_guard(g: TensorGuard) -> str:
     align = {True: " aligned16", False: " unaligned16", None: ""}[g.aligned16]
+    if g.residue16 is not None:
+        align = f" address%16=={g.residue16}"
     return f"{g.name}: {format_facts(g.facts)}{align}"
 
 
@@ -50,6 +52,8 @@ def format_key(key: tuple) -> str:
 def _format_source(src) -> str:
     if isinstance(src, ValueRef):
         return src.name
+    if isinstance(src, list):
+        return "[" + ", ".join(_format_source(s) for s in src) + "]"
     return repr(src)
 
 
@@ -60,11 +64,14 @@ def format_param(p: Param) -> str:
 def format_program(scm: SCM) -> list[str]:
     prog = scm.program
     ins = ", ".join(f"{i.name}{'!' if i.mutated else ''}" for i in prog.inputs)
-    lines = [f"scm {prog.name}({ins}) -> ({', '.join(prog.outputs)})"]
+    lines = [f"scm {prog.name}({ins}) -> ({', '.join(o.name for o in prog.outputs)})"]
     for step in prog.steps:
         if isinstance(step, AllocStep):
-            out = f"  # output {step.output_index}" if step.output_index is not None else "  # temporary"
-            lines.append(f"  {step.name} = {step.op}{out}")
+            lines.append(f"  {step.name} = {step.op}  # value {step.slot}")
+        elif isinstance(step, AtenStep):
+            args = ", ".join(_format_source(a) for a in step.args)
+            outs = ", ".join(prog.value_names[o] for o in step.outputs)
+            lines.append(f"  {outs} = {step.op_name}({args})")
         elif isinstance(step, LaunchStep):
             args = ", ".join(
                 f"{k}={v.name if isinstance(v, ValueRef) else repr(v)}" for k, v in step.args.items()
@@ -87,10 +94,17 @@ def format_specialization(spec: Specialization) -> list[str]:
             f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
         )
         lines.append(f"        params: {', '.join(format_param(p) for p in launch.params)}")
-        if launch.aligned_allocs:
-            names = [spec.allocs[i].step.name for i in launch.aligned_allocs]
+        if launch.aligned_values:
+            names = [launch_value_name(spec, launch, i) for i in launch.aligned_values]
             lines.append(f"        runtime check: {', '.join(names)} 16-byte aligned")
     return lines
+
+
+def launch_value_name(spec: Specialization, launch, slot: int) -> str:
+    for p in launch.params:
+        if isinstance(p.source, ValueRef) and p.source.kind == "value" and p.source.index == slot:
+            return p.source.name
+    return f"value {slot}"
 
 
 def format_scm(scm: SCM) -> str:

@@ -17,10 +17,12 @@ from typing import Optional, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
+    AtenPlan,
     LaunchPlan,
     LaunchStep,
     Param,
@@ -54,30 +56,46 @@ def _facts(t: torch.Tensor) -> TensorFacts:
     return TensorFacts(t.dtype, t.device, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 
-def propagate_allocations(program: RegionProgram, inputs: Sequence[TensorFacts]) -> list[TensorFacts]:
-    """Layouts of the region's allocations for inputs with these facts (fake propagation)."""
+def propagate_values(
+    program: RegionProgram, inputs: Sequence[TensorFacts], residues: Sequence[int]
+) -> tuple[list[TensorFacts], list[int], list[Optional[int]]]:
+    """For inputs with these facts and addresses (% 16): every region value's layout, its
+    address % 16, and the input whose storage it views (None for fresh storage)."""
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     with mode:
         fakes = [torch.empty_strided(f.sizes, f.strides, dtype=f.dtype, device=f.device) for f in inputs]
-    values: dict[str, torch.Tensor] = {}
+    values: dict[str, object] = {}
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
-            if isinstance(out, torch.Tensor):
-                values[n.name] = out
+            values[n.name] = out
             return out
 
     with mode:
         Recorder(program.graph_module).run(*fakes)
-    return [_facts(values[a.name]) for a in program.allocs]
+    storage_of_input = {StorageWeakRef(f.untyped_storage()): i for i, f in enumerate(fakes)}
+    facts, value_residues, roots = [], [], []
+    for name in program.value_names:
+        base, _, k = name.partition("[")
+        val = values[base] if not k else values[base][int(k[:-1])]
+        facts.append(_facts(val))
+        root = storage_of_input.get(StorageWeakRef(val.untyped_storage()))
+        offset = val.storage_offset() * val.element_size()
+        if root is None:
+            value_residues.append(offset % 16)  # fresh storage: allocators align to >= 16 bytes
+        else:
+            value_residues.append((residues[root] + offset) % 16)  # input storages start at offset 0 here
+        roots.append(root)
+    return facts, value_residues, roots
 
 
 def _launch_plan(
     step: LaunchStep,
     input_facts: Sequence[TensorFacts],
-    input_aligned: Sequence[bool],
-    alloc_facts: Sequence[TensorFacts],
+    input_residues: Sequence[int],
+    value_facts: Sequence[TensorFacts],
+    value_residues: Sequence[int],
     device: torch.device,
     compile_kernel: bool,
 ) -> LaunchPlan:
@@ -86,9 +104,9 @@ def _launch_plan(
     for name, value in step.args.items():
         if isinstance(value, ValueRef):
             if value.kind == "input":
-                call_args[name] = PointerStandIn(input_facts[value.index].dtype, input_aligned[value.index])
+                call_args[name] = PointerStandIn(input_facts[value.index].dtype, input_residues[value.index] == 0)
             else:
-                call_args[name] = PointerStandIn(alloc_facts[value.index].dtype, True)
+                call_args[name] = PointerStandIn(value_facts[value.index].dtype, value_residues[value.index] == 0)
         else:
             call_args[name] = value
     with _device_scope(device):
@@ -109,7 +127,7 @@ def _launch_plan(
     param_names = [p.name for p in kernel.params]
     params: list[Param] = []
     constexprs = {}
-    aligned_allocs = []
+    aligned_values = []
     for pname, (ty, attr) in zip(param_names, key):
         value = step.args.get(pname, kernel.params[param_names.index(pname)].default)
         if ty == "constexpr":
@@ -117,8 +135,8 @@ def _launch_plan(
             continue
         if isinstance(ty, tuple):
             raise UnsupportedError(f"launch of {step.kernel_name}: tuple parameter {pname!r}")
-        if isinstance(value, ValueRef) and value.kind == "alloc" and attr == "D":
-            aligned_allocs.append(value.index)
+        if isinstance(value, ValueRef) and value.kind == "value" and attr == "D":
+            aligned_values.append(value.index)
         params.append(Param(pname, ty, value))
     meta = compiled.metadata if compiled is not None else None
     num_warps = meta.num_warps if meta else step.args.get("num_warps", 4)
@@ -130,7 +148,7 @@ def _launch_plan(
         num_warps=num_warps,
         num_ctas=meta.num_ctas if meta else 1,
         shared=meta.shared if meta else 0,
-        aligned_allocs=tuple(sorted(set(aligned_allocs))),
+        aligned_values=tuple(sorted(set(aligned_values))),
         compiled=compiled,
     )
 
@@ -138,33 +156,45 @@ def _launch_plan(
 def build_specialization(
     program: RegionProgram,
     inputs: Sequence[TensorFacts],
-    aligned: Sequence[bool],
+    residues: Sequence[int],
     index: int,
     compile_kernels: bool = True,
 ) -> Specialization:
-    alloc_facts = propagate_allocations(program, inputs)
-    devices = {f.device for f in inputs} | {f.device for f in alloc_facts}
+    value_facts, value_residues, roots = propagate_values(program, inputs, residues)
+    launched = {
+        v.index for step in program.launches for v in step.args.values() if isinstance(v, ValueRef) and v.kind == "value"
+    }
+    devices = {f.device for f in inputs} | {value_facts[a.slot].device for a in program.allocs}
+    devices |= {value_facts[i].device for i in launched}
     if len(devices) > 1:
         raise UnsupportedError(
             f"region {program.name} mixes devices {sorted(map(str, devices))}; one region runs on one device"
         )
     device = devices.pop() if devices else torch.device("cpu")
     launches = [
-        _launch_plan(step, inputs, aligned, alloc_facts, device, compile_kernels) for step in program.launches
+        _launch_plan(step, inputs, residues, value_facts, value_residues, device, compile_kernels)
+        for step in program.launches
     ]
-    # A guard pins an input's alignment when some launch specializes on it.
-    # (Triton's KernelParam flags say whether it does: do_not_specialize and
+    # A guard pins an input's alignment when some launch specializes on it: as aligned or not
+    # when the input itself is passed, exactly (address % 16) when a view of it is. (Triton's
+    # KernelParam flags say whether a parameter specializes: do_not_specialize and
     # do_not_specialize_on_alignment parameters get the same key at any address.)
-    pinned: dict[int, Optional[bool]] = {}
+    aligned: dict[int, bool] = {}
+    exact: dict[int, int] = {}
     for plan in launches:
         kparams = {q.name: q for q in plan.step.kernel.params}
         for p in plan.params:
             kp = kparams[p.name]
-            if isinstance(p.source, ValueRef) and p.source.kind == "input":
-                if not (kp.do_not_specialize or kp.do_not_specialize_on_alignment):
-                    pinned[p.source.index] = aligned[p.source.index]
+            if not isinstance(p.source, ValueRef) or kp.do_not_specialize or kp.do_not_specialize_on_alignment:
+                continue
+            if p.source.kind == "input":
+                aligned[p.source.index] = residues[p.source.index] == 0
+            elif roots[p.source.index] is not None:
+                exact[roots[p.source.index]] = residues[roots[p.source.index]]
     guards = [
-        TensorGuard(i, inp.name, inputs[i], pinned.get(i)) for i, inp in enumerate(program.inputs)
+        TensorGuard(i, inp.name, inputs[i], None if i in exact else aligned.get(i), exact.get(i))
+        for i, inp in enumerate(program.inputs)
     ]
-    allocs = [AllocPlan(step, facts) for step, facts in zip(program.allocs, alloc_facts)]
-    return Specialization(index, guards, allocs, launches)
+    allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
+    atens = [AtenPlan(step) for step in program.atens]
+    return Specialization(index, guards, allocs, launches, atens, value_facts)

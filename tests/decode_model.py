@@ -1,0 +1,177 @@
+"""A small LLM decode step built the way users write one: own Triton kernels for RMSNorm,
+rotary embedding, SiLU-and-multiply and the residual add; ATen for matmuls, attention and the
+KV-cache writes; views in between. Shared by tests/test_decode_step.py and tools/bench_decode.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+    tl.store(out_ptr + row * n + offs, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rotary_kernel(x_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr):
+    # In place on one head of x (program id = head): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+    head = tl.program_id(0)
+    offs = tl.arange(0, HALF)
+    base = x_ptr + head * 2 * HALF
+    x1 = tl.load(base + offs).to(tl.float32)
+    x2 = tl.load(base + HALF + offs).to(tl.float32)
+    c = tl.load(cos_ptr + offs).to(tl.float32)
+    s = tl.load(sin_ptr + offs).to(tl.float32)
+    tl.store(base + offs, (x1 * c - x2 * s).to(x_ptr.dtype.element_ty))
+    tl.store(base + HALF + offs, (x2 * c + x1 * s).to(x_ptr.dtype.element_ty))
+
+
+@triton.jit
+def silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(gu_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(gu_ptr + n + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def residual_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@dataclass(frozen=True)
+class Config:
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
+    max_seq: int = 32
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def make_weights(cfg: Config, device, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape, scale=0.1):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+    hd = cfg.head_dim
+    layers = []
+    for _ in range(cfg.layers):
+        layers += [
+            1.0 + w(cfg.hidden),  # ln1
+            w(cfg.heads * hd, cfg.hidden),  # wq
+            w(cfg.kv_heads * hd, cfg.hidden),  # wk
+            w(cfg.kv_heads * hd, cfg.hidden),  # wv
+            w(cfg.hidden, cfg.heads * hd),  # wo
+            1.0 + w(cfg.hidden),  # ln2
+            w(2 * cfg.intermediate, cfg.hidden),  # gate_up
+            w(cfg.hidden, cfg.intermediate),  # down
+        ]
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    angles = torch.arange(cfg.max_seq, dtype=torch.float32)[:, None] * inv[None, :]
+    return layers, angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+
+def make_caches(cfg: Config, device, dtype=torch.float32):
+    return [torch.zeros(cfg.kv_heads, cfg.max_seq, cfg.head_dim, device=device, dtype=dtype) for _ in range(2 * cfg.layers)]
+
+
+def _rmsnorm(cfg, x, w):
+    out = torch.empty_like(x)
+    rmsnorm_kernel[(x.shape[0],)](x, w, out, x.shape[-1], cfg.eps, BLOCK=triton.next_power_of_2(x.shape[-1]))
+    return out
+
+
+def _add(x, y):
+    out = torch.empty_like(x)
+    n = x.numel()
+    residual_add_kernel[(triton.cdiv(n, 256),)](x, y, out, n, BLOCK=256)
+    return out
+
+
+def decode_step(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
+    """One token through `cfg.layers` layers; writes the KV caches in place at `pos`."""
+    hd, H, KV = cfg.head_dim, cfg.heads, cfg.kv_heads
+    caches = caches_and_weights[: 2 * cfg.layers]
+    weights = caches_and_weights[2 * cfg.layers:]
+    cos = cos_table.index_select(0, pos)
+    sin = sin_table.index_select(0, pos)
+    mask = (torch.arange(cfg.max_seq, device=x.device) <= pos).view(1, 1, 1, cfg.max_seq)
+    for layer in range(cfg.layers):
+        ln1, wq, wk, wv, wo, ln2, w_gu, w_down = weights[8 * layer: 8 * layer + 8]
+        k_cache, v_cache = caches[2 * layer], caches[2 * layer + 1]
+        h = _rmsnorm(cfg, x, ln1)
+        q = torch.nn.functional.linear(h, wq)
+        k = torch.nn.functional.linear(h, wk)
+        v = torch.nn.functional.linear(h, wv)
+        rotary_kernel[(H,)](q, cos, sin, HALF=hd // 2)
+        rotary_kernel[(KV,)](k, cos, sin, HALF=hd // 2)
+        k_cache.index_copy_(1, pos, k.view(KV, 1, hd))
+        v_cache.index_copy_(1, pos, v.view(KV, 1, hd))
+        kk = k_cache[:, None].expand(KV, H // KV, cfg.max_seq, hd).reshape(1, H, cfg.max_seq, hd)
+        vv = v_cache[:, None].expand(KV, H // KV, cfg.max_seq, hd).reshape(1, H, cfg.max_seq, hd)
+        attn = torch.nn.functional.scaled_dot_product_attention(q.view(1, H, 1, hd), kk, vv, attn_mask=mask)
+        x = _add(x, torch.nn.functional.linear(attn.reshape(1, H * hd), wo))
+        gu = torch.nn.functional.linear(_rmsnorm(cfg, x, ln2), w_gu)
+        act = torch.empty(1, cfg.intermediate, device=x.device, dtype=x.dtype)
+        silu_mul_kernel[(triton.cdiv(cfg.intermediate, 128),)](gu, act, cfg.intermediate, BLOCK=128)
+        x = _add(x, torch.nn.functional.linear(act, w_down))
+    return x
+
+
+def decode_step_reference(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
+    """The same math in plain PyTorch (no Triton), for checking."""
+    hd, H, KV = cfg.head_dim, cfg.heads, cfg.kv_heads
+    caches = caches_and_weights[: 2 * cfg.layers]
+    weights = caches_and_weights[2 * cfg.layers:]
+    cos = cos_table.index_select(0, pos)
+    sin = sin_table.index_select(0, pos)
+
+    def rms(t, w):
+        t32 = t.float()
+        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + cfg.eps) * w.float()).to(t.dtype)
+
+    def rope(t, heads):
+        t = t.view(heads, 2, hd // 2).float()
+        x1, x2 = t[:, 0], t[:, 1]
+        c, s = cos.float(), sin.float()
+        return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=1).reshape(1, heads * hd).to(x.dtype)
+
+    mask = (torch.arange(cfg.max_seq, device=x.device) <= pos).view(1, 1, 1, cfg.max_seq)
+    for layer in range(cfg.layers):
+        ln1, wq, wk, wv, wo, ln2, w_gu, w_down = weights[8 * layer: 8 * layer + 8]
+        k_cache, v_cache = caches[2 * layer], caches[2 * layer + 1]
+        h = rms(x, ln1)
+        q = rope(h @ wq.t(), H)
+        k = rope(h @ wk.t(), KV)
+        v = h @ wv.t()
+        k_cache.index_copy_(1, pos, k.view(KV, 1, hd))
+        v_cache.index_copy_(1, pos, v.view(KV, 1, hd))
+        kk = k_cache.repeat_interleave(H // KV, dim=0)[None]
+        vv = v_cache.repeat_interleave(H // KV, dim=0)[None]
+        attn = torch.nn.functional.scaled_dot_product_attention(q.view(1, H, 1, hd), kk, vv, attn_mask=mask)
+        x = x + attn.reshape(1, H * hd) @ wo.t()
+        gu = rms(x, ln2) @ w_gu.t()
+        g, u = gu[:, : cfg.intermediate].float(), gu[:, cfg.intermediate:].float()
+        x = x + ((g * torch.sigmoid(g) * u).to(x.dtype)) @ w_down.t()
+    return x
