@@ -38,11 +38,13 @@ def rotary_kernel(x_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr):
 
 @triton.jit
 def silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # Row program_id(1) of gu = [gate | up] (2n wide) -> silu(gate) * up (n wide).
+    row = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    g = tl.load(gu_ptr + offs, mask=mask).to(tl.float32)
-    u = tl.load(gu_ptr + n + offs, mask=mask).to(tl.float32)
-    tl.store(out_ptr + offs, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=mask)
+    g = tl.load(gu_ptr + row * 2 * n + offs, mask=mask).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * n + n + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + row * n + offs, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -92,8 +94,9 @@ def make_weights(cfg: Config, device, dtype=torch.float32, seed=0):
     return layers, angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
 
 
-def make_caches(cfg: Config, device, dtype=torch.float32):
-    return [torch.zeros(cfg.kv_heads, cfg.max_seq, cfg.head_dim, device=device, dtype=dtype) for _ in range(2 * cfg.layers)]
+def make_caches(cfg: Config, device, dtype=torch.float32, batch: int = 1):
+    shape = (batch, cfg.kv_heads, cfg.max_seq, cfg.head_dim)
+    return [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2 * cfg.layers)]
 
 
 def _rmsnorm(cfg, x, w):
@@ -110,8 +113,10 @@ def _add(x, y):
 
 
 def decode_step(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
-    """One token through `cfg.layers` layers; writes the KV caches in place at `pos`."""
+    """One token per sequence (x: [batch, hidden]) through `cfg.layers` layers, all sequences
+    at position `pos`; writes the KV caches ([batch, kv_heads, max_seq, head_dim]) in place."""
     hd, H, KV = cfg.head_dim, cfg.heads, cfg.kv_heads
+    B = x.shape[0]
     caches = caches_and_weights[: 2 * cfg.layers]
     weights = caches_and_weights[2 * cfg.layers:]
     cos = cos_table.index_select(0, pos)
@@ -124,17 +129,17 @@ def decode_step(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
         q = torch.nn.functional.linear(h, wq)
         k = torch.nn.functional.linear(h, wk)
         v = torch.nn.functional.linear(h, wv)
-        rotary_kernel[(H,)](q, cos, sin, HALF=hd // 2)
-        rotary_kernel[(KV,)](k, cos, sin, HALF=hd // 2)
-        k_cache.index_copy_(1, pos, k.view(KV, 1, hd))
-        v_cache.index_copy_(1, pos, v.view(KV, 1, hd))
-        kk = k_cache[:, None].expand(KV, H // KV, cfg.max_seq, hd).reshape(1, H, cfg.max_seq, hd)
-        vv = v_cache[:, None].expand(KV, H // KV, cfg.max_seq, hd).reshape(1, H, cfg.max_seq, hd)
-        attn = torch.nn.functional.scaled_dot_product_attention(q.view(1, H, 1, hd), kk, vv, attn_mask=mask)
-        x = _add(x, torch.nn.functional.linear(attn.reshape(1, H * hd), wo))
+        rotary_kernel[(B * H,)](q, cos, sin, HALF=hd // 2)
+        rotary_kernel[(B * KV,)](k, cos, sin, HALF=hd // 2)
+        k_cache.index_copy_(2, pos, k.view(B, KV, 1, hd))
+        v_cache.index_copy_(2, pos, v.view(B, KV, 1, hd))
+        kk = k_cache[:, :, None].expand(B, KV, H // KV, cfg.max_seq, hd).reshape(B, H, cfg.max_seq, hd)
+        vv = v_cache[:, :, None].expand(B, KV, H // KV, cfg.max_seq, hd).reshape(B, H, cfg.max_seq, hd)
+        attn = torch.nn.functional.scaled_dot_product_attention(q.view(B, H, 1, hd), kk, vv, attn_mask=mask)
+        x = _add(x, torch.nn.functional.linear(attn.reshape(B, H * hd), wo))
         gu = torch.nn.functional.linear(_rmsnorm(cfg, x, ln2), w_gu)
-        act = torch.empty(1, cfg.intermediate, device=x.device, dtype=x.dtype)
-        silu_mul_kernel[(triton.cdiv(cfg.intermediate, 128),)](gu, act, cfg.intermediate, BLOCK=128)
+        act = torch.empty(B, cfg.intermediate, device=x.device, dtype=x.dtype)
+        silu_mul_kernel[(triton.cdiv(cfg.intermediate, 128), B)](gu, act, cfg.intermediate, BLOCK=128)
         x = _add(x, torch.nn.functional.linear(act, w_down))
     return x
 
@@ -142,6 +147,7 @@ def decode_step(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
 def decode_step_reference(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
     """The same math in plain PyTorch (no Triton), for checking."""
     hd, H, KV = cfg.head_dim, cfg.heads, cfg.kv_heads
+    B = x.shape[0]
     caches = caches_and_weights[: 2 * cfg.layers]
     weights = caches_and_weights[2 * cfg.layers:]
     cos = cos_table.index_select(0, pos)
@@ -152,10 +158,10 @@ def decode_step_reference(cfg: Config, x, pos, cos_table, sin_table, *caches_and
         return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + cfg.eps) * w.float()).to(t.dtype)
 
     def rope(t, heads):
-        t = t.view(heads, 2, hd // 2).float()
+        t = t.view(B * heads, 2, hd // 2).float()
         x1, x2 = t[:, 0], t[:, 1]
         c, s = cos.float(), sin.float()
-        return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=1).reshape(1, heads * hd).to(x.dtype)
+        return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=1).reshape(B, heads * hd).to(x.dtype)
 
     mask = (torch.arange(cfg.max_seq, device=x.device) <= pos).view(1, 1, 1, cfg.max_seq)
     for layer in range(cfg.layers):
@@ -165,12 +171,12 @@ def decode_step_reference(cfg: Config, x, pos, cos_table, sin_table, *caches_and
         q = rope(h @ wq.t(), H)
         k = rope(h @ wk.t(), KV)
         v = h @ wv.t()
-        k_cache.index_copy_(1, pos, k.view(KV, 1, hd))
-        v_cache.index_copy_(1, pos, v.view(KV, 1, hd))
-        kk = k_cache.repeat_interleave(H // KV, dim=0)[None]
-        vv = v_cache.repeat_interleave(H // KV, dim=0)[None]
-        attn = torch.nn.functional.scaled_dot_product_attention(q.view(1, H, 1, hd), kk, vv, attn_mask=mask)
-        x = x + attn.reshape(1, H * hd) @ wo.t()
+        k_cache.index_copy_(2, pos, k.view(B, KV, 1, hd))
+        v_cache.index_copy_(2, pos, v.view(B, KV, 1, hd))
+        kk = k_cache.repeat_interleave(H // KV, dim=1)
+        vv = v_cache.repeat_interleave(H // KV, dim=1)
+        attn = torch.nn.functional.scaled_dot_product_attention(q.view(B, H, 1, hd), kk, vv, attn_mask=mask)
+        x = x + attn.reshape(B, H * hd) @ wo.t()
         gu = rms(x, ln2) @ w_gu.t()
         g, u = gu[:, : cfg.intermediate].float(), gu[:, cfg.intermediate:].float()
         x = x + ((g * torch.sigmoid(g) * u).to(x.dtype)) @ w_down.t()

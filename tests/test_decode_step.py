@@ -6,29 +6,31 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 
 import trident
 from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights
 
 
-def test_decode_step_is_one_region_and_matches_eager(device):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_step_is_one_region_and_matches_eager(device, batch):
     cfg = Config()
     weights, cos, sin = make_weights(cfg, device)
     step = functools.partial(decode_step, cfg)
-    x0 = torch.randn(1, cfg.hidden, device=device)
+    x0 = torch.randn(batch, cfg.hidden, device=device)
     pos0 = torch.tensor([0], device=device)
-    gm = trident.capture(step, x0, pos0, cos, sin, *make_caches(cfg, device), *weights)
+    gm = trident.capture(step, x0, pos0, cos, sin, *make_caches(cfg, device, batch=batch), *weights)
     opt = trident.optimize(gm)
     calls = [n for n in opt.graph.nodes if n.op == "call_function"]
     scm = [n for n in calls if n.target is torch.ops.trident.scm.default]
     assert len(scm) == 1, opt.code
     assert all(n.target is torch.ops.trident.scm.default or "getitem" in str(n.target) for n in calls), opt.code
 
-    caches = make_caches(cfg, device)
-    ref_caches = make_caches(cfg, device)
+    caches = make_caches(cfg, device, batch=batch)
+    ref_caches = make_caches(cfg, device, batch=batch)
     for p in range(6):
-        x = torch.randn(1, cfg.hidden, device=device)
+        x = torch.randn(batch, cfg.hidden, device=device)
         pos = torch.tensor([p], device=device)
         got = opt(x, pos, cos, sin, *caches, *weights)
         want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)

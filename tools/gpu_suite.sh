@@ -20,4 +20,10 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__, t
 ( time python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 python3 -m pytest -q tests -x -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; tail -5 "$OUT/pytest.log"
-python3 tools/bench_launch.py --out "$OUT/bench_launch.json" 2>&1 | tee "$OUT/bench_launch.log" | tail -20
+if [[ "${BENCH_LAUNCH:-1}" == 1 ]]; then
+  python3 tools/bench_launch.py --out "$OUT/bench_launch.json" 2>&1 | tee "$OUT/bench_launch.log" | tail -20
+fi
+if [[ "${BENCH_DECODE:-1}" == 1 ]]; then
+  python3 tools/bench_decode.py --out "$OUT/bench_decode.json" --budget-s "${DECODE_BUDGET_S:-360}" \
+    --models "${DECODE_MODELS:-llama,qwen}" --batches "${DECODE_BATCHES:-1,8}" 2>&1 | grep -v "^W1" | tee "$OUT/bench_decode.log" | tail -20
+fi

@@ -1,0 +1,83 @@
+"""Note [Values leaving a region]: in-place results, views and aliasing outputs keep eager's
+semantics (values, aliasing, mutation) after optimization."""
+
+from __future__ import annotations
+
+import torch
+
+import trident
+from tests import kernels as K
+
+
+def _opt(fn, *example):
+    return trident.optimize(trident.capture(fn, *[e.clone() for e in example]))
+
+
+def _scm_count(opt):
+    return sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes)
+
+
+def test_inplace_result_is_the_input_itself():
+    def fn(cache, k, pos):
+        cache.index_copy_(0, pos, k)
+        out = K.axpy(cache.view(-1), cache.view(-1))
+        return cache, out
+
+    cache, k, pos = torch.randn(8, 16), torch.randn(1, 16), torch.tensor([3])
+    opt = _opt(fn, cache, k, pos)
+    assert _scm_count(opt) == 1
+    ref_cache = cache.clone()
+    got_cache, got = opt(cache, k, pos)
+    ref_cache.index_copy_(0, pos, k)
+    assert got_cache is cache  # the same tensor object, as eager returns
+    torch.testing.assert_close(cache, ref_cache)
+    torch.testing.assert_close(got, K.axpy_ref(ref_cache.view(-1), ref_cache.view(-1)))
+
+
+def test_view_of_input_leaves_as_a_real_view():
+    def fn(x, y):
+        return K.axpy(x, y), x.view(10, 100)
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    opt = _opt(fn, x, y)
+    out, v = opt(x, y)
+    assert v.data_ptr() == x.data_ptr() and v.shape == (10, 100)
+    x.add_(1)  # aliasing as in eager: the view sees writes to x
+    torch.testing.assert_close(v.reshape(-1), x)
+
+
+def test_outputs_aliasing_each_other():
+    def fn(x, y):
+        out = K.axpy(x, y)
+        return out, out[:10], out.view(100, 10).t()
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    opt = _opt(fn, x, y)
+    assert _scm_count(opt) == 1
+    a, b, c = opt(x, y)
+    torch.testing.assert_close(a, K.axpy_ref(x, y))
+    assert b.data_ptr() == a.data_ptr() and c.data_ptr() == a.data_ptr()
+    a.zero_()
+    assert b.abs().sum() == 0 and c.abs().sum() == 0
+
+
+def test_same_tensor_passed_twice():
+    opt = _opt(K.axpy, torch.randn(1000), torch.randn(1000))
+    x = torch.randn(1000)
+    torch.testing.assert_close(opt(x, x), K.axpy_ref(x, x))
+
+
+def test_inplace_kernel_on_a_view_marks_the_input_written():
+    def fn(x):
+        K.inplace_mul(x[100:612])
+        return x.sum()
+
+    x = torch.randn(1000)
+    opt = _opt(fn, x)
+    node = next(n for n in opt.graph.nodes if n.target is torch.ops.trident.scm.default)
+    assert [a.name for a in node.args[1]] == ["x_1"]  # listed as written (Tensor(a!)[])
+    ref = x.clone()
+    ref[100:612] *= 3.0
+    got = opt(x)
+    torch.testing.assert_close(x, ref)
+    torch.testing.assert_close(got, ref.sum())

@@ -1,0 +1,191 @@
+"""Decode-step latency of Llama-3.2-1B- and Qwen2-0.5B-shaped models built from Triton kernels
+(RMSNorm, rotary, SiLU-mul, residual add) plus ATen (matmuls, attention, KV-cache writes,
+views): eager, torch.compile (default, cpp_wrapper, reduce-overhead), a manual CUDA-graph
+replay at a fixed position (the device floor), and Trident -- all in ONE run.
+
+    python tools/bench_decode.py --out results/bench_decode.json [--models llama,qwen] [--batches 1,8]
+
+µs/step = wall time of `steps` consecutive decode steps (position advancing each step, the
+device synchronized before and after) / steps; median over repetitions, after warm-up.
+Outputs of every variant are checked against eager (bf16 tolerance) from identical caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import trident  # noqa: E402
+from tests.decode_model import Config, decode_step, make_caches, make_weights  # noqa: E402
+from trident.runtime.native import C  # noqa: E402
+
+MODELS = {
+    "llama": Config(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, max_seq=640),
+    "qwen": Config(layers=24, hidden=896, heads=14, kv_heads=2, intermediate=4864, max_seq=640),
+    "tiny": Config(max_seq=640),  # smoke runs (e.g. --device cpu)
+}
+START = 512  # positions 512.. : a KV cache of 512+ filled positions
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def per_step_us(step_fn, make_args, steps: int, reps: int, device: str = "cuda") -> float:
+    samples = []
+    for _ in range(reps):
+        args = [make_args(START + i) for i in range(steps)]
+        _sync(device)
+        t0 = time.perf_counter_ns()
+        for a in args:
+            step_fn(*a)
+        _sync(device)
+        samples.append((time.perf_counter_ns() - t0) / steps / 1e3)
+    return statistics.median(samples)
+
+
+def run_case(name: str, cfg: Config, batch: int, steps: int, reps: int, deadline: float, dev: str = "cuda") -> dict:
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    weights, cos, sin = make_weights(cfg, dev, dt)
+    caches = make_caches(cfg, dev, dt, batch=batch)
+    step = functools.partial(decode_step, cfg)
+    xs = [torch.randn(batch, cfg.hidden, device=dev, dtype=dt) for _ in range(4)]
+    positions = [torch.tensor([p], device=dev) for p in range(cfg.max_seq)]
+
+    def make_args(p):
+        return (xs[p % 4], positions[p], cos, sin, *caches, *weights)
+
+    res: dict = {"config": cfg.__dict__ | {"batch": batch, "dtype": str(dt), "start_position": START}}
+
+    def check(fn) -> float:
+        """Max abs difference to eager over 3 steps from identical caches."""
+        saved = [c.clone() for c in caches]
+        outs = [fn(*make_args(START + i)).float() for i in range(3)]
+        for c, s in zip(caches, saved):
+            c.copy_(s)
+        refs = [step(*make_args(START + i)).float() for i in range(3)]
+        for c, s in zip(caches, saved):
+            c.copy_(s)
+        return max((o - r).abs().max().item() for o, r in zip(outs, refs))
+
+    def variant(key, build):
+        if time.time() > deadline:
+            res[key] = {"skipped": "time budget of this run exhausted"}
+            return None
+        try:
+            t0 = time.time()
+            fn = build()
+            for i in range(3):
+                fn(*make_args(START + i))
+            _sync(dev)
+            setup = time.time() - t0
+            res[key] = {
+                "us_per_step": per_step_us(fn, make_args, steps, reps, dev),
+                "setup_s": round(setup, 1),
+                "max_abs_diff_vs_eager": check(fn),
+            }
+            return fn
+        except Exception as e:  # a baseline that cannot run is reported, not fatal
+            res[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            return None
+
+    variant("eager", lambda: step)
+    opt = variant("trident", lambda: trident.optimize(trident.capture(step, *make_args(START))))
+    if opt is not None:
+        info = trident.cache_info(opt)
+        res["trident"]["cache_info"] = {k: {kk: v[kk] for kk in ("hits", "misses", "specializations")} for k, v in info.items()}
+        res["trident"]["scm_nodes"] = sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes)
+        (rid,) = opt.meta["trident_regions"][:1] or (None,)
+        if rid is not None and len(opt.meta["trident_regions"]) == 1:
+            node = next(n for n in opt.graph.nodes if n.target is torch.ops.trident.scm.default)
+            placeholders = [n.name for n in opt.graph.nodes if n.op == "placeholder"]
+            args = dict(zip(placeholders, make_args(START)))
+            inputs = [args[a.name] for a in node.args[1]] + [args[a.name] for a in node.args[2]]
+            _sync(dev)
+            ns = C.run_loop(rid, inputs, steps)
+            _sync(dev)
+            res["trident"]["native_loop_us_per_step"] = ns / steps / 1e3
+            rt = trident.runtime.SCMRuntime.get(rid)
+            res["trident"]["region"] = {
+                "launches": len(rt.program.launches),
+                "aten_calls": len(rt.program.atens),
+                "allocations": len(rt.program.allocs),
+            }
+    if dev == "cuda":
+        variant("graph_floor", lambda: _graph_replay(step, make_args))
+    variant("torch_compile", lambda: torch.compile(step))
+    variant("torch_compile_cpp_wrapper", lambda: torch.compile(step, options={"cpp_wrapper": True}))
+    variant("torch_compile_reduce_overhead", lambda: torch.compile(step, mode="reduce-overhead"))
+    t = res.get("trident", {}).get("us_per_step")
+    if t:
+        res["ratios"] = {
+            f"{k}_over_trident": res[k]["us_per_step"] / t
+            for k in ("eager", "torch_compile", "torch_compile_cpp_wrapper", "torch_compile_reduce_overhead")
+            if "us_per_step" in res.get(k, {})
+        }
+        if "us_per_step" in res.get("graph_floor", {}):
+            res["ratios"]["trident_over_graph_floor"] = t / res["graph_floor"]["us_per_step"]
+    print(name, batch, json.dumps({k: v.get("us_per_step") if isinstance(v, dict) else None for k, v in res.items()}), flush=True)
+    return res
+
+
+def _graph_replay(step, make_args):
+    """The step captured once at a fixed position; replay = the device floor (no host work)."""
+    static = make_args(START)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(*static)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*static)
+
+    def replay(*_):
+        graph.replay()
+        return out
+
+    return replay
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/bench_decode.json")
+    ap.add_argument("--models", default="llama,qwen")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=420)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--variants", default="", help="comma list to run (default all)")
+    args = ap.parse_args()
+    deadline = time.time() + args.budget_s
+    result = {
+        "commit": os.environ.get("TRIDENT_COMMIT", "unknown"),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "method": "us/step: wall time of `steps` decode steps (position advancing), synchronized, / steps; median of reps",
+        "cases": {},
+    }
+    for model in args.models.split(","):
+        for batch in map(int, args.batches.split(",")):
+            result["cases"][f"{model}_b{batch}"] = run_case(
+                model, MODELS[model], batch, args.steps, args.reps, deadline, args.device
+            )
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
