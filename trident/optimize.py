@@ -6,7 +6,13 @@ import torch
 
 from .capture import ensure_triton_driver
 from .errors import GuardError, TridentError
-from .passes import decompose_functional_launches, outline_regions, partition_regions, sink_allocations
+from .passes import (
+    decompose_functional_launches,
+    drop_unused_projections,
+    outline_regions,
+    partition_regions,
+    sink_allocations,
+)
 from .runtime import SCMRuntime
 from .scm.ir import RegionProgram
 from .scm.printer import format_guard, format_scm
@@ -98,6 +104,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     ensure_triton_driver()
     new = _copy_graph_module(gm)
     decompose_functional_launches(new)
+    drop_unused_projections(new)
     sink_allocations(new)
     part = partition_regions(new)
     region_ids, skipped = outline_regions(new, part.regions, _make_scm)

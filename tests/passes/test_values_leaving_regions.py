@@ -81,3 +81,27 @@ def test_inplace_kernel_on_a_view_marks_the_input_written():
     got = opt(x)
     torch.testing.assert_close(x, ref)
     torch.testing.assert_close(got, ref.sum())
+
+
+@torch.library.custom_op("trident_tests::scaled_with_count", mutates_args=())
+def scaled_with_count(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return x * 2, x.numel()
+
+
+@scaled_with_count.register_fake
+def _(x):
+    return torch.empty_like(x), x.numel()
+
+
+def test_operator_with_scalar_results_stays_in_the_region():
+    """Like cuDNN/flash attention (max_q, max_k ints): scalar results are dropped, the tensor
+    results flow on, and the region is not cut."""
+
+    def fn(x, y):
+        t, _count = scaled_with_count(K.axpy(x, y))
+        return K.axpy(t, y)
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    opt = _opt(fn, x, y)
+    assert _scm_count(opt) == 1, opt.code
+    torch.testing.assert_close(opt(x, y), K.axpy_ref(K.axpy_ref(x, y) * 2, y))

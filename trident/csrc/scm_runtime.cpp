@@ -231,18 +231,16 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
     stack.reserve(e->args.size());
     for (const AtenArg& a : e->args) stack.push_back(materialize(a, ctx));
     e->op->callBoxed(stack);
+    // out_slots has one entry per returned value (list elements flattened); -1 = not kept.
     size_t k = 0;
+    auto slot_at = [&](size_t i) { return i < e->out_slots.size() ? e->out_slots[i] : int64_t{-1}; };
     for (c10::IValue& r : stack) {
-      if (r.isTensor()) {
-        int64_t slot = k < e->out_slots.size() ? e->out_slots[k] : -1;
-        if (slot >= 0) ctx->values[slot] = r.toTensor();
-        ++k;
-      } else if (r.isTensorList()) {
+      if (r.isTensorList()) {
         for (const at::Tensor& t : r.toTensorVector()) {
-          int64_t slot = k < e->out_slots.size() ? e->out_slots[k] : -1;
-          if (slot >= 0) ctx->values[slot] = t;
-          ++k;
+          if (int64_t slot = slot_at(k++); slot >= 0) ctx->values[slot] = t;
         }
+      } else {
+        if (int64_t slot = slot_at(k++); slot >= 0 && r.isTensor()) ctx->values[slot] = r.toTensor();
       }
     }
     return 0;

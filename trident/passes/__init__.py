@@ -1,12 +1,13 @@
 from .decompose_functional_launches import decompose_functional_launches
 from .outline_regions import outline_regions, region_program
 from .partition_regions import Partition, Region, partition_regions
-from .sink_allocations import sink_allocations
+from .sink_allocations import drop_unused_projections, sink_allocations
 
 __all__ = [
     "Partition",
     "Region",
     "decompose_functional_launches",
+    "drop_unused_projections",
     "outline_regions",
     "partition_regions",
     "region_program",

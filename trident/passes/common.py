@@ -41,12 +41,14 @@ _CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device,
 _DATA_DEPENDENT_TAGS = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
 
 
-def _tensor_returns_only(schema) -> bool:
+def _returns_supported(schema) -> bool:
+    """Tensors, lists of tensors, and plain scalars (e.g. the max_q/max_k ints flash attention
+    returns): scalar results are not kept, so a later node that reads one ends the region."""
     for r in schema.returns:
         t = r.type
         if isinstance(t, torch.OptionalType):
             t = t.getElementType()
-        if isinstance(t, torch.TensorType):
+        if isinstance(t, (torch.TensorType, torch.IntType, torch.FloatType, torch.BoolType, torch.SymIntType)):
             continue
         if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
             continue
@@ -79,8 +81,8 @@ def operator_call_reason(node: torch.fx.Node) -> str | None:
         return "a Trident op"
     if _DATA_DEPENDENT_TAGS & set(target.tags) or target is torch.ops.aten._local_scalar_dense.default:
         return f"{target}: data-dependent output (needs the data before the plan can go on)"
-    if not _tensor_returns_only(target._schema):
-        return f"{target}: returns a non-tensor value"
+    if not _returns_supported(target._schema):
+        return f"{target}: returns a value with no native form"
     for a in list(node.args) + list(node.kwargs.values()):
         why = _arg_reason(a)
         if why:

@@ -179,13 +179,14 @@ def region_program(region: Region):
         else:
             val = node.meta["val"]
             if isinstance(val, (tuple, list)):
-                outs = [new_value(f"{node.name}[{k}]") for k in range(len(val))]
+                outs = [new_value(f"{node.name}[{k}]") if isinstance(v, torch.Tensor) else None for k, v in enumerate(val)]
                 refs[node] = outs
             else:
                 outs = [new_value(node.name)]
                 refs[node] = outs[0]
             args = tuple(to_arg(a) for a in _bind_schema_args(node))
-            steps.append(AtenStep(node.name, node.target, str(node.target), args, tuple(o.index for o in outs)))
+            slots = tuple(-1 if o is None else o.index for o in outs)
+            steps.append(AtenStep(node.name, node.target, str(node.target), args, slots))
 
     # The region as its own GraphModule: fake propagation and the op's fake kernel run it.
     graph = torch.fx.Graph()

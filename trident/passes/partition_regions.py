@@ -56,9 +56,10 @@ def _region_reason(node: torch.fx.Node) -> str | None:
         return f"{node.op} node"
     if node.target is operator.getitem:
         src = node.args[0]
-        if isinstance(src, torch.fx.Node) and isinstance(src.meta.get("val"), (tuple, list)):
-            return None  # a projection of a multi-result op; follows its producer
-        return "getitem of a non-tensor-tuple value"
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if isinstance(val, (tuple, list)) and isinstance(val[node.args[1]], torch.Tensor):
+            return None  # a tensor projection of a multi-result op; follows its producer
+        return "reads a non-tensor result"
     return operator_call_reason(node)
 
 

@@ -41,7 +41,14 @@ def _call_interpreted(self, *args, **kwargs):
     fn = _interpreted.get(self)
     if fn is None:
         fn = _interpreted[self] = interp.InterpretedFunction(self.fn)
-    return fn(*args, **kwargs)
+    # InterpretedFunction.__call__ patches triton.language for good (fine under
+    # TRITON_INTERPRET=1, where nothing is compiled); here the patch must end with the call,
+    # or later compilations in this process would see the interpreter's builtins.
+    scope = interp._patch_lang(self.fn)
+    try:
+        return fn.rewrite()(*args, **kwargs)
+    finally:
+        scope.restore()
 
 
 def make_cpu_runner(

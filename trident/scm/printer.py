@@ -70,7 +70,7 @@ def format_program(scm: SCM) -> list[str]:
             lines.append(f"  {step.name} = {step.op}  # value {step.slot}")
         elif isinstance(step, AtenStep):
             args = ", ".join(_format_source(a) for a in step.args)
-            outs = ", ".join(prog.value_names[o] for o in step.outputs)
+            outs = ", ".join(prog.value_names[o] if o >= 0 else "_" for o in step.outputs)
             lines.append(f"  {outs} = {step.op_name}({args})")
         elif isinstance(step, LaunchStep):
             args = ", ".join(
