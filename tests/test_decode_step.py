@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import functools
 
+import expecttest
 import pytest
 import torch
 
 import trident
+from tests.conftest import normalize
 from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights
 
 
@@ -39,3 +41,118 @@ def test_decode_step_is_one_region_and_matches_eager(device, batch):
             torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
     (stats,) = trident.cache_info(opt).values()
     assert stats["misses"] == 0 and stats["hits"] == 6 and stats["specializations"] == 1
+
+
+class TestDecodeGoldens(expecttest.TestCase):
+    """Goldens of the optimized graph and the SCM IR of a one-layer decode step."""
+
+    def _opt(self):
+        cfg = Config(layers=1)
+        weights, cos, sin = make_weights(cfg, "cpu")
+        gm = trident.capture(
+            functools.partial(decode_step, cfg),
+            torch.randn(1, cfg.hidden), torch.tensor([0]), cos, sin, *make_caches(cfg, "cpu"), *weights,
+        )
+        return trident.optimize(gm)
+
+    def test_optimized_graph(self):
+        self.assertExpectedInline(normalize(self._opt().code.strip()), """\
+def forward(self, arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1):
+    scm_default = torch.ops.trident.scm.default(REGION, [arg4_1, arg5_1], [arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1]);  arg4_1 = arg5_1 = arg2_1 = arg1_1 = arg3_1 = arg0_1 = arg6_1 = arg7_1 = arg8_1 = arg9_1 = arg10_1 = arg11_1 = arg12_1 = arg13_1 = None
+    getitem_2 = scm_default[0];  scm_default = None
+    return getitem_2""")
+
+    def test_scm_ir(self):
+        self.assertExpectedInline(trident.scm_text(self._opt()), """\
+scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1) -> (empty_like_3)
+  index_select = aten.index_select.default(arg2_1, 0, arg1_1)
+  index_select_1 = aten.index_select.default(arg3_1, 0, arg1_1)
+  arange = aten.arange.default(32, DEFAULT, DEFAULT, device(type='cpu'), False)
+  le = aten.le.Tensor(arange, arg1_1)
+  view = aten.view.default(le, [1, 1, 1, 32])
+  empty_like = aten.empty_like.default  # value 5
+  launch rmsnorm_kernel[1, 1, 1](x_ptr=arg0_1, w_ptr=arg6_1, out_ptr=empty_like, n=64, eps=1e-05, BLOCK=64) writes(out_ptr)
+  t = aten.t.default(arg7_1)
+  mm = aten.mm.default(empty_like, t)
+  t_1 = aten.t.default(arg8_1)
+  mm_1 = aten.mm.default(empty_like, t_1)
+  t_2 = aten.t.default(arg9_1)
+  mm_2 = aten.mm.default(empty_like, t_2)
+  launch rotary_kernel[4, 1, 1](x_ptr=mm, cos_ptr=index_select, sin_ptr=index_select_1, HALF=8) writes(x_ptr)
+  launch rotary_kernel[2, 1, 1](x_ptr=mm_1, cos_ptr=index_select, sin_ptr=index_select_1, HALF=8) writes(x_ptr)
+  view_1 = aten.view.default(mm_1, [1, 2, 1, 16])
+  index_copy_ = aten.index_copy_.default(arg4_1, 2, arg1_1, view_1)
+  view_2 = aten.view.default(mm_2, [1, 2, 1, 16])
+  index_copy__1 = aten.index_copy_.default(arg5_1, 2, arg1_1, view_2)
+  unsqueeze = aten.unsqueeze.default(index_copy_, 2)
+  expand = aten.expand.default(unsqueeze, [1, 2, 2, 32, 16], DEFAULT)
+  clone = aten.clone.default(expand, torch.contiguous_format)
+  _unsafe_view = aten._unsafe_view.default(clone, [1, 4, 32, 16])
+  unsqueeze_1 = aten.unsqueeze.default(index_copy__1, 2)
+  expand_1 = aten.expand.default(unsqueeze_1, [1, 2, 2, 32, 16], DEFAULT)
+  clone_1 = aten.clone.default(expand_1, torch.contiguous_format)
+  _unsafe_view_1 = aten._unsafe_view.default(clone_1, [1, 4, 32, 16])
+  view_3 = aten.view.default(mm, [1, 4, 1, 16])
+  scalar_tensor = aten.scalar_tensor.default(-inf, torch.float32, DEFAULT, device(type='cpu'), DEFAULT)
+  scalar_tensor_1 = aten.scalar_tensor.default(0.0, torch.float32, torch.strided, device(type='cpu'), DEFAULT)
+  where = aten.where.self(view, scalar_tensor_1, scalar_tensor)
+  _scaled_dot_product_flash_attention_for_cpu[0], _scaled_dot_product_flash_attention_for_cpu[1] = aten._scaled_dot_product_flash_attention_for_cpu.default(view_3, _unsafe_view, _unsafe_view_1, DEFAULT, DEFAULT, where, DEFAULT)
+  view_4 = aten.view.default(_scaled_dot_product_flash_attention_for_cpu[0], [1, 64])
+  t_3 = aten.t.default(arg10_1)
+  mm_3 = aten.mm.default(view_4, t_3)
+  empty_like_1 = aten.empty_like.default  # value 33
+  launch residual_add_kernel[1, 1, 1](x_ptr=arg0_1, y_ptr=mm_3, out_ptr=empty_like_1, n=64, BLOCK=256) writes(out_ptr)
+  empty_like_2 = aten.empty_like.default  # value 34
+  launch rmsnorm_kernel[1, 1, 1](x_ptr=empty_like_1, w_ptr=arg11_1, out_ptr=empty_like_2, n=64, eps=1e-05, BLOCK=64) writes(out_ptr)
+  t_4 = aten.t.default(arg12_1)
+  mm_4 = aten.mm.default(empty_like_2, t_4)
+  empty = aten.empty.memory_format  # value 37
+  launch silu_mul_kernel[1, 1, 1](gu_ptr=mm_4, out_ptr=empty, n=128, BLOCK=128) writes(out_ptr)
+  t_5 = aten.t.default(arg13_1)
+  mm_5 = aten.mm.default(empty, t_5)
+  empty_like_3 = aten.empty_like.default  # value 40
+  launch residual_add_kernel[1, 1, 1](x_ptr=empty_like_1, y_ptr=mm_5, out_ptr=empty_like_3, n=64, BLOCK=256) writes(out_ptr)
+  specialization 0:
+    guards:
+      arg4_1: f32[1, 2, 32, 16] strides=(1024, 512, 16, 1) cpu
+      arg5_1: f32[1, 2, 32, 16] strides=(1024, 512, 16, 1) cpu
+      arg2_1: f32[32, 8] strides=(8, 1) cpu
+      arg1_1: i64[1] strides=(1) cpu
+      arg3_1: f32[32, 8] strides=(8, 1) cpu
+      arg0_1: f32[1, 64] strides=(64, 1) cpu aligned16
+      arg6_1: f32[64] strides=(1) cpu aligned16
+      arg7_1: f32[64, 64] strides=(64, 1) cpu
+      arg8_1: f32[32, 64] strides=(64, 1) cpu
+      arg9_1: f32[32, 64] strides=(64, 1) cpu
+      arg10_1: f32[64, 64] strides=(64, 1) cpu
+      arg11_1: f32[64] strides=(1) cpu aligned16
+      arg12_1: f32[256, 64] strides=(64, 1) cpu
+      arg13_1: f32[64, 128] strides=(128, 1) cpu
+    plan:
+      empty_like = alloc f32[1, 64] strides=(64, 1) cpu
+      empty_like_1 = alloc f32[1, 64] strides=(64, 1) cpu
+      empty_like_2 = alloc f32[1, 64] strides=(64, 1) cpu
+      empty = alloc f32[1, 128] strides=(128, 1) cpu
+      empty_like_3 = alloc f32[1, 64] strides=(64, 1) cpu
+      launch rmsnorm_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, fp32, constexpr=64) num_warps=4 shared=8
+        params: x_ptr=arg0_1:*fp32, w_ptr=arg6_1:*fp32, out_ptr=empty_like:*fp32, n=64:i32, eps=1e-05:fp32
+        runtime check: empty_like 16-byte aligned
+      launch rotary_kernel[4, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, constexpr=8) num_warps=4 shared=0
+        params: x_ptr=mm:*fp32, cos_ptr=index_select:*fp32, sin_ptr=index_select_1:*fp32
+        runtime check: index_select, index_select_1, mm 16-byte aligned
+      launch rotary_kernel[2, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, constexpr=8) num_warps=4 shared=0
+        params: x_ptr=mm_1:*fp32, cos_ptr=index_select:*fp32, sin_ptr=index_select_1:*fp32
+        runtime check: index_select, index_select_1, mm_1 16-byte aligned
+      launch residual_add_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, constexpr=256) num_warps=4 shared=0
+        params: x_ptr=arg0_1:*fp32, y_ptr=mm_3:*fp32, out_ptr=empty_like_1:*fp32, n=64:i32
+        runtime check: mm_3, empty_like_1 16-byte aligned
+      launch rmsnorm_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, fp32, constexpr=64) num_warps=4 shared=8
+        params: x_ptr=empty_like_1:*fp32, w_ptr=arg11_1:*fp32, out_ptr=empty_like_2:*fp32, n=64:i32, eps=1e-05:fp32
+        runtime check: empty_like_1, empty_like_2 16-byte aligned
+      launch silu_mul_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, i32:D, constexpr=128) num_warps=4 shared=0
+        params: gu_ptr=mm_4:*fp32, out_ptr=empty:*fp32, n=128:i32
+        runtime check: mm_4, empty 16-byte aligned
+      launch residual_add_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, constexpr=256) num_warps=4 shared=0
+        params: x_ptr=empty_like_1:*fp32, y_ptr=mm_5:*fp32, out_ptr=empty_like_3:*fp32, n=64:i32
+        runtime check: empty_like_1, mm_5, empty_like_3 16-byte aligned
+""")
