@@ -134,6 +134,21 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
       empty_like_2 = alloc f32[1, 64] strides=(64, 1) cpu
       empty = alloc f32[1, 128] strides=(128, 1) cpu
       empty_like_3 = alloc f32[1, 64] strides=(64, 1) cpu
+      view = native view: le +0 B, b8[1, 1, 1, 32] strides=(32, 32, 32, 1) cpu
+      t = native view: arg7_1 +0 B, f32[64, 64] strides=(1, 64) cpu
+      t_1 = native view: arg8_1 +0 B, f32[64, 32] strides=(1, 64) cpu
+      t_2 = native view: arg9_1 +0 B, f32[64, 32] strides=(1, 64) cpu
+      view_1 = native view: mm_1 +0 B, f32[1, 2, 1, 16] strides=(32, 16, 16, 1) cpu
+      view_2 = native view: mm_2 +0 B, f32[1, 2, 1, 16] strides=(32, 16, 16, 1) cpu
+      unsqueeze = native view: index_copy_ +0 B, f32[1, 2, 1, 32, 16] strides=(1024, 512, 512, 16, 1) cpu
+      expand = native view: unsqueeze +0 B, f32[1, 2, 2, 32, 16] strides=(1024, 512, 0, 16, 1) cpu
+      unsqueeze_1 = native view: index_copy__1 +0 B, f32[1, 2, 1, 32, 16] strides=(1024, 512, 512, 16, 1) cpu
+      expand_1 = native view: unsqueeze_1 +0 B, f32[1, 2, 2, 32, 16] strides=(1024, 512, 0, 16, 1) cpu
+      view_3 = native view: mm +0 B, f32[1, 4, 1, 16] strides=(64, 16, 16, 1) cpu
+      view_4 = native view: _scaled_dot_product_flash_attention_for_cpu[0] +0 B, f32[1, 64] strides=(64, 1) cpu
+      t_3 = native view: arg10_1 +0 B, f32[64, 64] strides=(1, 64) cpu
+      t_4 = native view: arg12_1 +0 B, f32[64, 256] strides=(1, 64) cpu
+      t_5 = native view: arg13_1 +0 B, f32[128, 64] strides=(1, 128) cpu
       launch rmsnorm_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, fp32, constexpr=64) num_warps=4 shared=8
         params: x_ptr=arg0_1:*fp32, w_ptr=arg6_1:*fp32, out_ptr=empty_like:*fp32, n=64:i32, eps=1e-05:fp32
         runtime check: empty_like 16-byte aligned

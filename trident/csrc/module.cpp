@@ -303,11 +303,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scm_call", &trident::scm_call, "torch.ops.trident.scm.default, called directly when allowed");
   m.add_object("scm_call_fast", py::reinterpret_steal<py::object>(PyCFunction_New(&trident::kScmCallDef, nullptr)));
   m.def("add_aten", &trident::add_aten);
+  m.def("add_view", [](bool base_is_input, int64_t base_index, std::vector<int64_t> base_sizes,
+                       std::vector<int64_t> base_strides, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                       int64_t offset_delta, int64_t slot, int64_t fallback_aten) {
+    trident::ViewEntry v;
+    v.base_is_input = base_is_input;
+    v.base_index = base_index;
+    v.base_sizes = std::move(base_sizes);
+    v.base_strides = std::move(base_strides);
+    v.sizes = std::move(sizes);
+    v.strides = std::move(strides);
+    v.offset_delta = offset_delta;
+    v.slot = slot;
+    v.fallback_aten = fallback_aten;
+    return trident::register_view(std::move(v));
+  });
   m.def("region_bind", [](int64_t region, const std::string& table, int64_t handle) {
     // Region-local index of a process-wide kernel, allocation plan or ATen call entry.
     auto r = trident::get_region(region);
     std::lock_guard<std::mutex> lock(r->bind_mutex);
-    auto& v = table == "kernel" ? r->kernel_handles : table == "alloc" ? r->alloc_handles : r->aten_handles;
+    TORCH_CHECK(table == "kernel" || table == "alloc" || table == "aten" || table == "view", "trident: no table ", table);
+    auto& v = table == "kernel" ? r->kernel_handles
+              : table == "alloc" ? r->alloc_handles
+              : table == "aten"  ? r->aten_handles
+                                 : r->view_handles;
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] == handle) return static_cast<int64_t>(i);
     TORCH_CHECK(v.size() < trident::Region::kMaxLocal, "trident: region table full");

@@ -48,6 +48,10 @@ Table<AllocEntry>& allocs() {
   static Table<AllocEntry> t;
   return t;
 }
+Table<ViewEntry>& views() {
+  static Table<ViewEntry> t;
+  return t;
+}
 Table<std::shared_ptr<AtenEntry>>& atens() {
   static Table<std::shared_ptr<AtenEntry>> t;
   return t;
@@ -255,7 +259,27 @@ int64_t rt_value_ptr(HostCtx* ctx, int64_t slot) noexcept {
   return t.defined() ? reinterpret_cast<int64_t>(t.data_ptr()) : 0;
 }
 
-RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr};
+int64_t rt_view(HostCtx* ctx, int64_t index) noexcept {
+  try {
+    const ViewEntry& v = views().items[ctx->region->view_handles[index]];
+    const at::Tensor& base = v.base_is_input ? (*ctx->inputs)[v.base_index] : ctx->values[v.base_index];
+    if (!base.defined() || base.sizes() != c10::IntArrayRef(v.base_sizes) ||
+        base.strides() != c10::IntArrayRef(v.base_strides)) {
+      return rt_aten(ctx, v.fallback_aten);  // not the planned base: let the operator decide
+    }
+    // What at::alias / as_strided build, without dispatch: a TensorImpl sharing the storage.
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                    base.key_set(), base.dtype());
+    impl->set_sizes_and_strides(v.sizes, v.strides, base.storage_offset() + v.offset_delta);
+    ctx->values[v.slot] = at::Tensor(std::move(impl));
+    return 0;
+  } catch (const std::exception& e) {
+    ctx->error = std::string("native view failed: ") + e.what();
+    return -2;
+  }
+}
+
+RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_view};
 
 thread_local std::vector<int64_t> tls_facts;
 
@@ -317,6 +341,8 @@ int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().
 int64_t register_alloc(AllocEntry alloc) { return allocs().add(std::move(alloc)); }
 
 int64_t register_aten(std::shared_ptr<AtenEntry> entry) { return atens().add(std::move(entry)); }
+
+int64_t register_view(ViewEntry entry) { return views().add(std::move(entry)); }
 
 const KernelEntry& kernel_entry(int64_t index) {
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);

@@ -44,6 +44,7 @@ struct RuntimeTable {
                     const int64_t* slots);           // -> 0, or -2
   int64_t (*aten)(HostCtx*, int64_t aten_index);     // -> 0, or -2
   int64_t (*value_ptr)(HostCtx*, int64_t slot);      // -> data pointer of a region value
+  int64_t (*view)(HostCtx*, int64_t view_index);     // -> 0, or -2
 };
 
 constexpr int64_t kFactsFixed = 3;
@@ -92,6 +93,18 @@ struct AtenArg {
   bool optional_items = false;  // Tensor?[] rather than Tensor[]
 };
 
+// A view computed natively: the layout the specialization planned (fake propagation), checked
+// against the base it is applied to; when the base differs, the operator is called instead.
+struct ViewEntry {
+  bool base_is_input = false;
+  int64_t base_index = -1;
+  std::vector<int64_t> base_sizes, base_strides;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset_delta = 0;  // storage offset of the view minus that of its base, in elements
+  int64_t slot = -1;
+  int64_t fallback_aten = -1;  // region-local index of the operator call doing the same
+};
+
 struct AtenEntry {
   std::string name;
   std::optional<c10::OperatorHandle> op;
@@ -136,7 +149,9 @@ struct Region {
   std::vector<int64_t> kernel_handles;
   std::vector<int64_t> alloc_handles;
   std::vector<int64_t> aten_handles;
+  std::vector<int64_t> view_handles;
   Region() {
+    view_handles.reserve(kMaxLocal);
     kernel_handles.reserve(kMaxLocal);
     alloc_handles.reserve(kMaxLocal);
     aten_handles.reserve(kMaxLocal);
@@ -152,6 +167,7 @@ std::shared_ptr<Region> get_region(int64_t id);
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);
+int64_t register_view(ViewEntry entry);
 const KernelEntry& kernel_entry(int64_t index);
 // The kernel's CUfunction on CUDA device `device`, loading its cubin on first use.
 void* kernel_function(int64_t index, int64_t device, std::string* error);

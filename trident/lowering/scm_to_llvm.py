@@ -26,7 +26,7 @@ from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Sp
 from .region_to_torch import LAUNCH_OP_NAME
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
-RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR = 0, 1, 2, 3  # field order of RuntimeTable
+RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW = 0, 1, 2, 3, 4  # field order of RuntimeTable
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
 
@@ -215,6 +215,7 @@ class _Emitter:
             self.launch_fn = self.load_at(rt, RT_LAUNCH, self.ptr)
             self.aten_fn = self.load_at(rt, RT_ATEN, self.ptr)
             self.value_ptr_fn = self.load_at(rt, RT_VALUE_PTR, self.ptr)
+            self.view_fn = self.load_at(rt, RT_VIEW, self.ptr)
             max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
             self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
             cf.BranchOp([], guard_blocks[0] if specs else miss)
@@ -264,6 +265,7 @@ class _Emitter:
     def body(self, spec: Specialization, block, fail, region) -> None:
         values: dict[int, ir.Value] = {}  # value slot -> its data pointer, once known
         self.values = values
+        self.address_only = {v.step.outputs[0]: v for v in spec.views.values() if v.pointer_only}
         allocs = {plan.step.slot: plan for plan in spec.allocs}
         atens = iter(spec.atens)
         launches = iter(spec.launches)
@@ -277,7 +279,13 @@ class _Emitter:
                     cur = self._continue(self.ne(p, self.const(-1)), fail, region)
                 elif isinstance(step, AtenStep):
                     plan = next(atens)
-                    r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
+                    view = spec.views.get(step.name)
+                    if view is not None and view.pointer_only:
+                        continue  # only kernels read it: its address is computed where used
+                    if view is not None:
+                        r = llvm.CallOp(self.i64, [self.view_fn, self.ctx, self.const(view.handle)], [], []).result
+                    else:
+                        r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
                     cur = self._continue(self.eq(r, self.const(0)), fail, region)
                 else:
                     launch = next(launches)
@@ -299,7 +307,12 @@ class _Emitter:
 
     def value_pointer(self, slot: int):
         if slot not in self.values:
-            self.values[slot] = llvm.CallOp(self.i64, [self.value_ptr_fn, self.ctx, self.const(slot)], [], []).result
+            view = self.address_only.get(slot)
+            if view is not None:  # base address + the planned offset, no tensor
+                base = self.fact(view.base.index, 0) if view.base.kind == "input" else self.value_pointer(view.base.index)
+                self.values[slot] = arith.AddIOp(base, self.const(view.delta_bytes)).result
+            else:
+                self.values[slot] = llvm.CallOp(self.i64, [self.value_ptr_fn, self.ctx, self.const(slot)], [], []).result
         return self.values[slot]
 
     def param_value(self, p: Param):

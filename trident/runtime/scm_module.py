@@ -102,6 +102,15 @@ class SCMRuntime:
             if plan.step.name not in self._aten_handles:
                 self._aten_handles[plan.step.name] = bind(self.region_id, "aten", native.register_aten(plan.step))
             plan.handle = self._aten_handles[plan.step.name]
+        for view in spec.views.values():
+            if view.pointer_only:
+                continue  # never materialized: the host computes its address
+            f, b = view.facts, view.base_facts
+            handle = native.C.add_view(
+                view.base.kind == "input", view.base.index, list(b.sizes), list(b.strides), list(f.sizes),
+                list(f.strides), view.offset_delta, view.step.outputs[0], self._aten_handles[view.step.name],
+            )
+            view.handle = bind(self.region_id, "view", handle)
         for plan in spec.launches:
             plan.global_handle = native.register_launch(plan)
             plan.handle = bind(self.region_id, "kernel", plan.global_handle)

@@ -166,6 +166,22 @@ class AtenPlan:
 
 
 @dataclass
+class ViewPlan:
+    """A view operator computed natively from the planned layout (no dispatch). When only
+    kernels read it, it is never materialized: the host adds `delta_bytes` to the base's
+    pointer."""
+
+    step: AtenStep
+    base: ValueRef
+    base_facts: TensorFacts
+    facts: TensorFacts
+    offset_delta: int  # storage offset of the view minus its base's, in elements
+    delta_bytes: int
+    pointer_only: bool
+    handle: int = -1  # region-local index of its native view entry
+
+
+@dataclass
 class Specialization:
     index: int
     guards: list[TensorGuard]
@@ -173,6 +189,7 @@ class Specialization:
     launches: list[LaunchPlan]
     atens: list[AtenPlan] = field(default_factory=list)
     value_facts: list[TensorFacts] = field(default_factory=list)  # per value slot
+    views: dict[str, ViewPlan] = field(default_factory=dict)  # by step name
 
 
 @dataclass

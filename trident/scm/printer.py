@@ -88,6 +88,9 @@ def format_specialization(spec: Specialization) -> list[str]:
     lines.append("    plan:")
     for a in spec.allocs:
         lines.append(f"      {a.step.name} = alloc {format_facts(a.facts)}{' zeroed' if a.step.zero else ''}")
+    for v in spec.views.values():
+        how = "address only" if v.pointer_only else "native view"
+        lines.append(f"      {v.step.name} = {how}: {v.base.name} {v.delta_bytes:+d} B, {format_facts(v.facts)}")
     for launch in spec.launches:
         lines.append(
             f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.step.grid))}] "

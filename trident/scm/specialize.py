@@ -23,6 +23,8 @@ from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
     AtenPlan,
+    AtenStep,
+    ViewPlan,
     LaunchPlan,
     LaunchStep,
     Param,
@@ -75,11 +77,12 @@ def propagate_values(
     with mode:
         Recorder(program.graph_module).run(*fakes)
     storage_of_input = {StorageWeakRef(f.untyped_storage()): i for i, f in enumerate(fakes)}
-    facts, value_residues, roots = [], [], []
+    facts, value_residues, roots, offsets = [], [], [], []
     for name in program.value_names:
         base, _, k = name.partition("[")
         val = values[base] if not k else values[base][int(k[:-1])]
         facts.append(_facts(val))
+        offsets.append(val.storage_offset())
         root = storage_of_input.get(StorageWeakRef(val.untyped_storage()))
         offset = val.storage_offset() * val.element_size()
         if root is None:
@@ -87,7 +90,7 @@ def propagate_values(
         else:
             value_residues.append((residues[root] + offset) % 16)  # input storages start at offset 0 here
         roots.append(root)
-    return facts, value_residues, roots
+    return facts, value_residues, roots, offsets
 
 
 def _launch_plan(
@@ -160,7 +163,7 @@ def build_specialization(
     index: int,
     compile_kernels: bool = True,
 ) -> Specialization:
-    value_facts, value_residues, roots = propagate_values(program, inputs, residues)
+    value_facts, value_residues, roots, value_offsets = propagate_values(program, inputs, residues)
     launched = {
         v.index for step in program.launches for v in step.args.values() if isinstance(v, ValueRef) and v.kind == "value"
     }
@@ -197,4 +200,49 @@ def build_specialization(
     ]
     allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
     atens = [AtenPlan(step) for step in program.atens]
-    return Specialization(index, guards, allocs, launches, atens, value_facts)
+    views = plan_views(program, inputs, value_facts, value_offsets)
+    return Specialization(index, guards, allocs, launches, atens, value_facts, views)
+
+
+def _is_view_step(step: AtenStep) -> bool:
+    rets = step.op._schema.returns
+    return len(rets) == 1 and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def plan_views(program, inputs, value_facts, value_offsets) -> dict:
+    """Native views (single-result view operators on one base of the same dtype), and which
+    of them only kernels read (pointer_only)."""
+    candidates = {}
+    for step in program.atens:
+        base = step.args[0] if step.args else None
+        if not (_is_view_step(step) and isinstance(base, ValueRef) and len(step.outputs) == 1 and step.outputs[0] >= 0):
+            continue
+        out = step.outputs[0]
+        if base.kind == "input":
+            base_facts, base_offset = inputs[base.index], 0
+        else:
+            base_facts, base_offset = value_facts[base.index], value_offsets[base.index]
+        facts = value_facts[out]
+        if facts.dtype != base_facts.dtype or facts.device != base_facts.device:
+            continue
+        delta = value_offsets[out] - base_offset
+        candidates[step.name] = (step, base, base_facts, facts, delta, delta * _itemsize(facts.dtype))
+    # A value needs a tensor when an operator reads it, when it leaves the region, or when a
+    # view of it needs a tensor; kernels only need its address.
+    needs_tensor = {o.index for o in program.outputs}
+    for step in reversed(program.steps):
+        if isinstance(step, AtenStep):
+            if step.name in candidates and step.outputs[0] not in needs_tensor:
+                continue  # a pointer-only view: its base need not be a tensor on its account
+            for a in step.args:
+                for ref in (a if isinstance(a, list) else [a]):
+                    if isinstance(ref, ValueRef) and ref.kind == "value":
+                        needs_tensor.add(ref.index)
+    return {
+        name: ViewPlan(step, base, bf, f, delta, dbytes, pointer_only=step.outputs[0] not in needs_tensor)
+        for name, (step, base, bf, f, delta, dbytes) in candidates.items()
+    }
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
