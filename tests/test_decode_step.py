@@ -67,7 +67,7 @@ def forward(self, arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1
 scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1) -> (empty_like_3)
   index_select = aten.index_select.default(arg2_1, 0, arg1_1)
   index_select_1 = aten.index_select.default(arg3_1, 0, arg1_1)
-  arange = aten.arange.default(32, DEFAULT, DEFAULT, device(type='cpu'), False)
+  arange = aten.arange.default(32, DEFAULT, DEFAULT, device(type='cpu'), False)  # constant: computed once per device
   le = aten.le.Tensor(arange, arg1_1)
   view = aten.view.default(le, [1, 1, 1, 32])
   empty_like = aten.empty_like.default  # value 5
@@ -93,8 +93,8 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
   clone_1 = aten.clone.default(expand_1, torch.contiguous_format)
   _unsafe_view_1 = aten._unsafe_view.default(clone_1, [1, 4, 32, 16])
   view_3 = aten.view.default(mm, [1, 4, 1, 16])
-  scalar_tensor = aten.scalar_tensor.default(-inf, torch.float32, DEFAULT, device(type='cpu'), DEFAULT)
-  scalar_tensor_1 = aten.scalar_tensor.default(0.0, torch.float32, torch.strided, device(type='cpu'), DEFAULT)
+  scalar_tensor = aten.scalar_tensor.default(-inf, torch.float32, DEFAULT, device(type='cpu'), DEFAULT)  # constant: computed once per device
+  scalar_tensor_1 = aten.scalar_tensor.default(0.0, torch.float32, torch.strided, device(type='cpu'), DEFAULT)  # constant: computed once per device
   where = aten.where.self(view, scalar_tensor_1, scalar_tensor)
   _scaled_dot_product_flash_attention_for_cpu[0], _scaled_dot_product_flash_attention_for_cpu[1] = aten._scaled_dot_product_flash_attention_for_cpu.default(view_3, _unsafe_view, _unsafe_view_1, DEFAULT, DEFAULT, where, DEFAULT)
   view_4 = aten.view.default(_scaled_dot_product_flash_attention_for_cpu[0], [1, 64])

@@ -104,12 +104,16 @@ def bare_launch_us(opt, x, y, out, iters: int, reps: int) -> float:
                 slots.append(slot_bits(p.ty, p.source))
         launches.append((plan.global_handle, *plan.step.grid, slots))
     dev = x.device.index or 0
-    C.bare_launch_loop(launches, dev, 50)
-    torch.cuda.synchronize()
+    return native_loop_us(lambda n: C.bare_launch_loop(launches, dev, n), iters, reps)
+
+
+def native_loop_us(loop_ns, iters: int, reps: int) -> float:
+    """Median µs per iteration of a C++ loop that reports its own nanoseconds."""
+    loop_ns(50)
     samples = []
     for _ in range(reps):
         torch.cuda.synchronize()
-        ns = C.bare_launch_loop(launches, dev, iters)
+        ns = loop_ns(iters)
         torch.cuda.synchronize()
         samples.append(ns / iters / 1e3)
     return statistics.median(samples)
@@ -129,14 +133,7 @@ def trident_profile(opt, x, y, iters: int, reps: int) -> dict:
         "torch_ops_call": host_us(lambda: op(rid, mutated, reads), iters, reps),
         "pybind_run": host_us(lambda: C.run(rid, inputs), iters, reps),
     }
-    C.run_loop(rid, inputs, 50)
-    samples = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        ns = C.run_loop(rid, inputs, iters)
-        torch.cuda.synchronize()
-        samples.append(ns / iters / 1e3)
-    prof["native_loop"] = statistics.median(samples)
+    prof["native_loop"] = native_loop_us(lambda n: C.run_loop(rid, inputs, n), iters, reps)
     return prof
 
 

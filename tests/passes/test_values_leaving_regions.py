@@ -107,3 +107,21 @@ def test_operator_with_scalar_results_stays_in_the_region():
     opt = _opt(fn, x, y)
     assert _scm_count(opt) == 1, opt.code
     torch.testing.assert_close(opt(x, y), K.axpy_ref(K.axpy_ref(x, y) * 2, y))
+
+
+def test_constant_operator_calls_are_computed_once_unless_written():
+    def fn(x):
+        ramp = torch.arange(1000, dtype=torch.float32)  # read only: constant
+        ones = torch.full((1000,), 1.0)  # written by a kernel below: not constant
+        K.inplace_mul_kernel[(8,)](ones, 1000, 3.0, BLOCK=128)
+        return K.axpy(x, ramp) + ones
+
+    opt = _opt(fn, torch.randn(1000))
+    text = trident.scm_text(opt)
+    assert "arange = aten.arange.start_step" in text or "arange = aten.arange" in text
+    assert [line for line in text.splitlines() if "= aten.arange" in line][0].endswith("computed once per device")
+    assert not [line for line in text.splitlines() if "= aten.full" in line][0].endswith("computed once per device")
+    for _ in range(3):
+        x = torch.randn(1000)
+        want = K.axpy_ref(x, torch.arange(1000, dtype=torch.float32)) + 3.0
+        torch.testing.assert_close(opt(x), want)

@@ -118,8 +118,10 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
   return a;
 }
 
-int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots) {
+int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots,
+                 bool cached) {
   auto e = std::make_shared<AtenEntry>();
+  e->cached = cached;
   e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   e->name = name + (overload.empty() ? "" : "." + overload);
   const auto& schema = e->op->schema();

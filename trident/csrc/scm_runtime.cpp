@@ -228,9 +228,18 @@ c10::IValue materialize(const AtenArg& a, HostCtx* ctx) {
 }
 
 int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
-  const AtenEntry* e = nullptr;
+  AtenEntry* e = nullptr;
   try {
     e = atens().items[ctx->region->aten_handles[index]].get();
+    if (e->cached) {
+      std::lock_guard<std::mutex> lock(e->cache_mutex);
+      for (const auto& [device, results] : e->cache) {
+        if (device != ctx->device_index) continue;
+        for (size_t k = 0; k < results.size(); ++k)
+          if (e->out_slots[k] >= 0) ctx->values[e->out_slots[k]] = results[k];
+        return 0;
+      }
+    }
     torch::jit::Stack stack;
     stack.reserve(e->args.size());
     for (const AtenArg& a : e->args) stack.push_back(materialize(a, ctx));
@@ -246,6 +255,12 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
       } else {
         if (int64_t slot = slot_at(k++); slot >= 0 && r.isTensor()) ctx->values[slot] = r.toTensor();
       }
+    }
+    if (e->cached) {
+      std::vector<at::Tensor> results;
+      for (int64_t slot : e->out_slots) results.push_back(slot >= 0 ? ctx->values[slot] : at::Tensor());
+      std::lock_guard<std::mutex> lock(e->cache_mutex);
+      e->cache.emplace_back(ctx->device_index, std::move(results));
     }
     return 0;
   } catch (const std::exception& ex) {

@@ -110,6 +110,11 @@ struct AtenEntry {
   std::optional<c10::OperatorHandle> op;
   std::vector<AtenArg> args;
   std::vector<int64_t> out_slots;  // flat over tensor results; -1 = unused
+  // Note [Constant operator calls] (trident/passes/outline_regions.py): results computed on
+  // the first call on a device (key: device index, -1 for CPU) and reused after.
+  bool cached = false;
+  std::mutex cache_mutex;
+  std::vector<std::pair<int64_t, std::vector<at::Tensor>>> cache;
 };
 
 struct Region;

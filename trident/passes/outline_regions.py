@@ -117,6 +117,49 @@ def _bind_schema_args(node: torch.fx.Node) -> list:
     return bound
 
 
+# Note [Constant operator calls]
+# An operator call that reads no region value and is deterministic (arange, scalar_tensor,
+# full, ...) gives the same tensors on every call. When nothing writes those tensors (no
+# kernel, no in-place operator, no view of them) and they do not leave the region, the SCM
+# computes them once per device and reuses them: the host program skips the dispatcher for
+# them on every later call.
+def _mark_constant_calls(steps, outputs, refs, region):
+    def refs_in(a):
+        if isinstance(a, ValueRef):
+            return [a]
+        if isinstance(a, list):
+            return [x for x in a if isinstance(x, ValueRef)]
+        return []
+
+    written: set[int] = set()
+    viewed: set[int] = set()
+    for step in steps:
+        if isinstance(step, LaunchStep):
+            written |= {v.index for k, v in step.args.items() if k in step.writes and isinstance(v, ValueRef)}
+        elif isinstance(step, AtenStep):
+            schema = step.op._schema
+            for arg, value in zip(schema.arguments, step.args):
+                if arg.alias_info is not None:
+                    target = viewed if not arg.alias_info.is_write else written
+                    target |= {r.index for r in refs_in(value) if r.kind == "value"}
+    leaving = {o.index for o in outputs}
+    marked = []
+    for step in steps:
+        if isinstance(step, AtenStep):
+            op = step.op
+            constant = (
+                op.namespace == "aten"
+                and torch.Tag.nondeterministic_seeded not in op.tags
+                and not any(a.alias_info is not None for a in op._schema.arguments)
+                and not any(refs_in(a) for a in step.args)
+                and not any(o >= 0 and (o in written or o in viewed or o in leaving) for o in step.outputs)
+            )
+            if constant:
+                step = AtenStep(step.name, step.op, step.op_name, step.args, step.outputs, cached=True)
+        marked.append(step)
+    return marked
+
+
 def region_program(region: Region):
     """SCM IR for one region, plus its input nodes (in program order), its result nodes, and
     the redirects and views of Note [Values leaving a region]."""
@@ -187,6 +230,8 @@ def region_program(region: Region):
             args = tuple(to_arg(a) for a in _bind_schema_args(node))
             slots = tuple(-1 if o is None else o.index for o in outs)
             steps.append(AtenStep(node.name, node.target, str(node.target), args, slots))
+
+    steps = _mark_constant_calls(steps, [refs[n] for n in results], refs, region)
 
     # The region as its own GraphModule: fake propagation and the op's fake kernel run it.
     graph = torch.fx.Graph()

@@ -71,7 +71,7 @@ def register_aten(step: AtenStep) -> int:
     """Native call entry for an operator step: the op by name, an argument template."""
     schema = step.op._schema
     name, _, overload = schema.name, None, schema.overload_name
-    return C.add_aten(name, overload, [_arg_spec(a) for a in step.args], list(step.outputs))
+    return C.add_aten(name, overload, [_arg_spec(a) for a in step.args], list(step.outputs), step.cached)
 
 
 def kernel_function(kernel_handle: int, device: int) -> int:

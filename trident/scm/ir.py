@@ -49,7 +49,10 @@ class AtenStep:
     op: Any = field(compare=False)  # the torch OpOverload
     op_name: str  # e.g. "aten.mm.default"
     args: tuple
-    outputs: tuple[int, ...]  # value slots of its tensor results, in return order
+    outputs: tuple[int, ...]  # value slots of its tensor results, in return order (-1: not kept)
+    # Constant: deterministic, reads no region value, its results never written nor leaving the
+    # region -- computed on the first call (per device) and reused (Note [Constant operator calls]).
+    cached: bool = False
 
 
 class _Default:

@@ -71,7 +71,8 @@ def format_program(scm: SCM) -> list[str]:
         elif isinstance(step, AtenStep):
             args = ", ".join(_format_source(a) for a in step.args)
             outs = ", ".join(prog.value_names[o] if o >= 0 else "_" for o in step.outputs)
-            lines.append(f"  {outs} = {step.op_name}({args})")
+            once = "  # constant: computed once per device" if step.cached else ""
+            lines.append(f"  {outs} = {step.op_name}({args}){once}")
         elif isinstance(step, LaunchStep):
             args = ", ".join(
                 f"{k}={v.name if isinstance(v, ValueRef) else repr(v)}" for k, v in step.args.items()
