@@ -288,7 +288,7 @@ def outline_regions(
             outside[out] = item
             cursor = item
 
-        def resolve(n: torch.fx.Node) -> torch.fx.Node:
+        def resolve(n: torch.fx.Node, redirects=redirects, outside=outside, members=members) -> torch.fx.Node:
             while n in redirects:
                 n = redirects[n]
             return outside.get(n, n) if n in members else n
