@@ -13,6 +13,7 @@ SOURCES = [
     "trident/csrc/module.cpp",
     "trident/csrc/scm_runtime.cpp",
     "trident/csrc/cuda_driver.cpp",
+    "trident/csrc/aten_fast.cpp",
 ]
 
 setup(

@@ -142,8 +142,10 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
       view_2 = native view: mm_2 +0 B, f32[1, 2, 1, 16] strides=(32, 16, 16, 1) cpu
       unsqueeze = native view: index_copy_ +0 B, f32[1, 2, 1, 32, 16] strides=(1024, 512, 512, 16, 1) cpu
       expand = native view: unsqueeze +0 B, f32[1, 2, 2, 32, 16] strides=(1024, 512, 0, 16, 1) cpu
+      _unsafe_view = native view: clone +0 B, f32[1, 4, 32, 16] strides=(2048, 512, 16, 1) cpu
       unsqueeze_1 = native view: index_copy__1 +0 B, f32[1, 2, 1, 32, 16] strides=(1024, 512, 512, 16, 1) cpu
       expand_1 = native view: unsqueeze_1 +0 B, f32[1, 2, 2, 32, 16] strides=(1024, 512, 0, 16, 1) cpu
+      _unsafe_view_1 = native view: clone_1 +0 B, f32[1, 4, 32, 16] strides=(2048, 512, 16, 1) cpu
       view_3 = native view: mm +0 B, f32[1, 4, 1, 16] strides=(64, 16, 16, 1) cpu
       view_4 = native view: _scaled_dot_product_flash_attention_for_cpu[0] +0 B, f32[1, 64] strides=(64, 1) cpu
       t_3 = native view: arg10_1 +0 B, f32[64, 64] strides=(1, 64) cpu

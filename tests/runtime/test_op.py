@@ -42,3 +42,27 @@ def test_direct_call_matches_op_and_falls_back():
     # Inputs that require grad take the op too (same result, no direct call).
     (g,) = C.scm_call(region, [], [x.requires_grad_(), y])
     torch.testing.assert_close(g.detach(), K.axpy_ref(x.detach(), y))
+
+
+def test_typed_operator_calls_match_eager():
+    """Operators with a typed entry (csrc/aten_fast.cpp) give eager's results inside a region."""
+    assert C.has_fast_call("aten::mm", "") and C.has_fast_call("aten::where", "self")
+    assert not C.has_fast_call("aten::sin", "")
+
+    def fn(x, y, m, b):
+        t = K.axpy(x, y)
+        a = torch.addmm(b, m, m) + t.view(4, 250)[:, :4].sum()
+        c = torch.bmm(m[None], m[None])[0] * 2
+        d = torch.where(a > 0, a, c)
+        return K.axpy(torch.cat([d.reshape(-1)] * 63)[:1000], y)
+
+    x, y, m, b = torch.randn(1000), torch.randn(1000), torch.randn(4, 4), torch.randn(4, 4)
+    opt = trident.optimize(trident.capture(fn, x, y, m, b))
+    assert sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes) == 1
+    for _ in range(2):
+        x, y, m, b = torch.randn(1000), torch.randn(1000), torch.randn(4, 4), torch.randn(4, 4)
+        t = K.axpy_ref(x, y)
+        a = torch.addmm(b, m, m) + t.view(4, 250)[:, :4].sum()
+        d = torch.where(a > 0, a, (m @ m) * 2)
+        want = K.axpy_ref(torch.cat([d.reshape(-1)] * 63)[:1000], y)
+        torch.testing.assert_close(opt(x, y, m, b), want)

@@ -123,6 +123,7 @@ int64_t add_aten(const std::string& name, const std::string& overload, py::list 
   auto e = std::make_shared<AtenEntry>();
   e->cached = cached;
   e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  e->fast = find_fast_call(name, overload);
   e->name = name + (overload.empty() ? "" : "." + overload);
   const auto& schema = e->op->schema();
   TORCH_CHECK(args.size() == schema.arguments().size(), "trident: ", e->name, " expects ",
@@ -305,6 +306,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scm_call", &trident::scm_call, "torch.ops.trident.scm.default, called directly when allowed");
   m.add_object("scm_call_fast", py::reinterpret_steal<py::object>(PyCFunction_New(&trident::kScmCallDef, nullptr)));
   m.def("add_aten", &trident::add_aten);
+  m.def("has_fast_call", [](const std::string& name, const std::string& overload) {
+    return trident::find_fast_call(name, overload) != nullptr;
+  });
   m.def("add_view", [](bool base_is_input, int64_t base_index, std::vector<int64_t> base_sizes,
                        std::vector<int64_t> base_strides, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                        int64_t offset_delta, int64_t slot, int64_t fallback_aten) {

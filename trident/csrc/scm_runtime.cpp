@@ -243,7 +243,14 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
     torch::jit::Stack stack;
     stack.reserve(e->args.size());
     for (const AtenArg& a : e->args) stack.push_back(materialize(a, ctx));
-    e->op->callBoxed(stack);
+    if (e->fast) {
+      std::vector<at::Tensor> results;
+      e->fast(stack, results);
+      stack.clear();
+      for (at::Tensor& t : results) stack.emplace_back(std::move(t));
+    } else {
+      e->op->callBoxed(stack);
+    }
     // out_slots has one entry per returned value (list elements flattened); -1 = not kept.
     size_t k = 0;
     auto slot_at = [&](size_t i) { return i < e->out_slots.size() ? e->out_slots[i] : int64_t{-1}; };

@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <pybind11/pybind11.h>
 
+#include "aten_fast.h"
+
 #include <array>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -107,6 +109,7 @@ struct ViewEntry {
 
 struct AtenEntry {
   std::string name;
+  FastCall fast = nullptr;  // typed entry (aten_fast.h), when the operator has one
   std::optional<c10::OperatorHandle> op;
   std::vector<AtenArg> args;
   std::vector<int64_t> out_slots;  // flat over tensor results; -1 = unused

@@ -204,8 +204,14 @@ def build_specialization(
     return Specialization(index, guards, allocs, launches, atens, value_facts, views)
 
 
+# Operators whose result always aliases their first argument though the schema does not say so.
+_UNANNOTATED_VIEWS = {"aten::_unsafe_view"}
+
+
 def _is_view_step(step: AtenStep) -> bool:
     rets = step.op._schema.returns
+    if step.op._schema.name in _UNANNOTATED_VIEWS:
+        return True
     return len(rets) == 1 and rets[0].alias_info is not None and not rets[0].alias_info.is_write
 
 
