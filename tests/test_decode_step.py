@@ -55,6 +55,12 @@ class TestDecodeGoldens(expecttest.TestCase):
         )
         return trident.optimize(gm)
 
+    def test_operator_call_mix(self):
+        """Most operator calls of a layer avoid the boxed dispatcher path (views, constants,
+        typed entries); only attention stays boxed."""
+        (line,) = [x for x in trident.explain(self._opt()).splitlines() if "operator calls" in x]
+        self.assertExpectedInline(line.strip(), """operator calls: 35 = 0 address-only views + 17 native views + 3 constants + 14 typed calls + 1 boxed calls""")
+
     def test_optimized_graph(self):
         self.assertExpectedInline(normalize(self._opt().code.strip()), """\
 def forward(self, arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1):

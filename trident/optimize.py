@@ -120,6 +120,26 @@ def _regions(gm: torch.fx.GraphModule) -> list[SCMRuntime]:
     return [SCMRuntime.get(r) for r in gm.meta["trident_regions"]]
 
 
+def _call_mix(rt: SCMRuntime) -> str:
+    """How the region's operator calls run natively (specialization 0)."""
+    from .runtime.native import C
+
+    atens = rt.program.atens
+    if not rt.scm.specializations:
+        return f"{len(atens)}"
+    views = rt.scm.specializations[0].views
+    address = sum(v.pointer_only for v in views.values())
+    native_views = len(views) - address
+    rest = [s for s in atens if s.name not in views]
+    constants = sum(s.cached for s in rest)
+    typed = sum(not s.cached and C.has_fast_call(s.op._schema.name, s.op._schema.overload_name) for s in rest)
+    boxed = len(rest) - constants - typed
+    return (
+        f"{len(atens)} = {address} address-only views + {native_views} native views + {constants} constants "
+        f"+ {typed} typed calls + {boxed} boxed calls"
+    )
+
+
 def cache_info(gm: torch.fx.GraphModule) -> dict[str, dict]:
     """Per region: hits, misses, specializations (ints), and the last miss reason."""
     return {rt.program.name: rt.stats() for rt in _regions(gm)}
@@ -135,6 +155,7 @@ def explain(gm: torch.fx.GraphModule) -> str:
             f"{rt.program.name}: {len(rt.program.launches)} launch(es), {len(rt.program.allocs)} allocation(s); "
             f"hits={s['hits']} misses={s['misses']} specializations={s['specializations']}"
         )
+        lines.append(f"  operator calls: {_call_mix(rt)}")
         for spec in rt.scm.specializations:
             lines.append(f"  specialization {spec.index}:")
             lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)
