@@ -48,6 +48,77 @@ module {
         _, opt = axpy_graph()
         self.assertExpectedInline(_runtime(opt).host_mlir, """\
 module {
+  func.func @scm_select(%arg0: !llvm.ptr, %arg1: !llvm.ptr) -> i64 {
+    %0 = llvm.load %arg1 : !llvm.ptr -> !llvm.ptr
+    %1 = llvm.getelementptr %0[1] : (!llvm.ptr) -> !llvm.ptr, i64
+    %2 = llvm.load %1 : !llvm.ptr -> i64
+    %3 = llvm.getelementptr %0[2] : (!llvm.ptr) -> !llvm.ptr, i64
+    %4 = llvm.load %3 : !llvm.ptr -> i64
+    %5 = llvm.getelementptr %0[3] : (!llvm.ptr) -> !llvm.ptr, i64
+    %6 = llvm.load %5 : !llvm.ptr -> i64
+    %7 = llvm.getelementptr %0[4] : (!llvm.ptr) -> !llvm.ptr, i64
+    %8 = llvm.load %7 : !llvm.ptr -> i64
+    %9 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    %10 = llvm.load %9 : !llvm.ptr -> i64
+    %11 = llvm.getelementptr %0[6] : (!llvm.ptr) -> !llvm.ptr, i64
+    %12 = llvm.load %11 : !llvm.ptr -> i64
+    %13 = llvm.getelementptr %0[7] : (!llvm.ptr) -> !llvm.ptr, i64
+    %14 = llvm.load %13 : !llvm.ptr -> i64
+    %15 = llvm.getelementptr %0[8] : (!llvm.ptr) -> !llvm.ptr, i64
+    %16 = llvm.load %15 : !llvm.ptr -> i64
+    %17 = llvm.getelementptr %0[9] : (!llvm.ptr) -> !llvm.ptr, i64
+    %18 = llvm.load %17 : !llvm.ptr -> i64
+    %19 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
+    %20 = llvm.load %19 : !llvm.ptr -> i64
+    cf.br ^bb1
+  ^bb1:  // pred: ^bb0
+    %true = arith.constant true
+    %c6_i64 = arith.constant 6 : i64
+    %21 = arith.cmpi eq, %2, %c6_i64 : i64
+    %22 = arith.andi %true, %21 : i1
+    %c1_i64 = arith.constant 1 : i64
+    %23 = arith.cmpi eq, %4, %c1_i64 : i64
+    %24 = arith.andi %22, %23 : i1
+    %c1000_i64 = arith.constant 1000 : i64
+    %25 = arith.cmpi eq, %6, %c1000_i64 : i64
+    %26 = arith.andi %24, %25 : i1
+    %c1_i64_0 = arith.constant 1 : i64
+    %27 = arith.cmpi eq, %8, %c1_i64_0 : i64
+    %28 = arith.andi %26, %27 : i1
+    %c15_i64 = arith.constant 15 : i64
+    %29 = arith.andi %10, %c15_i64 : i64
+    %c0_i64 = arith.constant 0 : i64
+    %30 = arith.cmpi eq, %29, %c0_i64 : i64
+    %true_1 = arith.constant true
+    %31 = arith.cmpi eq, %30, %true_1 : i1
+    %32 = arith.andi %28, %31 : i1
+    %c6_i64_2 = arith.constant 6 : i64
+    %33 = arith.cmpi eq, %12, %c6_i64_2 : i64
+    %34 = arith.andi %32, %33 : i1
+    %c1_i64_3 = arith.constant 1 : i64
+    %35 = arith.cmpi eq, %14, %c1_i64_3 : i64
+    %36 = arith.andi %34, %35 : i1
+    %c1000_i64_4 = arith.constant 1000 : i64
+    %37 = arith.cmpi eq, %16, %c1000_i64_4 : i64
+    %38 = arith.andi %36, %37 : i1
+    %c1_i64_5 = arith.constant 1 : i64
+    %39 = arith.cmpi eq, %18, %c1_i64_5 : i64
+    %40 = arith.andi %38, %39 : i1
+    %c15_i64_6 = arith.constant 15 : i64
+    %41 = arith.andi %20, %c15_i64_6 : i64
+    %c0_i64_7 = arith.constant 0 : i64
+    %42 = arith.cmpi eq, %41, %c0_i64_7 : i64
+    %true_8 = arith.constant true
+    %43 = arith.cmpi eq, %42, %true_8 : i1
+    %44 = arith.andi %40, %43 : i1
+    cf.cond_br %44, ^bb2, ^bb3
+  ^bb2:  // pred: ^bb1
+    %c0_i64_9 = arith.constant 0 : i64
+    return %c0_i64_9 : i64
+  ^bb3:  // pred: ^bb1
+    %c-1_i64 = arith.constant -1 : i64
+    return %c-1_i64 : i64
+  }
   func.func @scm_host(%arg0: !llvm.ptr, %arg1: !llvm.ptr) -> i64 {
     %0 = llvm.load %arg1 : !llvm.ptr -> !llvm.ptr
     %1 = llvm.getelementptr %arg0[0] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
@@ -62,193 +133,58 @@ module {
     %10 = llvm.load %9 : !llvm.ptr -> !llvm.ptr
     %c5_i64 = arith.constant 5 : i64
     %11 = llvm.alloca %c5_i64 x i64 : (i64) -> !llvm.ptr
-    %12 = llvm.getelementptr %0[1] : (!llvm.ptr) -> !llvm.ptr, i64
-    %13 = llvm.load %12 : !llvm.ptr -> i64
-    %14 = llvm.getelementptr %0[2] : (!llvm.ptr) -> !llvm.ptr, i64
-    %15 = llvm.load %14 : !llvm.ptr -> i64
-    %16 = llvm.getelementptr %0[3] : (!llvm.ptr) -> !llvm.ptr, i64
-    %17 = llvm.load %16 : !llvm.ptr -> i64
-    %18 = llvm.getelementptr %0[4] : (!llvm.ptr) -> !llvm.ptr, i64
-    %19 = llvm.load %18 : !llvm.ptr -> i64
-    %20 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
-    %21 = llvm.load %20 : !llvm.ptr -> i64
-    %22 = llvm.getelementptr %0[6] : (!llvm.ptr) -> !llvm.ptr, i64
-    %23 = llvm.load %22 : !llvm.ptr -> i64
-    %24 = llvm.getelementptr %0[7] : (!llvm.ptr) -> !llvm.ptr, i64
-    %25 = llvm.load %24 : !llvm.ptr -> i64
-    %26 = llvm.getelementptr %0[8] : (!llvm.ptr) -> !llvm.ptr, i64
-    %27 = llvm.load %26 : !llvm.ptr -> i64
-    %28 = llvm.getelementptr %0[9] : (!llvm.ptr) -> !llvm.ptr, i64
-    %29 = llvm.load %28 : !llvm.ptr -> i64
-    %30 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
-    %31 = llvm.load %30 : !llvm.ptr -> i64
+    %12 = call @scm_select(%arg0, %arg1) : (!llvm.ptr, !llvm.ptr) -> i64
+    %13 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    %14 = llvm.load %13 : !llvm.ptr -> i64
+    %15 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
+    %16 = llvm.load %15 : !llvm.ptr -> i64
     cf.br ^bb1
   ^bb1:  // pred: ^bb0
-    %true = arith.constant true
-    %c6_i64 = arith.constant 6 : i64
-    %32 = arith.cmpi eq, %13, %c6_i64 : i64
-    %33 = arith.andi %true, %32 : i1
-    %c1_i64 = arith.constant 1 : i64
-    %34 = arith.cmpi eq, %15, %c1_i64 : i64
-    %35 = arith.andi %33, %34 : i1
-    %c1000_i64 = arith.constant 1000 : i64
-    %36 = arith.cmpi eq, %17, %c1000_i64 : i64
-    %37 = arith.andi %35, %36 : i1
-    %c1_i64_0 = arith.constant 1 : i64
-    %38 = arith.cmpi eq, %19, %c1_i64_0 : i64
-    %39 = arith.andi %37, %38 : i1
-    %c15_i64 = arith.constant 15 : i64
-    %40 = arith.andi %21, %c15_i64 : i64
     %c0_i64 = arith.constant 0 : i64
-    %41 = arith.cmpi eq, %40, %c0_i64 : i64
-    %true_1 = arith.constant true
-    %42 = arith.cmpi eq, %41, %true_1 : i1
-    %43 = arith.andi %39, %42 : i1
-    %c6_i64_2 = arith.constant 6 : i64
-    %44 = arith.cmpi eq, %23, %c6_i64_2 : i64
-    %45 = arith.andi %43, %44 : i1
-    %c1_i64_3 = arith.constant 1 : i64
-    %46 = arith.cmpi eq, %25, %c1_i64_3 : i64
-    %47 = arith.andi %45, %46 : i1
-    %c1000_i64_4 = arith.constant 1000 : i64
-    %48 = arith.cmpi eq, %27, %c1000_i64_4 : i64
-    %49 = arith.andi %47, %48 : i1
-    %c1_i64_5 = arith.constant 1 : i64
-    %50 = arith.cmpi eq, %29, %c1_i64_5 : i64
-    %51 = arith.andi %49, %50 : i1
-    %c15_i64_6 = arith.constant 15 : i64
-    %52 = arith.andi %31, %c15_i64_6 : i64
-    %c0_i64_7 = arith.constant 0 : i64
-    %53 = arith.cmpi eq, %52, %c0_i64_7 : i64
-    %true_8 = arith.constant true
-    %54 = arith.cmpi eq, %53, %true_8 : i1
-    %55 = arith.andi %51, %54 : i1
-    cf.cond_br %55, ^bb2, ^bb3
+    %17 = arith.cmpi eq, %12, %c0_i64 : i64
+    cf.cond_br %17, ^bb2, ^bb3
   ^bb2:  // pred: ^bb1
-    %c0_i64_9 = arith.constant 0 : i64
-    %56 = llvm.call %2(%arg1, %c0_i64_9) : !llvm.ptr, (!llvm.ptr, i64) -> i64
+    %c0_i64_0 = arith.constant 0 : i64
+    %18 = llvm.call %2(%arg1, %c0_i64_0) : !llvm.ptr, (!llvm.ptr, i64) -> i64
     %c-1_i64 = arith.constant -1 : i64
-    %57 = arith.cmpi ne, %56, %c-1_i64 : i64
-    cf.cond_br %57, ^bb5, ^bb4
+    %19 = arith.cmpi ne, %18, %c-1_i64 : i64
+    cf.cond_br %19, ^bb5, ^bb4
   ^bb3:  // pred: ^bb1
-    %c-1_i64_10 = arith.constant -1 : i64
-    return %c-1_i64_10 : i64
+    %c-1_i64_1 = arith.constant -1 : i64
+    return %c-1_i64_1 : i64
   ^bb4:  // 3 preds: ^bb2, ^bb5, ^bb6
     %c-2_i64 = arith.constant -2 : i64
     return %c-2_i64 : i64
   ^bb5:  // pred: ^bb2
-    %58 = llvm.getelementptr %11[0] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %21, %58 : i64, !llvm.ptr
-    %59 = llvm.getelementptr %11[1] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %31, %59 : i64, !llvm.ptr
-    %60 = llvm.getelementptr %11[2] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %56, %60 : i64, !llvm.ptr
-    %c15_i64_11 = arith.constant 15 : i64
-    %61 = arith.andi %56, %c15_i64_11 : i64
-    %c0_i64_12 = arith.constant 0 : i64
-    %62 = arith.cmpi eq, %61, %c0_i64_12 : i64
-    %c1000_i64_13 = arith.constant 1000 : i64
-    %63 = llvm.getelementptr %11[3] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %c1000_i64_13, %63 : i64, !llvm.ptr
-    %c1075838976_i64 = arith.constant 1075838976 : i64
-    %64 = llvm.getelementptr %11[4] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %c1075838976_i64, %64 : i64, !llvm.ptr
-    cf.cond_br %62, ^bb6, ^bb4
-  ^bb6:  // pred: ^bb5
-    %c0_i64_14 = arith.constant 0 : i64
-    %c8_i64 = arith.constant 8 : i64
-    %c1_i64_15 = arith.constant 1 : i64
-    %c1_i64_16 = arith.constant 1 : i64
-    %65 = llvm.call %4(%arg1, %c0_i64_14, %c8_i64, %c1_i64_15, %c1_i64_16, %11) : !llvm.ptr, (!llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> i64
-    %c0_i64_17 = arith.constant 0 : i64
-    %66 = arith.cmpi eq, %65, %c0_i64_17 : i64
-    cf.cond_br %66, ^bb7, ^bb4
-  ^bb7:  // pred: ^bb6
-    %c0_i64_18 = arith.constant 0 : i64
-    return %c0_i64_18 : i64
-  }
-  func.func @scm_select(%arg0: !llvm.ptr, %arg1: !llvm.ptr) -> i64 {
-    %0 = llvm.load %arg1 : !llvm.ptr -> !llvm.ptr
-    %1 = llvm.getelementptr %arg0[0] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
-    %2 = llvm.load %1 : !llvm.ptr -> !llvm.ptr
-    %3 = llvm.getelementptr %arg0[1] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
-    %4 = llvm.load %3 : !llvm.ptr -> !llvm.ptr
-    %5 = llvm.getelementptr %arg0[2] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
-    %6 = llvm.load %5 : !llvm.ptr -> !llvm.ptr
-    %7 = llvm.getelementptr %arg0[3] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
-    %8 = llvm.load %7 : !llvm.ptr -> !llvm.ptr
-    %9 = llvm.getelementptr %arg0[4] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
-    %10 = llvm.load %9 : !llvm.ptr -> !llvm.ptr
-    %c5_i64 = arith.constant 5 : i64
-    %11 = llvm.alloca %c5_i64 x i64 : (i64) -> !llvm.ptr
-    %12 = llvm.getelementptr %0[1] : (!llvm.ptr) -> !llvm.ptr, i64
-    %13 = llvm.load %12 : !llvm.ptr -> i64
-    %14 = llvm.getelementptr %0[2] : (!llvm.ptr) -> !llvm.ptr, i64
-    %15 = llvm.load %14 : !llvm.ptr -> i64
-    %16 = llvm.getelementptr %0[3] : (!llvm.ptr) -> !llvm.ptr, i64
-    %17 = llvm.load %16 : !llvm.ptr -> i64
-    %18 = llvm.getelementptr %0[4] : (!llvm.ptr) -> !llvm.ptr, i64
-    %19 = llvm.load %18 : !llvm.ptr -> i64
-    %20 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
-    %21 = llvm.load %20 : !llvm.ptr -> i64
-    %22 = llvm.getelementptr %0[6] : (!llvm.ptr) -> !llvm.ptr, i64
-    %23 = llvm.load %22 : !llvm.ptr -> i64
-    %24 = llvm.getelementptr %0[7] : (!llvm.ptr) -> !llvm.ptr, i64
-    %25 = llvm.load %24 : !llvm.ptr -> i64
-    %26 = llvm.getelementptr %0[8] : (!llvm.ptr) -> !llvm.ptr, i64
-    %27 = llvm.load %26 : !llvm.ptr -> i64
-    %28 = llvm.getelementptr %0[9] : (!llvm.ptr) -> !llvm.ptr, i64
-    %29 = llvm.load %28 : !llvm.ptr -> i64
-    %30 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
-    %31 = llvm.load %30 : !llvm.ptr -> i64
-    cf.br ^bb1
-  ^bb1:  // pred: ^bb0
-    %true = arith.constant true
-    %c6_i64 = arith.constant 6 : i64
-    %32 = arith.cmpi eq, %13, %c6_i64 : i64
-    %33 = arith.andi %true, %32 : i1
-    %c1_i64 = arith.constant 1 : i64
-    %34 = arith.cmpi eq, %15, %c1_i64 : i64
-    %35 = arith.andi %33, %34 : i1
-    %c1000_i64 = arith.constant 1000 : i64
-    %36 = arith.cmpi eq, %17, %c1000_i64 : i64
-    %37 = arith.andi %35, %36 : i1
-    %c1_i64_0 = arith.constant 1 : i64
-    %38 = arith.cmpi eq, %19, %c1_i64_0 : i64
-    %39 = arith.andi %37, %38 : i1
+    %20 = llvm.getelementptr %11[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %14, %20 : i64, !llvm.ptr
+    %21 = llvm.getelementptr %11[1] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %16, %21 : i64, !llvm.ptr
+    %22 = llvm.getelementptr %11[2] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %18, %22 : i64, !llvm.ptr
     %c15_i64 = arith.constant 15 : i64
-    %40 = arith.andi %21, %c15_i64 : i64
-    %c0_i64 = arith.constant 0 : i64
-    %41 = arith.cmpi eq, %40, %c0_i64 : i64
-    %true_1 = arith.constant true
-    %42 = arith.cmpi eq, %41, %true_1 : i1
-    %43 = arith.andi %39, %42 : i1
-    %c6_i64_2 = arith.constant 6 : i64
-    %44 = arith.cmpi eq, %23, %c6_i64_2 : i64
-    %45 = arith.andi %43, %44 : i1
-    %c1_i64_3 = arith.constant 1 : i64
-    %46 = arith.cmpi eq, %25, %c1_i64_3 : i64
-    %47 = arith.andi %45, %46 : i1
-    %c1000_i64_4 = arith.constant 1000 : i64
-    %48 = arith.cmpi eq, %27, %c1000_i64_4 : i64
-    %49 = arith.andi %47, %48 : i1
-    %c1_i64_5 = arith.constant 1 : i64
-    %50 = arith.cmpi eq, %29, %c1_i64_5 : i64
-    %51 = arith.andi %49, %50 : i1
-    %c15_i64_6 = arith.constant 15 : i64
-    %52 = arith.andi %31, %c15_i64_6 : i64
-    %c0_i64_7 = arith.constant 0 : i64
-    %53 = arith.cmpi eq, %52, %c0_i64_7 : i64
-    %true_8 = arith.constant true
-    %54 = arith.cmpi eq, %53, %true_8 : i1
-    %55 = arith.andi %51, %54 : i1
-    cf.cond_br %55, ^bb2, ^bb3
-  ^bb2:  // pred: ^bb1
-    %c0_i64_9 = arith.constant 0 : i64
-    return %c0_i64_9 : i64
-  ^bb3:  // pred: ^bb1
-    %c-1_i64 = arith.constant -1 : i64
-    return %c-1_i64 : i64
+    %23 = arith.andi %18, %c15_i64 : i64
+    %c0_i64_2 = arith.constant 0 : i64
+    %24 = arith.cmpi eq, %23, %c0_i64_2 : i64
+    %c1000_i64 = arith.constant 1000 : i64
+    %25 = llvm.getelementptr %11[3] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %c1000_i64, %25 : i64, !llvm.ptr
+    %c1075838976_i64 = arith.constant 1075838976 : i64
+    %26 = llvm.getelementptr %11[4] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %c1075838976_i64, %26 : i64, !llvm.ptr
+    cf.cond_br %24, ^bb6, ^bb4
+  ^bb6:  // pred: ^bb5
+    %c0_i64_3 = arith.constant 0 : i64
+    %c8_i64 = arith.constant 8 : i64
+    %c1_i64 = arith.constant 1 : i64
+    %c1_i64_4 = arith.constant 1 : i64
+    %27 = llvm.call %4(%arg1, %c0_i64_3, %c8_i64, %c1_i64, %c1_i64_4, %11) : !llvm.ptr, (!llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> i64
+    %c0_i64_5 = arith.constant 0 : i64
+    %28 = arith.cmpi eq, %27, %c0_i64_5 : i64
+    cf.cond_br %28, ^bb7, ^bb4
+  ^bb7:  // pred: ^bb6
+    %c0_i64_6 = arith.constant 0 : i64
+    return %c0_i64_6 : i64
   }
 }
 """)

@@ -1,9 +1,10 @@
 """Stage 2 of the lowering: SCM IR + the region in torch dialect -> the native host program.
 
-The host program is one function, `scm_host(rt, ctx) -> i64`, in the func/arith/cf/llvm
-dialects (ABI: trident/csrc/scm_runtime.h, Note [Host ABI]). It
-  1. loads the input facts the native prologue wrote (data pointer, dtype/device code, rank,
-     sizes, strides per input) and evaluates every specialization's guards on them, in order;
+The host program is two functions in the func/arith/cf/llvm dialects (ABI:
+trident/csrc/scm_runtime.h, Note [Host ABI]): `scm_select(rt, ctx) -> i64`, the guard prologue,
+and `scm_host(rt, ctx) -> i64`, which calls it and runs the plan. Together they
+  1. load the input facts the native prologue wrote (data pointer, dtype/device code, rank,
+     sizes, strides per input) and evaluate every specialization's guards on them, in order;
   2. for the first specialization whose guards hold, walks the region's steps in the order of
      the torch-dialect function: each allocation calls the runtime's `alloc` service (and
      checks the 16-byte alignment the kernels were specialized on), each
@@ -194,10 +195,38 @@ class _Emitter:
         return self.eq(low, self.const(0))
 
     # -- the program ----------------------------------------------------------------------
-    def emit(self, module: ir.Module, select_only: bool = False) -> None:
+    def emit_select(self, module: ir.Module) -> None:
+        """`scm_select(rt, ctx) -> i64`: the prologue. Evaluates every specialization's guards on
+        the input facts, in order; returns the first that holds, or -1."""
         with ir.InsertionPoint(module.body):
-            name = SELECT_SYMBOL if select_only else HOST_SYMBOL
-            fn = func.FuncOp(name, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
+            fn = func.FuncOp(SELECT_SYMBOL, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
+        self.entry = fn.add_entry_block()
+        self.entry_done = False
+        _, ctx = self.entry.arguments
+        self.facts: dict = {}
+        region = fn.regions[0]
+        specs = self.scm.specializations
+        guard_blocks = [region.blocks.append() for _ in specs]
+        hit_blocks = [region.blocks.append() for _ in specs]
+        miss = region.blocks.append()
+        with ir.InsertionPoint(self.entry):
+            self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
+            cf.BranchOp([], guard_blocks[0] if specs else miss)
+        self.entry_done = True
+        for i, spec in enumerate(specs):
+            nxt = guard_blocks[i + 1] if i + 1 < len(specs) else miss
+            with ir.InsertionPoint(guard_blocks[i]):
+                cf.CondBranchOp(self.guards(spec), [], [], hit_blocks[i], nxt)
+            with ir.InsertionPoint(hit_blocks[i]):
+                func.ReturnOp([self.const(spec.index)])
+        with ir.InsertionPoint(miss):
+            func.ReturnOp([self.const(-1)])
+
+    def emit_host(self, module: ir.Module) -> None:
+        """`scm_host(rt, ctx) -> i64`: calls scm_select, then runs the selected
+        specialization's plan; -1 on a miss, -2 when a runtime service failed."""
+        with ir.InsertionPoint(module.body):
+            fn = func.FuncOp(HOST_SYMBOL, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
         self.entry = fn.add_entry_block()
         self.entry_done = False
         rt, ctx = self.entry.arguments
@@ -205,10 +234,10 @@ class _Emitter:
         self.facts: dict = {}
         region = fn.regions[0]
         specs = self.scm.specializations
-        guard_blocks = [region.blocks.append() for _ in specs]
+        dispatch_blocks = [region.blocks.append() for _ in specs]
         body_blocks = [region.blocks.append() for _ in specs]
         miss = region.blocks.append()
-        fail = None if select_only else region.blocks.append()
+        fail = region.blocks.append()
         with ir.InsertionPoint(self.entry):
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
             self.alloc_fn = self.load_at(rt, RT_ALLOC, self.ptr)
@@ -218,22 +247,18 @@ class _Emitter:
             self.view_fn = self.load_at(rt, RT_VIEW, self.ptr)
             max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
             self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
-            cf.BranchOp([], guard_blocks[0] if specs else miss)
+            selected = func.CallOp([self.i64], SELECT_SYMBOL, [rt, ctx]).result
+            cf.BranchOp([], dispatch_blocks[0] if specs else miss)
         self.entry_done = True
         for i, spec in enumerate(specs):
-            nxt = guard_blocks[i + 1] if i + 1 < len(specs) else miss
-            with ir.InsertionPoint(guard_blocks[i]):
-                cf.CondBranchOp(self.guards(spec), [], [], body_blocks[i], nxt)
-            if select_only:
-                with ir.InsertionPoint(body_blocks[i]):
-                    func.ReturnOp([self.const(spec.index)])
-            else:
-                self.body(spec, body_blocks[i], fail, region)
+            nxt = dispatch_blocks[i + 1] if i + 1 < len(specs) else miss
+            with ir.InsertionPoint(dispatch_blocks[i]):
+                cf.CondBranchOp(self.eq(selected, self.const(spec.index)), [], [], body_blocks[i], nxt)
+            self.body(spec, body_blocks[i], fail, region)
         with ir.InsertionPoint(miss):
             func.ReturnOp([self.const(-1)])
-        if fail is not None:
-            with ir.InsertionPoint(fail):
-                func.ReturnOp([self.const(-2)])
+        with ir.InsertionPoint(fail):
+            func.ReturnOp([self.const(-2)])
 
     def guards(self, spec: Specialization):
         ok = arith.constant(self.i1, 1)
@@ -344,6 +369,6 @@ def emit_host_module(scm: SCM, torch_module: ir.Module) -> ir.Module:
     )
     with torch_module.context, ir.Location.unknown():
         module = ir.Module.create()
-        _Emitter(scm).emit(module)
-        _Emitter(scm).emit(module, select_only=True)
+        _Emitter(scm).emit_select(module)
+        _Emitter(scm).emit_host(module)
     return module
