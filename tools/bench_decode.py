@@ -54,7 +54,9 @@ def per_step_us(step_fn, make_args, steps: int, reps: int, device: str = "cuda")
     return statistics.median(samples)
 
 
-def run_case(name: str, cfg: Config, batch: int, steps: int, reps: int, deadline: float, dev: str = "cuda") -> dict:
+def run_case(
+    name: str, cfg: Config, batch: int, steps: int, reps: int, deadline: float, dev: str = "cuda", only=()
+) -> dict:
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
     weights, cos, sin = make_weights(cfg, dev, dt)
     caches = make_caches(cfg, dev, dt, batch=batch)
@@ -79,6 +81,9 @@ def run_case(name: str, cfg: Config, batch: int, steps: int, reps: int, deadline
         return max(((o - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, refs))
 
     def variant(key, build):
+        if only and key not in only and key != "eager":  # eager is the reference of every check
+            res[key] = {"skipped": "not selected (--variants)"}
+            return None
         if time.time() > deadline:
             res[key] = {"skipped": "time budget of this run exhausted"}
             return None
@@ -181,7 +186,8 @@ def main() -> None:
     for model in args.models.split(","):
         for batch in map(int, args.batches.split(",")):
             result["cases"][f"{model}_b{batch}"] = run_case(
-                model, MODELS[model], batch, args.steps, args.reps, deadline, args.device
+                model, MODELS[model], batch, args.steps, args.reps, deadline, args.device,
+                tuple(v for v in args.variants.split(",") if v),
             )
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
