@@ -179,3 +179,26 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
         params: x_ptr=empty_like_1:*fp32, y_ptr=mm_5:*fp32, out_ptr=empty_like_3:*fp32, n=64:i32
         runtime check: empty_like_1, mm_5, empty_like_3 16-byte aligned
 """)
+
+
+def test_native_paths_can_be_switched_off_for_ab_measurements():
+    """TRIDENT_NATIVE_PATHS='' makes every operator call boxed; results stay eager's."""
+    from trident import knobs
+
+    cfg = Config(layers=1)
+    weights, cos, sin = make_weights(cfg, "cpu")
+    with knobs.scope(native_paths=""):
+        opt = trident.optimize(
+            trident.capture(
+                functools.partial(decode_step, cfg),
+                torch.randn(1, cfg.hidden), torch.tensor([0]), cos, sin, *make_caches(cfg, "cpu"), *weights,
+            )
+        )
+    (line,) = [x for x in trident.explain(opt).splitlines() if "operator calls" in x]
+    assert line.strip() == "operator calls: 35 = 0 address-only views + 0 native views + 0 constants + 0 typed calls + 35 boxed calls"
+    caches, ref_caches = make_caches(cfg, "cpu"), make_caches(cfg, "cpu")
+    for p in range(3):
+        x, pos = torch.randn(1, cfg.hidden), torch.tensor([p])
+        got = opt(x, pos, cos, sin, *caches, *weights)
+        want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -24,6 +24,9 @@ _KNOBS = {
     "dump_dir": _Knob("TRIDENT_DUMP_DIR", "", "write every generated artifact (SCM IR, MLIR) here"),
     "repro_dir": _Knob("TRIDENT_REPRO_DIR", "", "where a failed MLIR pipeline saves its input"),
     "mlir_opt_level": _Knob("TRIDENT_MLIR_OPT_LEVEL", "2", "ExecutionEngine optimization level"),
+    "native_paths": _Knob(
+        "TRIDENT_NATIVE_PATHS", "views,constants,typed", "native operator paths to use (A/B: set to '')"
+    ),
     "compile_cubin_on_cpu": _Knob(
         "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too"
     ),
@@ -40,6 +43,11 @@ def repro_dir() -> str:
 
 def mlir_opt_level() -> int:
     return int(_KNOBS["mlir_opt_level"].get())
+
+
+def native_path(name: str) -> bool:
+    """Whether the native operator path `name` (views, constants, typed) is enabled."""
+    return name in {p.strip() for p in _KNOBS["native_paths"].get().split(",")}
 
 
 def compile_cubin_on_cpu() -> bool:

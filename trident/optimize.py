@@ -132,7 +132,9 @@ def _call_mix(rt: SCMRuntime) -> str:
     native_views = len(views) - address
     rest = [s for s in atens if s.name not in views]
     constants = sum(s.cached for s in rest)
-    typed = sum(not s.cached and C.has_fast_call(s.op._schema.name, s.op._schema.overload_name) for s in rest)
+    typed = sum(
+        not s.cached and C.aten_is_typed(rt.region_id, rt._aten_handles[s.name]) for s in rest
+    )
     boxed = len(rest) - constants - typed
     return (
         f"{len(atens)} = {address} address-only views + {native_views} native views + {constants} constants "

@@ -119,11 +119,11 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
 }
 
 int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots,
-                 bool cached) {
+                 bool cached, bool typed) {
   auto e = std::make_shared<AtenEntry>();
   e->cached = cached;
   e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-  e->fast = find_fast_call(name, overload);
+  e->fast = typed ? find_fast_call(name, overload) : nullptr;
   e->name = name + (overload.empty() ? "" : "." + overload);
   const auto& schema = e->op->schema();
   TORCH_CHECK(args.size() == schema.arguments().size(), "trident: ", e->name, " expects ",
@@ -306,6 +306,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scm_call", &trident::scm_call, "torch.ops.trident.scm.default, called directly when allowed");
   m.add_object("scm_call_fast", py::reinterpret_steal<py::object>(PyCFunction_New(&trident::kScmCallDef, nullptr)));
   m.def("add_aten", &trident::add_aten);
+  m.def("aten_is_typed", [](int64_t region, int64_t local) {
+    return trident::aten_entry(trident::get_region(region)->aten_handles.at(local)).fast != nullptr;
+  });
   m.def("has_fast_call", [](const std::string& name, const std::string& overload) {
     return trident::find_fast_call(name, overload) != nullptr;
   });

@@ -366,6 +366,11 @@ int64_t register_aten(std::shared_ptr<AtenEntry> entry) { return atens().add(std
 
 int64_t register_view(ViewEntry entry) { return views().add(std::move(entry)); }
 
+const AtenEntry& aten_entry(int64_t index) {
+  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < atens().items.size(), "trident: no operator entry ", index);
+  return *atens().items[index];
+}
+
 const KernelEntry& kernel_entry(int64_t index) {
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);
   return *kernels().items[index];

@@ -176,6 +176,7 @@ int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);
 int64_t register_view(ViewEntry entry);
+const AtenEntry& aten_entry(int64_t index);
 const KernelEntry& kernel_entry(int64_t index);
 // The kernel's CUfunction on CUDA device `device`, loading its cubin on first use.
 void* kernel_function(int64_t index, int64_t device, std::string* error);

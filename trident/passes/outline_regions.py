@@ -24,6 +24,7 @@ import torch
 from torch._higher_order_ops import triton_kernel_wrap as tkw
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .. import knobs
 from ..errors import UnsupportedError
 from ..scm.ir import DEFAULT, AllocStep, AtenStep, LaunchStep, RegionInput, RegionProgram, TensorFacts, ValueRef
 from .common import (
@@ -231,7 +232,8 @@ def region_program(region: Region):
             slots = tuple(-1 if o is None else o.index for o in outs)
             steps.append(AtenStep(node.name, node.target, str(node.target), args, slots))
 
-    steps = _mark_constant_calls(steps, [refs[n] for n in results], refs, region)
+    if knobs.native_path("constants"):
+        steps = _mark_constant_calls(steps, [refs[n] for n in results], refs, region)
 
     # The region as its own GraphModule: fake propagation and the op's fake kernel run it.
     graph = torch.fx.Graph()

@@ -7,6 +7,7 @@ import functools
 import torch
 
 from .. import _C  # noqa: F401  (loading it registers torch.ops.trident.*)
+from .. import knobs
 from ..scm.ir import DEFAULT, AllocPlan, AtenStep, LaunchPlan, ValueRef
 from .cpu_launcher import make_cpu_runner
 
@@ -71,7 +72,9 @@ def register_aten(step: AtenStep) -> int:
     """Native call entry for an operator step: the op by name, an argument template."""
     schema = step.op._schema
     name, _, overload = schema.name, None, schema.overload_name
-    return C.add_aten(name, overload, [_arg_spec(a) for a in step.args], list(step.outputs), step.cached)
+    return C.add_aten(
+        name, overload, [_arg_spec(a) for a in step.args], list(step.outputs), step.cached, knobs.native_path("typed")
+    )
 
 
 def kernel_function(kernel_handle: int, device: int) -> int:

@@ -19,6 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .. import knobs
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
@@ -200,7 +201,7 @@ def build_specialization(
     ]
     allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
     atens = [AtenPlan(step) for step in program.atens]
-    views = plan_views(program, inputs, value_facts, value_offsets)
+    views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
     return Specialization(index, guards, allocs, launches, atens, value_facts, views)
 
 
