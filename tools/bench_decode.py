@@ -129,6 +129,13 @@ def run_case(
             }
     if dev == "cuda":
         variant("graph_floor", lambda: _graph_replay(step, make_args))
+
+    def trident_all_boxed():
+        # A/B: the same region with every operator call boxed (TRIDENT_NATIVE_PATHS='').
+        with trident.knobs.scope(native_paths=""):
+            return trident.optimize(trident.capture(step, *make_args(START)))
+
+    variant("trident_all_boxed", trident_all_boxed)
     variant("torch_compile", lambda: torch.compile(step))
     variant("torch_compile_cpp_wrapper", lambda: torch.compile(step, options={"cpp_wrapper": True}))
     variant("torch_compile_reduce_overhead", lambda: torch.compile(step, mode="reduce-overhead"))

@@ -14,6 +14,7 @@ from .errors import (
     TridentError,
     UnsupportedError,
 )
+from . import knobs  # noqa: F401  (TRIDENT_* settings, with knobs.scope for tests)
 from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
 from .optimize import cache_info, explain, optimize, scm_text
