@@ -19,7 +19,9 @@ namespace trident {
 namespace {
 
 // Tables never shrink, and their capacity is reserved up front, so the hit path can index
-// them without a lock while a miss on another thread appends.
+// them without a lock while a miss on another thread appends. They are never destroyed either:
+// at exit, Python and the CUDA driver may already be gone, and entries hold Python callables
+// and device tensors (cached constants).
 constexpr size_t kTableCapacity = 1 << 16;
 
 template <typename T>
@@ -37,24 +39,24 @@ struct Table {
 };
 
 Table<std::shared_ptr<Region>>& regions() {
-  static Table<std::shared_ptr<Region>> t;
-  return t;
+  static auto* t = new Table<std::shared_ptr<Region>>();  // never destroyed: see above
+  return *t;
 }
 Table<std::shared_ptr<KernelEntry>>& kernels() {
-  static Table<std::shared_ptr<KernelEntry>> t;
-  return t;
+  static auto* t = new Table<std::shared_ptr<KernelEntry>>();  // never destroyed: see above
+  return *t;
 }
 Table<AllocEntry>& allocs() {
-  static Table<AllocEntry> t;
-  return t;
+  static auto* t = new Table<AllocEntry>();  // never destroyed: see above
+  return *t;
 }
 Table<ViewEntry>& views() {
-  static Table<ViewEntry> t;
-  return t;
+  static auto* t = new Table<ViewEntry>();  // never destroyed: see above
+  return *t;
 }
 Table<std::shared_ptr<AtenEntry>>& atens() {
-  static Table<std::shared_ptr<AtenEntry>> t;
-  return t;
+  static auto* t = new Table<std::shared_ptr<AtenEntry>>();  // never destroyed: see above
+  return *t;
 }
 
 constexpr int64_t kAllocFailed = -1;
