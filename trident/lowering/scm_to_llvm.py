@@ -195,20 +195,24 @@ class _Emitter:
         return self.eq(low, self.const(0))
 
     # -- the program ----------------------------------------------------------------------
+    def _begin(self, module: ir.Module, name: str):
+        """A `(rt, ctx) -> i64` function with two blocks per specialization and a miss block."""
+        with ir.InsertionPoint(module.body):
+            fn = func.FuncOp(name, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
+        self.entry = fn.add_entry_block()
+        self.entry_done = False
+        self.facts: dict = {}
+        region = fn.regions[0]
+        n = len(self.scm.specializations)
+        first = [region.blocks.append() for _ in range(n)]
+        second = [region.blocks.append() for _ in range(n)]
+        return region, tuple(self.entry.arguments), first, second, region.blocks.append()
+
     def emit_select(self, module: ir.Module) -> None:
         """`scm_select(rt, ctx) -> i64`: the prologue. Evaluates every specialization's guards on
         the input facts, in order; returns the first that holds, or -1."""
-        with ir.InsertionPoint(module.body):
-            fn = func.FuncOp(SELECT_SYMBOL, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
-        self.entry = fn.add_entry_block()
-        self.entry_done = False
-        _, ctx = self.entry.arguments
-        self.facts: dict = {}
-        region = fn.regions[0]
+        region, (_, ctx), guard_blocks, hit_blocks, miss = self._begin(module, SELECT_SYMBOL)
         specs = self.scm.specializations
-        guard_blocks = [region.blocks.append() for _ in specs]
-        hit_blocks = [region.blocks.append() for _ in specs]
-        miss = region.blocks.append()
         with ir.InsertionPoint(self.entry):
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
             cf.BranchOp([], guard_blocks[0] if specs else miss)
@@ -225,18 +229,9 @@ class _Emitter:
     def emit_host(self, module: ir.Module) -> None:
         """`scm_host(rt, ctx) -> i64`: calls scm_select, then runs the selected
         specialization's plan; -1 on a miss, -2 when a runtime service failed."""
-        with ir.InsertionPoint(module.body):
-            fn = func.FuncOp(HOST_SYMBOL, ir.FunctionType.get([self.ptr, self.ptr], [self.i64]))
-        self.entry = fn.add_entry_block()
-        self.entry_done = False
-        rt, ctx = self.entry.arguments
+        region, (rt, ctx), dispatch_blocks, body_blocks, miss = self._begin(module, HOST_SYMBOL)
         self.ctx = ctx
-        self.facts: dict = {}
-        region = fn.regions[0]
         specs = self.scm.specializations
-        dispatch_blocks = [region.blocks.append() for _ in specs]
-        body_blocks = [region.blocks.append() for _ in specs]
-        miss = region.blocks.append()
         fail = region.blocks.append()
         with ir.InsertionPoint(self.entry):
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
