@@ -67,8 +67,6 @@ struct KernelEntry {
   int64_t profile_scratch_align = 1;
   std::vector<std::string> param_types;  // Triton type strings of the non-constexpr params
   pybind11::object cpu_runner;           // callable(grid, args) running the interpreter
-  // Entries live until exit, when Python may already be gone: never decref then.
-  ~KernelEntry() { cpu_runner.release(); }
   // Per CUDA device: loaded function handle (CUfunction), or null until first use.
   static constexpr int64_t kMaxDevices = 64;
   std::mutex load_mutex;
@@ -166,7 +164,6 @@ struct Region {
   }
 
   int64_t facts_stride() const { return kFactsFixed + 2 * max_rank; }
-  ~Region() { miss_handler.release(); }
 };
 
 // Process-wide tables, indexed by the integers baked into generated code and FX graphs.

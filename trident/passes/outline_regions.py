@@ -40,10 +40,6 @@ from .common import (
 from .partition_regions import Region
 
 
-def facts_of(val: torch.Tensor) -> TensorFacts:
-    return TensorFacts(val.dtype, val.device, tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()))
-
-
 def _storage(node: torch.fx.Node):
     val = node.meta.get("val")
     return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
@@ -254,7 +250,7 @@ def region_program(region: Region):
         outputs=[refs[n] for n in results],
         value_names=value_names,
         graph_module=sub,
-        captured_inputs=[facts_of(n.meta["val"]) for n in inputs],
+        captured_inputs=[TensorFacts.of(n.meta["val"]) for n in inputs],
     )
     return program, inputs, results, redirects, views
 

@@ -25,10 +25,6 @@ from . import native
 _REGISTRY: dict[int, "SCMRuntime"] = {}
 
 
-def facts_of(t: torch.Tensor) -> TensorFacts:
-    return TensorFacts(t.dtype, t.device, tuple(t.shape), tuple(t.stride()))
-
-
 def check_verbose(guard: TensorGuard, value) -> Optional[str]:
     """Python twin of one native guard: None when it holds, else why not (Dynamo's wording)."""
     name = guard.name
@@ -178,7 +174,7 @@ class SCMRuntime:
         with self._lock:
             self.last_miss_reason = self.explain_miss(inputs)
             self._check_servable(inputs)
-            facts = [facts_of(t) for t in inputs]
+            facts = [TensorFacts.of(t) for t in inputs]
             residues = [t.data_ptr() % 16 for t in inputs]
             try:
                 self.add_specialization(facts, residues)

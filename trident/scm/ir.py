@@ -117,6 +117,10 @@ class TensorFacts:
     sizes: tuple[int, ...]
     strides: tuple[int, ...]
 
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorFacts":
+        return TensorFacts(t.dtype, t.device, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
+
 
 @dataclass(frozen=True)
 class TensorGuard:

@@ -55,10 +55,6 @@ def _device_scope(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _facts(t: torch.Tensor) -> TensorFacts:
-    return TensorFacts(t.dtype, t.device, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
-
-
 def propagate_values(
     program: RegionProgram, inputs: Sequence[TensorFacts], residues: Sequence[int]
 ) -> tuple[list[TensorFacts], list[int], list[Optional[int]]]:
@@ -82,7 +78,7 @@ def propagate_values(
     for name in program.value_names:
         base, _, k = name.partition("[")
         val = values[base] if not k else values[base][int(k[:-1])]
-        facts.append(_facts(val))
+        facts.append(TensorFacts.of(val))
         offsets.append(val.storage_offset())
         root = storage_of_input.get(StorageWeakRef(val.untyped_storage()))
         offset = val.storage_offset() * val.element_size()
