@@ -121,6 +121,13 @@ def run_case(
             ns = C.run_loop(rid, inputs, steps)
             _sync(dev)
             res["trident"]["native_loop_us_per_step"] = ns / steps / 1e3
+            # Where the host time goes: per runtime service (trident.profile, no synchronization).
+            with trident.profile() as prof:
+                for i in range(steps):
+                    opt(*make_args(START + i))
+            _sync(dev)
+            res["trident"]["host_profile"] = prof.as_json()[:40]
+            print(prof.table(), flush=True)
             rt = trident.runtime.SCMRuntime.get(rid)
             res["trident"]["region"] = {
                 "launches": len(rt.program.launches),

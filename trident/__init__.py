@@ -4,6 +4,7 @@
     opt = trident.optimize(gm)                   # each region -> one torch.ops.trident.scm call
     opt(*inputs)                                 # hits never enter Python
     trident.cache_info(opt), trident.explain(opt)
+    with trident.profile() as p: opt(*inputs)  # host time per runtime service; p.table()
 """
 
 from .errors import (
@@ -18,6 +19,7 @@ from . import knobs  # noqa: F401  (TRIDENT_* settings, with knobs.scope for tes
 from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
 from .optimize import cache_info, explain, optimize, scm_text
+from .runtime.profile import profile
 
 __all__ = [
     "CaptureError",
@@ -30,5 +32,6 @@ __all__ = [
     "capture",
     "explain",
     "optimize",
+    "profile",
     "scm_text",
 ]

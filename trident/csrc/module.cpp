@@ -362,5 +362,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(fn, err);
     return reinterpret_cast<int64_t>(fn);
   });
+  m.def("set_profiling", [](bool on) { return trident::g_profiling.exchange(on); });
+  m.def("profile_report", &trident::profile_report);
+  m.def("profile_reset", &trident::profile_reset);
   m.def("facts_fixed", [] { return trident::kFactsFixed; });
 }

@@ -9,6 +9,7 @@
 #include <c10/util/Half.h>
 
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include "cuda_driver.h"
@@ -59,9 +60,40 @@ Table<std::shared_ptr<AtenEntry>>& atens() {
   return *t;
 }
 
+ProfCounter& alloc_prof() {
+  static auto* c = new ProfCounter();
+  return *c;
+}
+ProfCounter& view_prof() {
+  static auto* c = new ProfCounter();
+  return *c;
+}
+ProfCounter& host_prof() {
+  static auto* c = new ProfCounter();
+  return *c;
+}
+
+// Times the enclosing scope into `counter` when profiling is on (Note [Host-time profile]).
+class ProfScope {
+ public:
+  explicit ProfScope(ProfCounter& counter)
+      : counter_(g_profiling.load(std::memory_order_relaxed) ? &counter : nullptr) {
+    if (counter_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ProfScope() {
+    if (counter_)
+      counter_->add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
+  }
+
+ private:
+  ProfCounter* counter_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 constexpr int64_t kAllocFailed = -1;
 
 int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
+  ProfScope prof(alloc_prof());
   try {
     const AllocEntry& a = allocs().items[ctx->region->alloc_handles[index]];
     // Straight to the device's allocator (what at::empty_strided ends in), no dispatch.
@@ -197,6 +229,7 @@ int64_t rt_launch(HostCtx* ctx, int64_t index, int64_t gx, int64_t gy, int64_t g
                   const int64_t* slots) noexcept {
   try {
     KernelEntry& k = *kernels().items[ctx->region->kernel_handles[index]];
+    ProfScope prof(k.prof);
     if (ctx->device_index >= 0) return launch_cuda(ctx, k, gx, gy, gz, slots);
     return launch_cpu(ctx, k, gx, gy, gz, slots);
   } catch (const std::exception& e) {
@@ -233,6 +266,7 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
   AtenEntry* e = nullptr;
   try {
     e = atens().items[ctx->region->aten_handles[index]].get();
+    ProfScope prof(e->prof);
     if (e->cached) {
       std::lock_guard<std::mutex> lock(e->cache_mutex);
       for (const auto& [device, results] : e->cache) {
@@ -286,6 +320,7 @@ int64_t rt_value_ptr(HostCtx* ctx, int64_t slot) noexcept {
 int64_t rt_view(HostCtx* ctx, int64_t index) noexcept {
   try {
     const ViewEntry& v = views().items[ctx->region->view_handles[index]];
+    ProfScope prof(view_prof());  // a fallback operator call is also counted under its entry
     const at::Tensor& base = v.base_is_input ? (*ctx->inputs)[v.base_index] : ctx->values[v.base_index];
     if (!base.defined() || base.sizes() != c10::IntArrayRef(v.base_sizes) ||
         base.strides() != c10::IntArrayRef(v.base_strides)) {
@@ -314,11 +349,45 @@ int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx)
   HostCtx* ctx_ptr = &ctx;
   int64_t result = -1;
   void* args[3] = {&table, &ctx_ptr, &result};
+  ProfScope prof(host_prof());
   host(args);
   return result;
 }
 
 }  // namespace
+
+std::atomic<bool> g_profiling{false};
+
+std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_report() {
+  std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> out;
+  auto add = [&](const char* kind, const std::string& name, const ProfCounter& c) {
+    if (int64_t n = c.calls.load()) out.emplace_back(kind, name, n, c.ns.load());
+  };
+  add("host", "host program (all services included)", host_prof());
+  add("alloc", "allocation", alloc_prof());
+  add("view", "native view", view_prof());
+  {
+    std::lock_guard<std::mutex> lock(kernels().mutex);
+    for (const auto& k : kernels().items) add("launch", k->name, k->prof);
+  }
+  {
+    std::lock_guard<std::mutex> lock(atens().mutex);
+    for (const auto& e : atens().items) add(e->fast ? "typed" : (e->cached ? "constant" : "boxed"), e->name, e->prof);
+  }
+  return out;
+}
+
+void profile_reset() {
+  host_prof().reset();
+  alloc_prof().reset();
+  view_prof().reset();
+  {
+    std::lock_guard<std::mutex> lock(kernels().mutex);
+    for (const auto& k : kernels().items) k->prof.reset();
+  }
+  std::lock_guard<std::mutex> lock(atens().mutex);
+  for (const auto& e : atens().items) e->prof.reset();
+}
 
 int64_t encode_meta(const at::Tensor& t) {
   if (!t.defined()) return -1;

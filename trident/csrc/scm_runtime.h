@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace trident {
@@ -55,8 +56,31 @@ int64_t encode_meta(const at::Tensor& t);
 void fill_tensor_facts(const at::Tensor& t, int64_t max_rank, int64_t* out);
 
 // One compiled Triton kernel as the runtime sees it.
+// Note [Host-time profile]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// With profiling on (trident.profile()), every runtime service the host program calls adds its
+// host time (steady_clock, no device synchronization: this is launch-side cost) and one call to
+// a counter of the entry it served. Off, the cost is one relaxed atomic load per service call.
+struct ProfCounter {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> ns{0};
+  void add(int64_t t) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    ns.fetch_add(t, std::memory_order_relaxed);
+  }
+  void reset() {
+    calls.store(0);
+    ns.store(0);
+  }
+};
+extern std::atomic<bool> g_profiling;
+// (kind, name, calls, ns) for every entry with calls, then resets nothing.
+std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_report();
+void profile_reset();
+
 struct KernelEntry {
   std::string name;
+  ProfCounter prof;
   std::string cubin;  // empty for kernels that only run through the CPU interpreter
   int64_t num_warps = 4;
   int64_t num_ctas = 1;
@@ -107,6 +131,7 @@ struct ViewEntry {
 
 struct AtenEntry {
   std::string name;
+  ProfCounter prof;
   FastCall fast = nullptr;  // typed entry (aten_fast.h), when the operator has one
   std::optional<c10::OperatorHandle> op;
   std::vector<AtenArg> args;
