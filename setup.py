@@ -14,6 +14,7 @@ SOURCES = [
     "trident/csrc/scm_runtime.cpp",
     "trident/csrc/cuda_driver.cpp",
     "trident/csrc/aten_fast.cpp",
+    "trident/csrc/cublas_lt.cpp",
 ]
 
 setup(

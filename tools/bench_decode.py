@@ -137,12 +137,18 @@ def run_case(
     if dev == "cuda":
         variant("graph_floor", lambda: _graph_replay(step, make_args))
 
-    def trident_all_boxed():
-        # A/B: the same region with every operator call boxed (TRIDENT_NATIVE_PATHS='').
-        with trident.knobs.scope(native_paths=""):
-            return trident.optimize(trident.capture(step, *make_args(START)))
+    def trident_with(**knob_values):
+        # A/B: the same step optimized with other knob values (trident.knobs.scope).
+        def build():
+            with trident.knobs.scope(**knob_values):
+                return trident.optimize(trident.capture(step, *make_args(START)))
 
-    variant("trident_all_boxed", trident_all_boxed)
+        return build
+
+    # every operator call boxed through the dispatcher (no views, constants, typed or gemm paths)
+    variant("trident_all_boxed", trident_with(native_paths=""))
+    # aten::mm through the dispatcher instead of cached cuBLASLt plans
+    variant("trident_no_gemm", trident_with(native_paths="views,constants,typed"))
     variant("torch_compile", lambda: torch.compile(step))
     variant("torch_compile_cpp_wrapper", lambda: torch.compile(step, options={"cpp_wrapper": True}))
     variant("torch_compile_reduce_overhead", lambda: torch.compile(step, mode="reduce-overhead"))

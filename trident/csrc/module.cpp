@@ -119,8 +119,9 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
 }
 
 int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots,
-                 bool cached, bool typed) {
+                 bool cached, bool typed, bool gemm) {
   auto e = std::make_shared<AtenEntry>();
+  if (gemm && name == "aten::mm" && overload.empty()) e->gemm = std::make_unique<blas::GemmCache>();
   e->cached = cached;
   e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   e->fast = typed ? find_fast_call(name, overload) : nullptr;
@@ -309,6 +310,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("aten_is_typed", [](int64_t region, int64_t local) {
     return trident::aten_entry(trident::get_region(region)->aten_handles.at(local)).fast != nullptr;
   });
+  m.def("gemm_plans", [](int64_t region, int64_t local) {
+    const auto& e = trident::aten_entry(trident::get_region(region)->aten_handles.at(local));
+    return e.gemm ? trident::blas::describe(*e.gemm) : std::string();
+  });
+  m.def("cublaslt_available", &trident::blas::available);
   m.def("has_fast_call", [](const std::string& name, const std::string& overload) {
     return trident::find_fast_call(name, overload) != nullptr;
   });

@@ -262,6 +262,18 @@ c10::IValue materialize(const AtenArg& a, HostCtx* ctx) {
   }
 }
 
+// The tensor an argument template names, without materializing an IValue; null otherwise.
+const at::Tensor* tensor_arg(const AtenArg& a, HostCtx* ctx) {
+  switch (a.kind) {
+    case AtenArg::kInput:
+      return &(*ctx->inputs)[a.index];
+    case AtenArg::kValue:
+      return &ctx->values[a.index];
+    default:
+      return a.constant.isTensor() ? &a.constant.toTensor() : nullptr;
+  }
+}
+
 int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
   AtenEntry* e = nullptr;
   try {
@@ -273,6 +285,15 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
         if (device != ctx->device_index) continue;
         for (size_t k = 0; k < results.size(); ++k)
           if (e->out_slots[k] >= 0) ctx->values[e->out_slots[k]] = results[k];
+        return 0;
+      }
+    }
+    if (e->gemm && ctx->device_index >= 0) {
+      const at::Tensor* a = tensor_arg(e->args[0], ctx);
+      const at::Tensor* b = tensor_arg(e->args[1], ctx);
+      at::Tensor out;
+      if (a && b && blas::try_mm(*e->gemm, *a, *b, ctx->device_index, ctx->stream, out)) {
+        if (e->out_slots[0] >= 0) ctx->values[e->out_slots[0]] = std::move(out);
         return 0;
       }
     }
@@ -372,7 +393,7 @@ std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_repo
   }
   {
     std::lock_guard<std::mutex> lock(atens().mutex);
-    for (const auto& e : atens().items) add(e->fast ? "typed" : (e->cached ? "constant" : "boxed"), e->name, e->prof);
+    for (const auto& e : atens().items) add(e->gemm ? "gemm" : e->fast ? "typed" : (e->cached ? "constant" : "boxed"), e->name, e->prof);
   }
   return out;
 }

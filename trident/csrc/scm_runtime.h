@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 
 #include "aten_fast.h"
+#include "cublas_lt.h"
 
 #include <array>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -133,6 +134,8 @@ struct AtenEntry {
   std::string name;
   ProfCounter prof;
   FastCall fast = nullptr;  // typed entry (aten_fast.h), when the operator has one
+  // aten::mm on CUDA: cuBLASLt with cached plans (Note [Cached GEMM plans]); null when off.
+  std::unique_ptr<blas::GemmCache> gemm;
   std::optional<c10::OperatorHandle> op;
   std::vector<AtenArg> args;
   std::vector<int64_t> out_slots;  // flat over tensor results; -1 = unused

@@ -73,7 +73,8 @@ def register_aten(step: AtenStep) -> int:
     schema = step.op._schema
     name, _, overload = schema.name, None, schema.overload_name
     return C.add_aten(
-        name, overload, [_arg_spec(a) for a in step.args], list(step.outputs), step.cached, knobs.native_path("typed")
+        name, overload, [_arg_spec(a) for a in step.args], list(step.outputs), step.cached, knobs.native_path("typed"),
+        knobs.native_path("gemm"),
     )
 
 

@@ -1,0 +1,50 @@
+// Matrix products through cuBLASLt with the plan resolved once per shape (Note [Cached GEMM plans]).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace trident::blas {
+
+// Note [Cached GEMM plans]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// at::mm spends ~12 µs of host time per call on an H200 (dispatch, output allocation, cuBLAS
+// handle and workspace lookup, and cuBLAS choosing an algorithm for the shape on every call),
+// while the decode-step products it serves run for a few µs on the device. An operator entry
+// for aten::mm owns a GemmCache: the first call with a given layout (dtype, m/n/k, transposes,
+// leading dimensions, pointer alignments, device, reduction setting) builds a plan -- the
+// cuBLASLt matmul and layout descriptors and the algorithm cuBLASLt's heuristic ranks first
+// under the same preferences ATen sets (fp32 accumulation; the pointers' real alignment; no
+// reduced-precision split-K reduction unless torch allows it; a 32 MiB workspace) -- and every
+// later call with that layout is one allocation plus one cublasLtMatmul on the current stream.
+// A call whose layout has no plan and no free plan slot, or that ATen would treat differently
+// (autograd recording, non-strided tensors, dtypes other than bf16/fp16, empty sizes), is not
+// taken: the caller runs ATen's operator instead. libcublasLt is found at run time (the one
+// torch already loaded), so CPU builds carry no CUDA dependency.
+struct Plan;
+
+struct GemmCache {
+  static constexpr int kMaxPlans = 8;
+  std::mutex mutex;
+  std::array<std::atomic<Plan*>, kMaxPlans> plans{};
+  std::atomic<int64_t> taken{0}, declined{0};
+};
+
+// True when libcublasLt could be loaded and every entry point resolved.
+bool available();
+
+// out = a @ b on `stream` (device `device`, already current) when this call can take the
+// cached-plan path; returns false (out untouched) when the caller must run aten::mm instead.
+// Throws c10::Error when cuBLASLt itself fails.
+bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t device, void* stream,
+            at::Tensor& out);
+
+// Human-readable description of the plans in `cache` (tests, trident.explain).
+std::string describe(const GemmCache& cache);
+
+}  // namespace trident::blas
