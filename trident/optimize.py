@@ -9,6 +9,7 @@ from .errors import GuardError, TridentError
 from .passes import (
     decompose_functional_launches,
     drop_unused_projections,
+    eliminate_common_subexpressions,
     outline_regions,
     partition_regions,
     sink_allocations,
@@ -105,11 +106,13 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new = _copy_graph_module(gm)
     decompose_functional_launches(new)
     drop_unused_projections(new)
+    cse_removed = eliminate_common_subexpressions(new)
     sink_allocations(new)
     part = partition_regions(new)
     region_ids, skipped = outline_regions(new, part.regions, _make_scm)
     new.meta["trident_regions"] = region_ids
     new.meta["trident_cuts"] = part.cuts + skipped
+    new.meta["trident_cse_removed"] = cse_removed
     _install_input_checks(new)
     return new
 
@@ -165,6 +168,9 @@ def explain(gm: torch.fx.GraphModule) -> str:
                 lines.append(f"    launch {launch.step.kernel_name} key={launch.key}")
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
+    removed = gm.meta.get("trident_cse_removed", 0)
+    if removed:
+        lines.append(f"common subexpressions removed: {removed} node(s)")
     cuts = gm.meta.get("trident_cuts", [])
     if cuts:
         lines.append("cuts:")

@@ -1,3 +1,4 @@
+from .cse import eliminate_common_subexpressions
 from .decompose_functional_launches import decompose_functional_launches
 from .outline_regions import outline_regions, region_program
 from .partition_regions import Partition, Region, partition_regions
@@ -8,6 +9,7 @@ __all__ = [
     "Region",
     "decompose_functional_launches",
     "drop_unused_projections",
+    "eliminate_common_subexpressions",
     "outline_regions",
     "partition_regions",
     "region_program",
