@@ -9,7 +9,7 @@ import torch
 
 import trident
 from tests.kernels import axpy
-from trident.runtime.native import C
+from trident.runtime.native import gemm_stats
 
 pytestmark = pytest.mark.cuda
 
@@ -19,10 +19,11 @@ def mm_then_kernel(a, b):
     return y, axpy(y, y)
 
 
-def _gemm_descriptions(opt) -> list[str]:
+def _gemm_stats(opt) -> list[dict]:
     (rid,) = opt.meta["trident_regions"]
     rt = trident.runtime.SCMRuntime.get(rid)
-    return [C.gemm_plans(rid, h) for h in rt._aten_handles.values() if C.gemm_plans(rid, h)]
+    stats = [gemm_stats(rid, h) for h in rt._aten_handles.values()]
+    return [s for s in stats if s is not None]
 
 
 def _operand(shape, layout, dtype, gen):
@@ -65,9 +66,9 @@ def test_cublaslt_mm_matches_aten(dtype, m, k, n, la, lb):
     torch.testing.assert_close(got2, 3.5 * got)
     for _ in range(3):  # hits reuse the plan
         opt(a, b)
-    (desc,) = _gemm_descriptions(opt)
-    assert "cuBLASLt" in desc and "declined 0" in desc, desc
-    assert int(desc.split("taken ")[1].split(",")[0]) >= 4, desc
+    (st,) = _gemm_stats(opt)
+    assert st["declined"] == 0 and st["taken"] >= 4 and len(st["plans"]) == 1, st
+    assert st["plans"][0]["m"] == m and st["plans"][0]["n"] == n and st["plans"][0]["k"] == k, st
 
 
 def test_cublaslt_declines_what_aten_must_do():
@@ -76,15 +77,15 @@ def test_cublaslt_declines_what_aten_must_do():
     a32, b32 = torch.randn(4, 32, device="cuda", generator=gen), torch.randn(32, 8, device="cuda", generator=gen)
     opt = trident.optimize(trident.capture(mm_then_kernel, a32, b32))
     torch.testing.assert_close(opt(a32, b32)[0], torch.mm(a32, b32))
-    (desc,) = _gemm_descriptions(opt)
-    assert "taken 0" in desc, desc
+    (st,) = _gemm_stats(opt)
+    assert st["taken"] == 0 and not st["plans"], st
 
     a = torch.randn(4, 32, device="cuda", generator=gen).bfloat16()
     b = torch.randn(64, 16, device="cuda", generator=gen).bfloat16()[::2, ::2]  # strides (32, 2)
     opt = trident.optimize(trident.capture(mm_then_kernel, a, b))
     torch.testing.assert_close(opt(a, b)[0], torch.mm(a, b))
-    (desc,) = _gemm_descriptions(opt)
-    assert "taken 0" in desc and "declined" in desc, desc
+    (st,) = _gemm_stats(opt)
+    assert st["taken"] == 0 and st["declined"] >= 1 and not st["plans"], st
 
 
 def test_cublaslt_plan_per_layout_within_one_entry():
@@ -98,6 +99,8 @@ def test_cublaslt_plan_per_layout_within_one_entry():
     for shift in (1, 2, 4):  # 2-, 4-, 8-byte aligned views: guards may respecialize; results stay right
         view = base[shift: shift + 512].view(8, 64)
         torch.testing.assert_close(opt(view, b)[0], torch.mm(view, b), rtol=2e-2, atol=2e-2)
+    stats = _gemm_stats(opt)
+    assert sum(s["taken"] for s in stats) >= 4 and all(len(s["plans"]) <= 4 for s in stats), stats
 
 
 def test_cublaslt_results_bitwise_vs_aten_report():

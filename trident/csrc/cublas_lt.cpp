@@ -7,7 +7,7 @@
 #include <dlfcn.h>
 
 #include <map>
-#include <sstream>
+#include <vector>
 #include <type_traits>
 #include <utility>
 
@@ -220,13 +220,16 @@ Plan* build_plan(at::ScalarType dtype, int64_t device, int64_t m, int64_t n, int
   check(x.pref_set(pref, PREF_MIN_ALIGNMENT_B, &al[1], 4), "set alignment B");
   check(x.pref_set(pref, PREF_MIN_ALIGNMENT_C, &al[2], 4), "set alignment C");
   check(x.pref_set(pref, PREF_MIN_ALIGNMENT_D, &al[3], 4), "set alignment D");
-  HeuristicResult result{};
+  // Room for one result of any future, larger record layout; the prefix read below is stable.
+  alignas(16) unsigned char results[4096] = {};
   int found = 0;
-  Status s = x.heuristic(handle_for(device), p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &result, &found);
+  Status s = x.heuristic(handle_for(device), p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
+                         reinterpret_cast<HeuristicResult*>(results), &found);
   x.pref_destroy(pref);
   if (s != 0 || found == 0) return nullptr;  // no algorithm: ATen decides
-  p->algo = result.algo;
-  p->workspace = result.workspace_size;
+  const auto* result = reinterpret_cast<const HeuristicResult*>(results);
+  p->algo = result->algo;
+  p->workspace = result->workspace_size;
   return p.release();  // owned by the cache, never freed (like the runtime tables)
 }
 
@@ -294,18 +297,15 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
   return true;
 }
 
-std::string describe(const GemmCache& cache) {
-  std::ostringstream s;
-  int count = 0;
+std::vector<std::array<int64_t, 8>> plans_of(const GemmCache& cache) {
+  std::vector<std::array<int64_t, 8>> out;
   for (const auto& slot : cache.plans) {
-    const Plan* p = slot.load();
+    const Plan* p = slot.load(std::memory_order_acquire);
     if (!p) break;
-    s << (count++ ? "; " : "") << "cuBLASLt " << c10::toString(p->dtype) << " m=" << p->m << " n=" << p->n
-      << " k=" << p->k << " op=" << (p->a.op == OP_T ? 'T' : 'N') << (p->b.op == OP_T ? 'T' : 'N')
-      << " workspace=" << p->workspace;
+    out.push_back({static_cast<int64_t>(p->dtype), p->m, p->n, p->k, p->a.op, p->b.op,
+                   static_cast<int64_t>(p->workspace), p->device});
   }
-  s << (count ? "; " : "") << "taken " << cache.taken.load() << ", declined " << cache.declined.load();
-  return s.str();
+  return out;
 }
 
 }  // namespace trident::blas

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace trident::blas {
 
@@ -44,7 +45,7 @@ bool available();
 bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t device, void* stream,
             at::Tensor& out);
 
-// Human-readable description of the plans in `cache` (tests, trident.explain).
-std::string describe(const GemmCache& cache);
+// The plans built so far: (scalar type, m, n, k, op A, op B, workspace bytes, device) each.
+std::vector<std::array<int64_t, 8>> plans_of(const GemmCache& cache);
 
 }  // namespace trident::blas

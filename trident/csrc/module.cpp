@@ -310,9 +310,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("aten_is_typed", [](int64_t region, int64_t local) {
     return trident::aten_entry(trident::get_region(region)->aten_handles.at(local)).fast != nullptr;
   });
-  m.def("gemm_plans", [](int64_t region, int64_t local) {
-    const auto& e = trident::aten_entry(trident::get_region(region)->aten_handles.at(local));
-    return e.gemm ? trident::blas::describe(*e.gemm) : std::string();
+  m.def("gemm_stats", [](int64_t region, int64_t local) -> py::object {
+    // None when the entry has no cuBLASLt path; else (taken, declined, [plan tuples]).
+    auto r = trident::get_region(region);
+    TORCH_CHECK(local >= 0 && static_cast<size_t>(local) < r->aten_handles.size(), "trident: no operator ", local);
+    const auto& e = trident::aten_entry(r->aten_handles[local]);
+    if (!e.gemm) return py::none();
+    return py::make_tuple(e.gemm->taken.load(), e.gemm->declined.load(), trident::blas::plans_of(*e.gemm));
   });
   m.def("cublaslt_available", &trident::blas::available);
   m.def("has_fast_call", [](const std::string& name, const std::string& overload) {

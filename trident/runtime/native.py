@@ -80,3 +80,14 @@ def register_aten(step: AtenStep) -> int:
 
 def kernel_function(kernel_handle: int, device: int) -> int:
     return C.kernel_function(kernel_handle, device)
+
+
+def gemm_stats(region_id: int, local_aten: int) -> dict | None:
+    """The cuBLASLt path of one aten::mm entry (Note [Cached GEMM plans]): calls taken and
+    declined, and the plans built; None when the entry has no such path."""
+    stats = C.gemm_stats(region_id, local_aten)
+    if stats is None:
+        return None
+    taken, declined, plans = stats
+    keys = ("scalar_type", "m", "n", "k", "op_a", "op_b", "workspace", "device")
+    return {"taken": taken, "declined": declined, "plans": [dict(zip(keys, p)) for p in plans]}
