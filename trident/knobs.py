@@ -30,6 +30,11 @@ _KNOBS = {
     "compile_cubin_on_cpu": _Knob(
         "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too"
     ),
+    "triton_copies": _Knob(
+        "TRIDENT_TRITON_COPIES",
+        "cuda",
+        "lower aten.clone/index_copy to Trident's Triton kernels: 'cuda' (CUDA tensors), 'all', '' (off)",
+    ),
 }
 
 
@@ -52,6 +57,16 @@ def native_path(name: str) -> bool:
 
 def compile_cubin_on_cpu() -> bool:
     return _KNOBS["compile_cubin_on_cpu"].get() not in ("0", "false", "False", "")
+
+
+def triton_copies() -> str:
+    """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
+    value = _KNOBS["triton_copies"].get().strip().lower()
+    if value in ("", "0", "off", "none", "false"):
+        return ""
+    if value not in ("cuda", "all"):
+        raise ValueError(f"TRIDENT_TRITON_COPIES={value!r}: expected 'cuda', 'all' or '' (off)")
+    return value
 
 
 @contextlib.contextmanager

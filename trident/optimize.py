@@ -14,6 +14,7 @@ from .passes import (
     partition_regions,
     sink_allocations,
 )
+from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime
 from .scm.ir import RegionProgram
 from .scm.printer import format_guard, format_scm
@@ -107,6 +108,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     decompose_functional_launches(new)
     drop_unused_projections(new)
     cse_removed = eliminate_common_subexpressions(new)
+    lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
     sink_allocations(new)
     part = partition_regions(new)
     region_ids, skipped = outline_regions(new, part.regions, _make_scm)

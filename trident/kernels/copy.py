@@ -1,0 +1,158 @@
+"""Element-moving kernels that replace ATen copies inside regions (trident/passes/lower_copies.py).
+
+Both kernels walk a flat index over an iteration space of up to 5 dims (sizes0..4, outermost
+first; the pass pads with size-1 dims, which Triton folds to constexpr 1) and turn each flat
+index into one source and one destination offset through per-dim strides. They move bits, never
+values: the pointers are bitcast to the unsigned integer type of the element's width, so every
+dtype (bool bytes other than 0/1, NaN payloads, float8, bf16 in the CPU interpreter) is copied
+exactly as ATen copies it.
+
+`OFFSETS_64` (constexpr) picks 64-bit index arithmetic; the pass sets it when the element count
+or any offset reached may not fit in int32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _bits(ptr):
+    """`ptr` reinterpreted as a pointer to the unsigned integer of its element's width."""
+    BITS: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth
+    if BITS == 64:
+        out = ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
+    elif BITS == 32:
+        out = ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
+    elif BITS == 16:
+        out = ptr.to(tl.pointer_type(tl.uint16), bitcast=True)
+    else:  # 8-bit types and bool (i1, stored as one byte)
+        out = ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+    return out
+
+
+@triton.jit
+def strided_copy_kernel(
+    src_ptr,
+    dst_ptr,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0,
+    src_stride1,
+    src_stride2,
+    src_stride3,
+    src_stride4,
+    dst_stride0,
+    dst_stride1,
+    dst_stride2,
+    dst_stride3,
+    dst_stride4,
+    numel,
+    DST_CONTIGUOUS: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """dst[i] = src[i] for every index i of the iteration space. Source strides may be 0
+    (expanded dims). DST_CONTIGUOUS: the destination is dense in iteration order, so its offset
+    is the flat index (dst strides unused)."""
+    tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "strided_copy_kernel copies within one dtype")
+    pid = tl.program_id(0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    rem = offs
+    i4 = rem % size4
+    rem = rem // size4
+    i3 = rem % size3
+    rem = rem // size3
+    i2 = rem % size2
+    rem = rem // size2
+    i1 = rem % size1
+    i0 = rem // size1
+    src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
+    if DST_CONTIGUOUS:
+        dst_off = offs
+    else:
+        dst_off = i0 * dst_stride0 + i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
+    src = _bits(src_ptr)
+    dst = _bits(dst_ptr)
+    tl.store(dst + dst_off, tl.load(src + src_off, mask=mask), mask=mask)
+
+
+# Note [Out-of-range indices in index_copy_kernel]
+# ATen's index_copy_ does not wrap negative indices: an index outside [0, size) is an error --
+# an IndexError on the CPU, a device-side assert in eager CUDA (which poisons the CUDA context).
+# This kernel cannot raise; it skips such a row instead: nothing is written for it, every other
+# row is written. So a lowered index_copy_ gives a different outcome than eager only for a call
+# that would have failed in eager, and the pass lowers index_copy_ only in CUDA graphs by default
+# (knob TRIDENT_TRITON_COPIES="cuda"), where the eager outcome is an unrecoverable assert anyway;
+# "all" lowers CPU graphs too (tests), where eager would have raised.
+# Duplicate indices: which source row lands is unspecified, as for eager CUDA index_copy_.
+
+
+@triton.jit
+def index_copy_kernel(
+    src_ptr,
+    dst_ptr,
+    index_ptr,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0,
+    src_stride1,
+    src_stride2,
+    src_stride3,
+    src_stride4,
+    dst_stride0,
+    dst_stride1,
+    dst_stride2,
+    dst_stride3,
+    dst_stride4,
+    index_stride,
+    dim_size,
+    numel,
+    ATEN_RULES: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """index_copy_ of `src` into `dst` along dst's indexed dim. The iteration space is src's:
+    dim 0 is the indexed dim (size0 = number of indices), dims 1..4 the others; element
+    (j, i1..i4) goes to dst at index[j] * dst_stride0 + i1 * dst_stride1 + ... Rows whose index
+    is outside [0, dim_size) are not written (Note [Out-of-range indices in index_copy_kernel]).
+    The index is int64 or int32; source and destination have one dtype. ATEN_RULES refuses, at
+    compile time, what ATen's index_copy_ refuses by dtype: an index other than int64, float8
+    data (no CPU or CUDA kernel). So a later call bringing such dtypes to a lowered index_copy_
+    fails, as eager does, instead of succeeding."""
+    tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
+    INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
+    tl.static_assert(INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES), "index must be int64")
+    tl.static_assert(not (ATEN_RULES and dst_ptr.dtype.element_ty.is_fp8()), "index_copy_: no float8 kernel in ATen")
+    pid = tl.program_id(0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    rem = offs
+    i4 = rem % size4
+    rem = rem // size4
+    i3 = rem % size3
+    rem = rem // size3
+    i2 = rem % size2
+    rem = rem // size2
+    i1 = rem % size1
+    i0 = rem // size1
+    idx = tl.load(index_ptr + i0 * index_stride, mask=mask, other=0).to(tl.int64)
+    ok = mask & (idx >= 0) & (idx < dim_size)
+    src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
+    rest = i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
+    dst_off = idx * dst_stride0 + rest.to(tl.int64)
+    src = _bits(src_ptr)
+    dst = _bits(dst_ptr)
+    tl.store(dst + dst_off, tl.load(src + src_off, mask=ok), mask=ok)
