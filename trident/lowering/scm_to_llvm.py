@@ -24,16 +24,12 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, func, llvm
 
 from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Specialization, ValueRef
-from .region_to_torch import LAUNCH_OP_NAME
+from .region_to_torch import LAUNCH_OP_NAME, op_step
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
 RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW = 0, 1, 2, 3, 4  # field order of RuntimeTable
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
-
-# torch-dialect ops that are plumbing, not steps of the region.
-_NOT_STEPS = ("torch.constant.", "torch.prim.ListConstruct", "torch.prim.ListUnpack", "torch.prim.TupleConstruct",
-              "torch.prim.TupleIndex", "func.return")
 
 _DEVICE_TYPE = {"cpu": 0, "cuda": 1}
 
@@ -124,8 +120,10 @@ def emit_int_key_module(context: ir.Context) -> ir.Module:
 
 
 def region_steps(torch_module: ir.Module, name: str) -> list[tuple]:
-    """The region's steps in the order of its torch-dialect function: ("launch", j) for the
-    placeholder of launch j, ("op", opname) for every other operator."""
+    """The region's steps in the order of its torch-dialect function, one per SCM step the ops
+    belong to (Note [Steps by location]): (step index, "launch", j) for the placeholder of
+    launch j, (step index, "op", opname) for an operator -- the op the node became, after the
+    importer's argument conversions."""
     fn = None
     for op in torch_module.body.operations:
         if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
@@ -133,29 +131,35 @@ def region_steps(torch_module: ir.Module, name: str) -> list[tuple]:
     assert fn is not None, f"function {name} not found in the imported region"
     steps: list[tuple] = []
     for op in fn.regions[0].blocks[0].operations:
-        opname = op.operation.name
-        if opname.startswith(_NOT_STEPS):
+        index = op_step(op.operation)
+        if index is None:
             continue
+        opname = op.operation.name
         if opname == "torch.operator":
             opname = ir.StringAttr(op.attributes["name"]).value
-            if opname == LAUNCH_OP_NAME:
-                launch_id = op.operands[0].owner
-                steps.append(("launch", ir.IntegerAttr(launch_id.attributes["value"]).value))
-                continue
-        steps.append(("op", opname))
+        if opname == LAUNCH_OP_NAME:
+            launch_id = op.operands[0].owner
+            step = (index, "launch", ir.IntegerAttr(launch_id.attributes["value"]).value)
+        else:
+            step = (index, "op", opname)
+        if steps and steps[-1][0] == index:
+            steps[-1] = step  # a conversion of the node's arguments came first
+        else:
+            steps.append(step)
     return steps
 
 
 def program_steps(scm: SCM) -> list[tuple]:
-    """The same sequence as region_steps expects it from the SCM program."""
+    """The sequence region_steps must give, from the SCM program: (step index, "launch", j) or
+    (step index, "op") for an allocation or an operator call."""
     out = []
     launch = 0
-    for step in scm.program.steps:
+    for i, step in enumerate(scm.program.steps):
         if isinstance(step, LaunchStep):
-            out.append(("launch", launch))
+            out.append((i, "launch", launch))
             launch += 1
         else:
-            out.append(("op",))
+            out.append((i, "op"))
     return out
 
 
@@ -359,7 +363,7 @@ def emit_host_module(scm: SCM, torch_module: ir.Module) -> ir.Module:
     """A new module, in the context of `torch_module`, holding the host program of `scm`."""
     steps = region_steps(torch_module, scm.program.name)
     expected = program_steps(scm)
-    assert [s[0] if s[0] == "op" else s for s in steps] == [s[0] if s[0] == "op" else s for s in expected], (
+    assert [s[:2] if s[1] == "op" else s for s in steps] == expected, (
         f"torch dialect steps {steps} do not match the SCM program {expected}"
     )
     with torch_module.context, ir.Location.unknown():

@@ -152,7 +152,9 @@ def _mark_constant_calls(steps, outputs, refs, region):
     viewed: set[int] = set()
     for step in steps:
         if isinstance(step, LaunchStep):
-            written |= {v.index for k, v in step.args.items() if k in step.writes and isinstance(v, ValueRef)}
+            written |= {
+                v.index for k, v in step.args.items() if k in step.writes and isinstance(v, ValueRef) and v.kind == "value"
+            }
         elif isinstance(step, AtenStep):
             schema = step.op._schema
             for arg, value in zip(schema.arguments, step.args):
@@ -237,8 +239,11 @@ def region_program(region: Region):
         elif node.target is operator.getitem:
             refs[node] = refs[node.args[0]][node.args[1]]
         else:
-            val = node.meta["val"]
-            if isinstance(val, (tuple, list)):
+            val = node.meta.get("val")
+            if not node.target._schema.returns:  # e.g. _foreach_mul_: no value, only its effect
+                outs = []
+                refs[node] = None
+            elif isinstance(val, (tuple, list)):
                 outs = [new_value(f"{node.name}[{k}]") if isinstance(v, torch.Tensor) else None for k, v in enumerate(val)]
                 refs[node] = outs
             else:

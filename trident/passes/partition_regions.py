@@ -60,7 +60,9 @@ def _region_reason(node: torch.fx.Node) -> str | None:
         if isinstance(val, (tuple, list)) and isinstance(val[node.args[1]], torch.Tensor):
             return None  # a tensor projection of a multi-result op; follows its producer
         return "reads a non-tensor result"
-    return operator_call_reason(node)
+    from ..lowering.region_to_torch import import_reason  # here: the lowering imports the passes
+
+    return operator_call_reason(node) or import_reason(node)
 
 
 def partition_regions(gm: torch.fx.GraphModule) -> Partition:
