@@ -63,6 +63,13 @@ def main() -> None:
             samples.append((time.perf_counter_ns() - t0) / args.iters / 8 / 1e3)  # host-side issue rate
             torch.cuda.synchronize()
         row["python_torch_mm_us"] = statistics.median(samples)
+        # Every algorithm the heuristic ranks: host cost per cublasLtMatmul, bitwise equal to rank 0?
+        torch.cuda.synchronize()
+        row["algorithms"] = [
+            {"rank": int(r), "host_us": round(us, 2), "equal_to_rank0": bool(eq), "workspace": int(nbytes)}
+            for r, us, eq, nbytes in C.gemm_survey(a, ws[0].t(), 100)
+        ]
+        torch.cuda.synchronize()
         res["shapes"][f"{m}x{k}x{n}"] = row
         print(m, k, n, json.dumps(row), flush=True)
     res["cublaslt_available"] = C.cublaslt_available()

@@ -4,7 +4,11 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Allocator.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <dlfcn.h>
+
+#include <chrono>
 
 #include <map>
 #include <vector>
@@ -186,7 +190,7 @@ bool available() { return api().ok; }
 namespace {
 
 Plan* build_plan(at::ScalarType dtype, int64_t device, int64_t m, int64_t n, int64_t k, const Operand& oa,
-                 const Operand& ob, int aa, int ab, int ad, int red) {
+                 const Operand& ob, int aa, int ab, int ad, int red, std::vector<HeuristicResult>* ranked = nullptr) {
   const Api& x = api();
   const int dt = dtype == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   auto p = std::make_unique<Plan>();
@@ -222,9 +226,12 @@ Plan* build_plan(at::ScalarType dtype, int64_t device, int64_t m, int64_t n, int
   check(x.pref_set(pref, PREF_MIN_ALIGNMENT_D, &al[3], 4), "set alignment D");
   // Room for one result of any future, larger record layout; the prefix read below is stable.
   alignas(16) unsigned char results[4096] = {};
+  const int requested = ranked ? static_cast<int>(sizeof(results) / sizeof(HeuristicResult)) - 8 : 1;
   int found = 0;
-  Status s = x.heuristic(handle_for(device), p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
+  Status s = x.heuristic(handle_for(device), p->desc, p->la, p->lb, p->ld, p->ld, pref, requested,
                          reinterpret_cast<HeuristicResult*>(results), &found);
+  if (ranked && s == 0)
+    for (int i = 0; i < found; ++i) ranked->push_back(reinterpret_cast<const HeuristicResult*>(results)[i]);
   x.pref_destroy(pref);
   if (s != 0 || found == 0) return nullptr;  // no algorithm: ATen decides
   const auto* result = reinterpret_cast<const HeuristicResult*>(results);
@@ -295,6 +302,44 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
         "cublasLtMatmul");
   cache.taken.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+std::vector<std::array<double, 4>> survey(const at::Tensor& a, const at::Tensor& b, int64_t iters) {
+  TORCH_CHECK(api().ok, "trident: libcublasLt is not available");
+  TORCH_CHECK(a.is_cuda() && b.is_cuda() && a.dim() == 2 && b.dim() == 2 && a.scalar_type() == b.scalar_type() &&
+                  (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf),
+              "trident: survey takes two 2-D CUDA bf16/fp16 matrices");
+  const int64_t device = a.device().index(), m = a.size(0), k = a.size(1), n = b.size(1);
+  const Operand oa = transposed_view(b), ob = transposed_view(a);
+  TORCH_CHECK(oa.ok && ob.ok, "trident: survey needs unit-stride operands");
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(a.device()).native_handle();
+  auto empty = [&] {
+    return at::detail::empty_generic({m, n}, c10::GetAllocator(c10::DeviceType::CUDA),
+                                     c10::DispatchKeySet(c10::DispatchKey::CUDA), a.scalar_type(), std::nullopt);
+  };
+  at::Tensor first = empty();
+  std::vector<HeuristicResult> ranked;
+  Plan* plan = build_plan(a.scalar_type(), device, m, n, k, oa, ob, alignment(b.data_ptr()), alignment(a.data_ptr()),
+                          alignment(first.data_ptr()), 0, &ranked);
+  TORCH_CHECK(plan, "trident: cuBLASLt found no algorithm");
+  std::vector<std::array<double, 4>> out;
+  const float alpha = 1.0f, beta = 0.0f;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    at::Tensor d = i == 0 ? first : empty();
+    void* ws = ranked[i].workspace_size ? workspace_for(device, stream) : nullptr;
+    auto run = [&] {
+      return api().matmul(handle_for(device), plan->desc, &alpha, b.data_ptr(), plan->la, a.data_ptr(), plan->lb, &beta,
+                          d.data_ptr(), plan->ld, d.data_ptr(), plan->ld, &ranked[i].algo, ws,
+                          ranked[i].workspace_size, stream);
+    };
+    if (run() != 0) continue;  // this algorithm does not run here
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t it = 0; it < iters; ++it) run();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    out.push_back({static_cast<double>(i), us, at::equal(d, first) ? 1.0 : 0.0,
+                   static_cast<double>(ranked[i].workspace_size)});
+  }
+  return out;
 }
 
 std::vector<std::array<int64_t, 8>> plans_of(const GemmCache& cache) {

@@ -45,6 +45,10 @@ bool available();
 bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t device, void* stream,
             at::Tensor& out);
 
+// Experiment (tools/bench_gemm.py): every algorithm cuBLASLt's heuristic ranks for a @ b, in rank
+// order: (rank, host µs per cublasLtMatmul over `iters` calls, bitwise equal to rank 0, workspace).
+std::vector<std::array<double, 4>> survey(const at::Tensor& a, const at::Tensor& b, int64_t iters);
+
 // The plans built so far: (scalar type, m, n, k, op A, op B, workspace bytes, device) each.
 std::vector<std::array<int64_t, 8>> plans_of(const GemmCache& cache);
 

@@ -319,6 +319,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(e.gemm->taken.load(), e.gemm->declined.load(), trident::blas::plans_of(*e.gemm));
   });
   m.def("cublaslt_available", &trident::blas::available);
+  m.def("gemm_survey", &trident::blas::survey);
   m.def("has_fast_call", [](const std::string& name, const std::string& overload) {
     return trident::find_fast_call(name, overload) != nullptr;
   });

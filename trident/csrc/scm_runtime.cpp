@@ -72,6 +72,10 @@ ProfCounter& host_prof() {
   static auto* c = new ProfCounter();
   return *c;
 }
+ProfCounter& call_prof() {
+  static auto* c = new ProfCounter();
+  return *c;
+}
 
 // Times the enclosing scope into `counter` when profiling is on (Note [Host-time profile]).
 class ProfScope {
@@ -384,6 +388,7 @@ std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_repo
   auto add = [&](const char* kind, const std::string& name, const ProfCounter& c) {
     if (int64_t n = c.calls.load()) out.emplace_back(kind, name, n, c.ns.load());
   };
+  add("call", "native call (facts, host program, teardown)", call_prof());
   add("host", "host program (all services included)", host_prof());
   add("alloc", "allocation", alloc_prof());
   add("view", "native view", view_prof());
@@ -400,6 +405,7 @@ std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_repo
 
 void profile_reset() {
   host_prof().reset();
+  call_prof().reset();
   alloc_prof().reset();
   view_prof().reset();
   {
@@ -515,6 +521,7 @@ int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
 }
 
 std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs) {
+  ProfScope prof(call_prof());  // the whole native call: facts, host program, freeing the value table
   auto rp = get_region(region_id);
   Region& r = *rp;
   TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,

@@ -152,7 +152,9 @@ def _mark_constant_calls(steps, outputs, refs, region):
     viewed: set[int] = set()
     for step in steps:
         if isinstance(step, LaunchStep):
-            written |= {v.index for k, v in step.args.items() if k in step.writes and isinstance(v, ValueRef)}
+            written |= {
+                v.index for k, v in step.args.items() if k in step.writes and isinstance(v, ValueRef) and v.kind == "value"
+            }
         elif isinstance(step, AtenStep):
             schema = step.op._schema
             for arg, value in zip(schema.arguments, step.args):
