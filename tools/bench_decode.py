@@ -80,8 +80,8 @@ def run_case(
             c.copy_(s)
         return max(((o - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, refs))
 
-    def variant(key, build):
-        if only and key not in only and key != "eager":  # eager is the reference of every check
+    def variant(key, build, force=False):
+        if only and key not in only and key != "eager" and not force:  # eager is the reference of every check
             res[key] = {"skipped": "not selected (--variants)"}
             return None
         if time.time() > deadline:
@@ -149,6 +149,9 @@ def run_case(
     variant("trident_all_boxed", trident_with(native_paths=""))
     # aten::mm through the dispatcher instead of cached cuBLASLt plans
     variant("trident_no_gemm", trident_with(native_paths="views,constants,typed"))
+    # clone / index_copy_ through ATen instead of Trident's Triton copy kernels; also run when
+    # the default configuration failed, so that a Trident number exists either way
+    variant("trident_no_copies", trident_with(triton_copies=""), force="error" in res.get("trident", {}))
     variant("torch_compile", lambda: torch.compile(step))
     variant("torch_compile_cpp_wrapper", lambda: torch.compile(step, options={"cpp_wrapper": True}))
     variant("torch_compile_reduce_overhead", lambda: torch.compile(step, mode="reduce-overhead"))
