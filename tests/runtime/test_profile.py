@@ -19,7 +19,10 @@ def test_profile_counts_every_service_call(device):
     opt = trident.optimize(trident.capture(step, *args))
     opt(*args)  # compiled and warm: the profile below sees hits only
     (rid,) = opt.meta["trident_regions"]
-    program = trident.runtime.SCMRuntime.get(rid).program
+    rt = trident.runtime.SCMRuntime.get(rid)
+    program = rt.program
+    # Views only kernels read are never executed (their address is computed in the host program).
+    address_only = sum(v.pointer_only for v in rt.scm.specializations[0].views.values())
     with trident.profile() as prof:
         for _ in range(3):
             opt(*args)
@@ -31,7 +34,7 @@ def test_profile_counts_every_service_call(device):
     assert by_kind["launch"] == 3 * len(program.launches)
     assert by_kind["alloc"] == 3 * len(program.allocs)
     # Every operator step is either a native view or an operator call (views fall back to one).
-    assert by_kind.get("view", 0) + sum(by_kind.get(k, 0) for k in ("gemm", "typed", "boxed", "constant")) >= 3 * len(program.atens)
+    assert by_kind.get("view", 0) + sum(by_kind.get(k, 0) for k in ("gemm", "typed", "boxed", "constant")) >= 3 * (len(program.atens) - address_only)
     names = {r.name for r in prof.grouped()}
     assert "aten::mm" in names and "rmsnorm_kernel" in names, names
     table = prof.table()
