@@ -5,6 +5,8 @@
 # in a test cannot cost the measurements.
 #   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/RUN_TESTS (1/0), DECODE_MODELS, DECODE_BATCHES,
 #        DECODE_VARIANTS, DECODE_BUDGET_S, TRIDENT_COMMIT
+# Pass TRIDENT_COMMIT as a literal sha from the developer machine: the device copy's git metadata
+# can be stale, so $(git rev-parse HEAD) evaluated there may name an older commit.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT" /tmp/site
