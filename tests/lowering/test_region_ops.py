@@ -106,3 +106,23 @@ def test_op_the_importer_drops_is_cut_with_a_reason():
     assert any(n.target is torch.ops.aten._assert_async.msg for n in opt.graph.nodes)  # runs eagerly
     assert "_assert_async: aten._assert_async.msg: torch-mlir's FX importer drops it" in trident.explain(opt)
     torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+
+
+def test_as_strided_the_importer_cannot_rewrite_is_cut_not_fatal():
+    """torch-mlir rewrites as_strided to indexing and raises for storage offsets that map to no
+    index of the base; such a node stays out of the region (explain says why), results stay right."""
+    import torch
+
+    import trident
+    from tests import kernels as K
+
+    def f(x):
+        y = torch.as_strided(x, (4, 4), (1, 8), 2)
+        return K.axpy(y.contiguous(), y.contiguous())
+
+    for x in (torch.randn(8, 8), torch.randn(16, 16)[::2, ::2]):
+        opt = trident.optimize(trident.capture(f, x))
+        y = torch.as_strided(x, (4, 4), (1, 8), 2).contiguous()
+        torch.testing.assert_close(opt(x), K.axpy_ref(y, y))
+    cuts = [line for line in trident.explain(opt).splitlines() if "as_strided" in line and "rewrite" in line]
+    assert cuts and "cannot rewrite it to indexing" in cuts[0], trident.explain(opt)

@@ -74,8 +74,9 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
         # Leading/trailing allocations without a launch stay outside.
         if any(is_launch(n) for n in current):
             part.regions.append(Region(f"region{len(part.regions)}", current))
-            if reason_node is not None and reason is not None:
-                part.cuts.append((reason_node.name, reason))
+        # Every node kept out of regions is listed, also where no region precedes it.
+        if reason_node is not None and reason is not None:
+            part.cuts.append((reason_node.name, reason))
         current = []
 
     for node in gm.graph.nodes:
@@ -87,7 +88,6 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
                 current.append(node)
                 continue
             close(node, why)
-            part.cuts.append((node.name, why))
             continue
         if is_allocation(node):
             current.append(node)
