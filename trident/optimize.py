@@ -168,6 +168,12 @@ def explain(gm: torch.fx.GraphModule) -> str:
             lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)
             for launch in spec.launches:
                 lines.append(f"    launch {launch.step.kernel_name} key={launch.key}")
+            in_arena = [a for a in spec.allocs if a.arena_offset >= 0]
+            if in_arena:
+                lines.append(
+                    f"    arena: {len(in_arena)} of {len(spec.allocs)} allocation(s) in one buffer of "
+                    f"{in_arena[0].arena_bytes} bytes per call"
+                )
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
     removed = gm.meta.get("trident_cse_removed", 0)

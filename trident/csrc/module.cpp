@@ -72,8 +72,12 @@ int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, 
 }
 
 int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, const at::Tensor& dtype_of,
-                  const std::string& device, bool zero, int64_t slot) {
+                  const std::string& device, bool zero, int64_t slot, int64_t arena_offset, int64_t arena_bytes) {
+  TORCH_CHECK(arena_offset < 0 || (arena_offset % 256 == 0 && arena_offset < arena_bytes),
+              "trident: arena offset ", arena_offset, " outside an arena of ", arena_bytes, " bytes");
   AllocEntry a;
+  a.arena_offset = arena_offset;
+  a.arena_bytes = arena_bytes;
   a.sizes = std::move(sizes);
   a.strides = std::move(strides);
   a.dtype = dtype_of.scalar_type();

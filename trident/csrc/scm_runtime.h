@@ -105,6 +105,10 @@ struct AllocEntry {
   at::Device device{at::kCPU};
   bool zero = false;
   int64_t slot = -1;  // the region value it becomes
+  // Note [Allocation arena]: >= 0 when this buffer is a slice of the call's arena (byte
+  // offset); arena_bytes is the arena's size for the specialization this entry belongs to.
+  int64_t arena_offset = -1;
+  int64_t arena_bytes = 0;
 };
 
 // One ATen (or any schema'd) operator call: a boxed call through the dispatcher with an
@@ -154,6 +158,7 @@ struct HostCtx {
   const std::vector<at::Tensor>* inputs;
   std::vector<at::Tensor> values;  // the region's value table (allocations, ATen results)
   std::vector<at::Tensor> temps;   // scratch buffers kept alive until the call returns
+  at::Tensor arena;                // Note [Allocation arena]: this call's arena, once made
   void* stream = nullptr;
   int64_t device_index = -1;
   std::string error;

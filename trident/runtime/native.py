@@ -54,7 +54,8 @@ def register_launch(plan: LaunchPlan) -> int:
 def register_alloc(plan: AllocPlan) -> int:
     f = plan.facts
     return C.add_alloc(
-        list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero, plan.step.slot
+        list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero, plan.step.slot,
+        plan.arena_offset, plan.arena_bytes,
     )
 
 

@@ -149,6 +149,8 @@ class AllocPlan:
     step: AllocStep
     facts: TensorFacts
     handle: int = -1  # region-local index of its native allocation plan
+    arena_offset: int = -1  # byte offset in the call's arena (Note [Allocation arena]); -1: own buffer
+    arena_bytes: int = 0  # the arena's size for this specialization
 
 
 @dataclass

@@ -57,9 +57,10 @@ def _device_scope(device: torch.device):
 
 def propagate_values(
     program: RegionProgram, inputs: Sequence[TensorFacts], residues: Sequence[int]
-) -> tuple[list[TensorFacts], list[int], list[Optional[int]]]:
+) -> tuple[list[TensorFacts], list[int], list[Optional[int]], list[int], set[int]]:
     """For inputs with these facts and addresses (% 16): every region value's layout, its
-    address % 16, and the input whose storage it views (None for fresh storage)."""
+    address % 16, the input whose storage it views (None for fresh storage), its storage
+    offset, and the value slots whose storage a region output shares (they leave the region)."""
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     with mode:
         fakes = [torch.empty_strided(f.sizes, f.strides, dtype=f.dtype, device=f.device) for f in inputs]
@@ -74,7 +75,7 @@ def propagate_values(
     with mode:
         Recorder(program.graph_module).run(*fakes)
     storage_of_input = {StorageWeakRef(f.untyped_storage()): i for i, f in enumerate(fakes)}
-    facts, value_residues, roots, offsets = [], [], [], []
+    facts, value_residues, roots, offsets, storages = [], [], [], [], []
     for name in program.value_names:
         base, _, k = name.partition("[")
         val = values[base] if not k else values[base][int(k[:-1])]
@@ -87,7 +88,10 @@ def propagate_values(
         else:
             value_residues.append((residues[root] + offset) % 16)  # input storages start at offset 0 here
         roots.append(root)
-    return facts, value_residues, roots, offsets
+        storages.append(StorageWeakRef(val.untyped_storage()))
+    leaving = {storages[o.index] for o in program.outputs}
+    escaping = {i for i, st in enumerate(storages) if st in leaving}
+    return facts, value_residues, roots, offsets, escaping
 
 
 def _launch_plan(
@@ -160,7 +164,7 @@ def build_specialization(
     index: int,
     compile_kernels: bool = True,
 ) -> Specialization:
-    value_facts, value_residues, roots, value_offsets = propagate_values(program, inputs, residues)
+    value_facts, value_residues, roots, value_offsets, escaping = propagate_values(program, inputs, residues)
     launched = {
         v.index for step in program.launches for v in step.args.values() if isinstance(v, ValueRef) and v.kind == "value"
     }
@@ -196,9 +200,35 @@ def build_specialization(
         for i, inp in enumerate(program.inputs)
     ]
     allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
+    if knobs.native_path("arena"):
+        plan_arena(allocs, escaping)
     atens = [AtenPlan(step) for step in program.atens]
     views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
     return Specialization(index, guards, allocs, launches, atens, value_facts, views)
+
+
+ARENA_ALIGN = 256
+
+
+def plan_arena(allocs: Sequence[AllocPlan], escaping: set[int]) -> int:
+    """Note [Allocation arena] (trident/csrc/scm_runtime.cpp): byte offsets in one per-call
+    arena for the allocations whose storage no region output shares; returns the arena size."""
+    offset = 0
+    inside = []
+    for plan in allocs:
+        f = plan.facts
+        if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda"):
+            continue
+        extent = 1 + sum((n - 1) * st for n, st in zip(f.sizes, f.strides)) if all(f.sizes) else 0
+        nbytes = extent * _itemsize(f.dtype)
+        if nbytes == 0:
+            continue
+        plan.arena_offset = offset
+        inside.append(plan)
+        offset += (nbytes + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+    for plan in inside:
+        plan.arena_bytes = offset
+    return offset
 
 
 # Operators whose result always aliases their first argument though the schema does not say so.
