@@ -181,3 +181,17 @@ def decode_step_reference(cfg: Config, x, pos, cos_table, sin_table, *caches_and
         g, u = gu[:, : cfg.intermediate].float(), gu[:, cfg.intermediate:].float()
         x = x + ((g * torch.sigmoid(g) * u).to(x.dtype)) @ w_down.t()
     return x
+
+
+def check_steps_against_reference(cfg: Config, opt, weights, cos, sin, positions, device="cpu", batch: int = 1):
+    """Runs `opt` (an optimized decode_step) and decode_step_reference from identical zeroed
+    caches over `positions`; outputs and every cache must agree after each step."""
+    caches, ref_caches = make_caches(cfg, device, batch=batch), make_caches(cfg, device, batch=batch)
+    for p in positions:
+        x = torch.randn(batch, cfg.hidden, device=device)
+        pos = torch.tensor([p], device=device)
+        got = opt(x, pos, cos, sin, *caches, *weights)
+        want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for c, r in zip(caches, ref_caches):
+            torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)

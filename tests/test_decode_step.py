@@ -12,7 +12,7 @@ import torch
 
 import trident
 from tests.conftest import normalize
-from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights
+from tests.decode_model import Config, check_steps_against_reference, decode_step, make_caches, make_weights
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -29,16 +29,7 @@ def test_decode_step_is_one_region_and_matches_eager(device, batch):
     assert len(scm) == 1, opt.code
     assert all(n.target is torch.ops.trident.scm.default or "getitem" in str(n.target) for n in calls), opt.code
 
-    caches = make_caches(cfg, device, batch=batch)
-    ref_caches = make_caches(cfg, device, batch=batch)
-    for p in range(6):
-        x = torch.randn(batch, cfg.hidden, device=device)
-        pos = torch.tensor([p], device=device)
-        got = opt(x, pos, cos, sin, *caches, *weights)
-        want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        for c, r in zip(caches, ref_caches):
-            torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
+    check_steps_against_reference(cfg, opt, weights, cos, sin, range(6), device, batch)
     (stats,) = trident.cache_info(opt).values()
     assert stats["misses"] == 0 and stats["hits"] == 6 and stats["specializations"] == 1
 
@@ -196,9 +187,4 @@ def test_native_paths_can_be_switched_off_for_ab_measurements():
         )
     (line,) = [x for x in trident.explain(opt).splitlines() if "operator calls" in x]
     assert line.strip() == "operator calls: 35 = 0 address-only views + 0 native views + 0 constants + 0 typed calls + 35 boxed calls"
-    caches, ref_caches = make_caches(cfg, "cpu"), make_caches(cfg, "cpu")
-    for p in range(3):
-        x, pos = torch.randn(1, cfg.hidden), torch.tensor([p])
-        got = opt(x, pos, cos, sin, *caches, *weights)
-        want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    check_steps_against_reference(cfg, opt, weights, cos, sin, range(3))

@@ -14,7 +14,7 @@ import triton
 import trident
 from tests import kernels as K
 from tests.conftest import normalize
-from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights
+from tests.decode_model import Config, check_steps_against_reference, decode_step, make_caches, make_weights
 from trident.optimize import _regions
 from trident.passes import eliminate_common_subexpressions
 
@@ -329,11 +329,4 @@ def test_decode_step_computes_the_attention_mask_once():
     assert [s.op for s in rt.program.atens].count(aten.scalar_tensor.default) == 2
     assert "common subexpressions removed: 3 node(s)" in trident.explain(opt)
 
-    caches, ref_caches = make_caches(cfg, "cpu"), make_caches(cfg, "cpu")
-    for p in range(3):
-        x, pos = torch.randn(1, cfg.hidden), torch.tensor([p])
-        got = opt(x, pos, cos, sin, *caches, *weights)
-        want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        for c, r in zip(caches, ref_caches):
-            torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
+    check_steps_against_reference(cfg, opt, weights, cos, sin, range(3))
