@@ -60,22 +60,16 @@ Table<std::shared_ptr<AtenEntry>>& atens() {
   return *t;
 }
 
-ProfCounter& alloc_prof() {
-  static auto* c = new ProfCounter();
-  return *c;
+// Counters of the services that have no table entry of their own (Note [Host-time profile]).
+enum class Service { kAlloc, kView, kHost, kCall, kCount };
+ProfCounter& service_prof(Service s) {
+  static auto* c = new std::array<ProfCounter, static_cast<size_t>(Service::kCount)>();  // never destroyed
+  return (*c)[static_cast<size_t>(s)];
 }
-ProfCounter& view_prof() {
-  static auto* c = new ProfCounter();
-  return *c;
-}
-ProfCounter& host_prof() {
-  static auto* c = new ProfCounter();
-  return *c;
-}
-ProfCounter& call_prof() {
-  static auto* c = new ProfCounter();
-  return *c;
-}
+ProfCounter& alloc_prof() { return service_prof(Service::kAlloc); }
+ProfCounter& view_prof() { return service_prof(Service::kView); }
+ProfCounter& host_prof() { return service_prof(Service::kHost); }
+ProfCounter& call_prof() { return service_prof(Service::kCall); }
 
 // Times the enclosing scope into `counter` when profiling is on (Note [Host-time profile]).
 class ProfScope {
