@@ -87,12 +87,15 @@ def strided_copy_kernel(
 # Note [Out-of-range indices in index_copy_kernel]
 # ATen's index_copy_ does not wrap negative indices: an index outside [0, size) is an error --
 # an IndexError on the CPU, a device-side assert in eager CUDA (which poisons the CUDA context).
+# ATen's index_put_ wraps an index in [-size, 0) by adding size (WRAP_NEGATIVE) and fails alike
+# outside [-size, size).
 # This kernel cannot raise; it skips such a row instead: nothing is written for it, every other
-# row is written. So a lowered index_copy_ gives a different outcome than eager only for a call
-# that would have failed in eager, and the pass lowers index_copy_ only in CUDA graphs by default
-# (knob TRIDENT_TRITON_COPIES="cuda"), where the eager outcome is an unrecoverable assert anyway;
-# "all" lowers CPU graphs too (tests), where eager would have raised.
-# Duplicate indices: which source row lands is unspecified, as for eager CUDA index_copy_.
+# row is written. So a lowered index_copy_ / index_put_ gives a different outcome than eager only
+# for a call that would have failed in eager, and the pass lowers them only in CUDA graphs by
+# default (knob TRIDENT_TRITON_COPIES="cuda"), where the eager outcome is an unrecoverable assert
+# anyway; "all" lowers CPU graphs too (tests), where eager would have raised.
+# Duplicate indices: which source row lands is unspecified, as for eager CUDA index_copy_ and
+# index_put_ (accumulate=False).
 
 
 @triton.jit
@@ -119,17 +122,21 @@ def index_copy_kernel(
     dim_size,
     numel,
     ATEN_RULES: tl.constexpr,
+    WRAP_NEGATIVE: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """index_copy_ of `src` into `dst` along dst's indexed dim. The iteration space is src's:
     dim 0 is the indexed dim (size0 = number of indices), dims 1..4 the others; element
-    (j, i1..i4) goes to dst at index[j] * dst_stride0 + i1 * dst_stride1 + ... Rows whose index
-    is outside [0, dim_size) are not written (Note [Out-of-range indices in index_copy_kernel]).
+    (j, i1..i4) goes to dst at index[j] * dst_stride0 + i1 * dst_stride1 + ... Source strides may
+    be 0 (a broadcast source of index_put_). WRAP_NEGATIVE: an index in [-dim_size, 0) counts from
+    the end, as in index_put_ (index_copy_ does not wrap). Rows whose index is then outside
+    [0, dim_size) are not written (Note [Out-of-range indices in index_copy_kernel]).
     The index is int64 or int32; source and destination have one dtype. ATEN_RULES refuses, at
     compile time, what ATen's index_copy_ refuses by dtype: an index other than int64, float8
     data (no CPU or CUDA kernel). So a later call bringing such dtypes to a lowered index_copy_
-    fails, as eager does, instead of succeeding."""
+    fails, as eager does, instead of succeeding. (index_put_ takes int32 indices and float8
+    data: the pass launches it without ATEN_RULES.)"""
     tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
     INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
     tl.static_assert(INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES), "index must be int64")
@@ -149,6 +156,8 @@ def index_copy_kernel(
     i1 = rem % size1
     i0 = rem // size1
     idx = tl.load(index_ptr + i0 * index_stride, mask=mask, other=0).to(tl.int64)
+    if WRAP_NEGATIVE:
+        idx = tl.where(idx < 0, idx + dim_size, idx)
     ok = mask & (idx >= 0) & (idx < dim_size)
     src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
     rest = i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
