@@ -33,7 +33,7 @@ _KNOBS = {
     "triton_copies": _Knob(
         "TRIDENT_TRITON_COPIES",
         "cuda",
-        "lower aten.clone/index_copy to Trident's Triton kernels: 'cuda' (CUDA tensors), 'all', '' (off)",
+        "lower clone, copy_, index_copy(_), index_put(_), slice/select_scatter to Trident's Triton kernels: 'cuda' (CUDA tensors), 'all', '' (off)",
     ),
 }
 
