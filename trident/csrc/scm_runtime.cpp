@@ -95,7 +95,9 @@ constexpr int64_t kAllocFailed = -1;
 // Every allocation of a call lives until the call returns (the value table holds it), so the
 // buffers that cannot leave the region -- neither an output nor aliased by one (the plan's
 // escape analysis, trident/scm/specialize.py `plan_arena`) -- are carved out of ONE allocation
-// per call, at byte offsets fixed per specialization (256-byte aligned). Each is a real tensor
+// per call, at byte offsets fixed per specialization (256-byte aligned; buffers whose lifetimes
+// do not overlap share bytes, `plan_arena`, so the arena is the peak of live temporaries, not
+// their sum -- the steps run in order on one stream). Each is a real tensor
 // sharing the arena's storage, made without dispatch like a native view. That replaces one
 // caching-allocator round trip per buffer (~1 µs on CUDA) with one per call; buffers that
 // leave the region keep their own allocation so that outputs never pin the arena.

@@ -91,7 +91,9 @@ def propagate_values(
         storages.append(StorageWeakRef(val.untyped_storage()))
     leaving = {storages[o.index] for o in program.outputs}
     escaping = {i for i, st in enumerate(storages) if st in leaving}
-    return facts, value_residues, roots, offsets, escaping
+    ids: dict[StorageWeakRef, int] = {}
+    storage_ids = [ids.setdefault(st, len(ids)) for st in storages]
+    return facts, value_residues, roots, offsets, escaping, storage_ids
 
 
 def _launch_plan(
@@ -164,7 +166,9 @@ def build_specialization(
     index: int,
     compile_kernels: bool = True,
 ) -> Specialization:
-    value_facts, value_residues, roots, value_offsets, escaping = propagate_values(program, inputs, residues)
+    value_facts, value_residues, roots, value_offsets, escaping, storage_ids = propagate_values(
+        program, inputs, residues
+    )
     launched = {
         v.index for step in program.launches for v in step.args.values() if isinstance(v, ValueRef) and v.kind == "value"
     }
@@ -201,7 +205,7 @@ def build_specialization(
     ]
     allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
     if knobs.native_path("arena"):
-        plan_arena(allocs, escaping)
+        plan_arena(program, allocs, escaping, storage_ids)
     atens = [AtenPlan(step) for step in program.atens]
     views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
     return Specialization(index, guards, allocs, launches, atens, value_facts, views)
@@ -210,25 +214,63 @@ def build_specialization(
 ARENA_ALIGN = 256
 
 
-def plan_arena(allocs: Sequence[AllocPlan], escaping: set[int]) -> int:
+def _value_refs(value) -> list[ValueRef]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in items if isinstance(v, ValueRef) and v.kind == "value"]
+
+
+def storage_last_uses(program: RegionProgram, storage_ids: Sequence[int]) -> dict[int, int]:
+    """Per storage: the index of the last step that reads or writes any value living in it
+    (an operator argument, a kernel argument, a view's base)."""
+    last: dict[int, int] = {}
+    for i, step in enumerate(program.steps):
+        args = step.args.values() if isinstance(step, LaunchStep) else getattr(step, "args", ())
+        for a in args:
+            for ref in _value_refs(a):
+                last[storage_ids[ref.index]] = i
+        for slot in getattr(step, "outputs", ()):
+            if slot >= 0:  # a result living in an existing storage (a view, an in-place result)
+                last[storage_ids[slot]] = max(last.get(storage_ids[slot], i), i)
+    return last
+
+
+def plan_arena(
+    program: RegionProgram, allocs: Sequence[AllocPlan], escaping: set[int], storage_ids: Sequence[int]
+) -> int:
     """Note [Allocation arena] (trident/csrc/scm_runtime.cpp): byte offsets in one per-call
-    arena for the allocations whose storage no region output shares; returns the arena size."""
-    offset = 0
+    arena for the allocations whose storage no region output shares; returns the arena size.
+    Buffers whose lifetimes (allocation step .. last step touching their storage) do not overlap
+    share bytes: the steps run in order on one stream, so a buffer's bytes are free once the
+    last step using it has been issued. Greedy first fit, largest buffers first."""
+    step_of = {id(step): i for i, step in enumerate(program.steps)}
+    last = storage_last_uses(program, storage_ids)
     inside = []
     for plan in allocs:
         f = plan.facts
         if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda"):
             continue
         extent = 1 + sum((n - 1) * st for n, st in zip(f.sizes, f.strides)) if all(f.sizes) else 0
-        nbytes = extent * _itemsize(f.dtype)
+        nbytes = (extent * _itemsize(f.dtype) + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
         if nbytes == 0:
             continue
+        begin = step_of[id(plan.step)]
+        end = max(last.get(storage_ids[plan.step.slot], begin), begin)
+        inside.append((plan, begin, end, nbytes))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, nbytes, begin, end)
+    size = 0
+    for plan, begin, end, nbytes in sorted(inside, key=lambda t: (-t[3], t[1])):
+        busy = sorted((o, o + n) for o, n, b, e in placed if b <= end and begin <= e)
+        offset = 0
+        for lo, hi in busy:
+            if offset + nbytes <= lo:
+                break
+            offset = max(offset, hi)
         plan.arena_offset = offset
-        inside.append(plan)
-        offset += (nbytes + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
-    for plan in inside:
-        plan.arena_bytes = offset
-    return offset
+        placed.append((offset, nbytes, begin, end))
+        size = max(size, offset + nbytes)
+    for plan, *_ in inside:
+        plan.arena_bytes = size
+    return size
 
 
 # Operators whose result always aliases their first argument though the schema does not say so.
