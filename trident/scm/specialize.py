@@ -256,6 +256,8 @@ def plan_arena(
         begin = step_of[id(plan.step)]
         end = max(last.get(storage_ids[plan.step.slot], begin), begin)
         inside.append((plan, begin, end, nbytes))
+    if len(inside) < 2:
+        return 0  # one buffer: its own allocation costs the same and needs no slicing
     placed: list[tuple[int, int, int, int]] = []  # (offset, nbytes, begin, end)
     size = 0
     for plan, begin, end, nbytes in sorted(inside, key=lambda t: (-t[3], t[1])):
