@@ -33,6 +33,57 @@ def _bits(ptr):
 
 
 @triton.jit
+def _strided_copy(
+    src_ptr,
+    dst_ptr,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0,
+    src_stride1,
+    src_stride2,
+    src_stride3,
+    src_stride4,
+    dst_stride0,
+    dst_stride1,
+    dst_stride2,
+    dst_stride3,
+    dst_stride4,
+    numel,
+    DST_CONTIGUOUS: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The body of strided_copy_kernel (and of each pair of strided_copy2_kernel): block
+    tl.program_id(0) of the iteration space."""
+    tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "strided_copy_kernel copies within one dtype")
+    pid = tl.program_id(0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    rem = offs
+    i4 = rem % size4
+    rem = rem // size4
+    i3 = rem % size3
+    rem = rem // size3
+    i2 = rem % size2
+    rem = rem // size2
+    i1 = rem % size1
+    i0 = rem // size1
+    src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
+    if DST_CONTIGUOUS:
+        dst_off = offs
+    else:
+        dst_off = i0 * dst_stride0 + i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
+    src = _bits(src_ptr)
+    dst = _bits(dst_ptr)
+    tl.store(dst + dst_off, tl.load(src + src_off, mask=mask), mask=mask)
+
+
+@triton.jit
 def strided_copy_kernel(
     src_ptr,
     dst_ptr,
@@ -59,29 +110,67 @@ def strided_copy_kernel(
     """dst[i] = src[i] for every index i of the iteration space. Source strides may be 0
     (expanded dims). DST_CONTIGUOUS: the destination is dense in iteration order, so its offset
     is the flat index (dst strides unused)."""
-    tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "strided_copy_kernel copies within one dtype")
-    pid = tl.program_id(0)
-    if OFFSETS_64:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    rem = offs
-    i4 = rem % size4
-    rem = rem // size4
-    i3 = rem % size3
-    rem = rem // size3
-    i2 = rem % size2
-    rem = rem // size2
-    i1 = rem % size1
-    i0 = rem // size1
-    src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
-    if DST_CONTIGUOUS:
-        dst_off = offs
+    _strided_copy(
+        src_ptr, dst_ptr, size0, size1, size2, size3, size4,
+        src_stride0, src_stride1, src_stride2, src_stride3, src_stride4,
+        dst_stride0, dst_stride1, dst_stride2, dst_stride3, dst_stride4,
+        numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK,
+    )  # fmt: skip
+
+
+@triton.jit
+def strided_copy2_kernel(
+    src_ptr_0,
+    dst_ptr_0,
+    src_ptr_1,
+    dst_ptr_1,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0_0,
+    src_stride1_0,
+    src_stride2_0,
+    src_stride3_0,
+    src_stride4_0,
+    dst_stride0_0,
+    dst_stride1_0,
+    dst_stride2_0,
+    dst_stride3_0,
+    dst_stride4_0,
+    src_stride0_1,
+    src_stride1_1,
+    src_stride2_1,
+    src_stride3_1,
+    src_stride4_1,
+    dst_stride0_1,
+    dst_stride1_1,
+    dst_stride2_1,
+    dst_stride3_1,
+    dst_stride4_1,
+    numel,
+    DST_CONTIGUOUS: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Two independent strided_copy_kernel launches over one iteration space in one launch
+    (trident/passes/fuse_copy_launches.py): grid (n, 2, 1), tl.program_id(1) picks the pair
+    (pointers and strides with suffix _0 or _1); each pair runs strided_copy_kernel's body."""
+    if tl.program_id(1) == 0:
+        _strided_copy(
+            src_ptr_0, dst_ptr_0, size0, size1, size2, size3, size4,
+            src_stride0_0, src_stride1_0, src_stride2_0, src_stride3_0, src_stride4_0,
+            dst_stride0_0, dst_stride1_0, dst_stride2_0, dst_stride3_0, dst_stride4_0,
+            numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK,
+        )  # fmt: skip
     else:
-        dst_off = i0 * dst_stride0 + i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
-    src = _bits(src_ptr)
-    dst = _bits(dst_ptr)
-    tl.store(dst + dst_off, tl.load(src + src_off, mask=mask), mask=mask)
+        _strided_copy(
+            src_ptr_1, dst_ptr_1, size0, size1, size2, size3, size4,
+            src_stride0_1, src_stride1_1, src_stride2_1, src_stride3_1, src_stride4_1,
+            dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
+            numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK,
+        )  # fmt: skip
 
 
 # Note [Out-of-range indices in index_copy_kernel]
@@ -96,6 +185,66 @@ def strided_copy_kernel(
 # anyway; "all" lowers CPU graphs too (tests), where eager would have raised.
 # Duplicate indices: which source row lands is unspecified, as for eager CUDA index_copy_ and
 # index_put_ (accumulate=False).
+
+
+@triton.jit
+def _index_copy(
+    src_ptr,
+    dst_ptr,
+    index_ptr,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0,
+    src_stride1,
+    src_stride2,
+    src_stride3,
+    src_stride4,
+    dst_stride0,
+    dst_stride1,
+    dst_stride2,
+    dst_stride3,
+    dst_stride4,
+    index_stride,
+    dim_size,
+    numel,
+    ATEN_RULES: tl.constexpr,
+    WRAP_NEGATIVE: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The body of index_copy_kernel (and of each pair of index_copy2_kernel): block
+    tl.program_id(0) of the iteration space."""
+    tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
+    INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
+    tl.static_assert(INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES), "index must be int64")
+    tl.static_assert(not (ATEN_RULES and dst_ptr.dtype.element_ty.is_fp8()), "index_copy_: no float8 kernel in ATen")
+    pid = tl.program_id(0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    rem = offs
+    i4 = rem % size4
+    rem = rem // size4
+    i3 = rem % size3
+    rem = rem // size3
+    i2 = rem % size2
+    rem = rem // size2
+    i1 = rem % size1
+    i0 = rem // size1
+    idx = tl.load(index_ptr + i0 * index_stride, mask=mask, other=0).to(tl.int64)
+    if WRAP_NEGATIVE:
+        idx = tl.where(idx < 0, idx + dim_size, idx)
+    ok = mask & (idx >= 0) & (idx < dim_size)
+    src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
+    rest = i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
+    dst_off = idx * dst_stride0 + rest.to(tl.int64)
+    src = _bits(src_ptr)
+    dst = _bits(dst_ptr)
+    tl.store(dst + dst_off, tl.load(src + src_off, mask=ok), mask=ok)
 
 
 @triton.jit
@@ -137,31 +286,70 @@ def index_copy_kernel(
     data (no CPU or CUDA kernel). So a later call bringing such dtypes to a lowered index_copy_
     fails, as eager does, instead of succeeding. (index_put_ takes int32 indices and float8
     data: the pass launches it without ATEN_RULES.)"""
-    tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
-    INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
-    tl.static_assert(INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES), "index must be int64")
-    tl.static_assert(not (ATEN_RULES and dst_ptr.dtype.element_ty.is_fp8()), "index_copy_: no float8 kernel in ATen")
-    pid = tl.program_id(0)
-    if OFFSETS_64:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    rem = offs
-    i4 = rem % size4
-    rem = rem // size4
-    i3 = rem % size3
-    rem = rem // size3
-    i2 = rem % size2
-    rem = rem // size2
-    i1 = rem % size1
-    i0 = rem // size1
-    idx = tl.load(index_ptr + i0 * index_stride, mask=mask, other=0).to(tl.int64)
-    if WRAP_NEGATIVE:
-        idx = tl.where(idx < 0, idx + dim_size, idx)
-    ok = mask & (idx >= 0) & (idx < dim_size)
-    src_off = i0 * src_stride0 + i1 * src_stride1 + i2 * src_stride2 + i3 * src_stride3 + i4 * src_stride4
-    rest = i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
-    dst_off = idx * dst_stride0 + rest.to(tl.int64)
-    src = _bits(src_ptr)
-    dst = _bits(dst_ptr)
-    tl.store(dst + dst_off, tl.load(src + src_off, mask=ok), mask=ok)
+    _index_copy(
+        src_ptr, dst_ptr, index_ptr, size0, size1, size2, size3, size4,
+        src_stride0, src_stride1, src_stride2, src_stride3, src_stride4,
+        dst_stride0, dst_stride1, dst_stride2, dst_stride3, dst_stride4,
+        index_stride, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
+    )  # fmt: skip
+
+
+@triton.jit
+def index_copy2_kernel(
+    src_ptr_0,
+    dst_ptr_0,
+    index_ptr_0,
+    src_ptr_1,
+    dst_ptr_1,
+    index_ptr_1,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0_0,
+    src_stride1_0,
+    src_stride2_0,
+    src_stride3_0,
+    src_stride4_0,
+    dst_stride0_0,
+    dst_stride1_0,
+    dst_stride2_0,
+    dst_stride3_0,
+    dst_stride4_0,
+    index_stride_0,
+    src_stride0_1,
+    src_stride1_1,
+    src_stride2_1,
+    src_stride3_1,
+    src_stride4_1,
+    dst_stride0_1,
+    dst_stride1_1,
+    dst_stride2_1,
+    dst_stride3_1,
+    dst_stride4_1,
+    index_stride_1,
+    dim_size,
+    numel,
+    ATEN_RULES: tl.constexpr,
+    WRAP_NEGATIVE: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Two independent index_copy_kernel launches over one iteration space in one launch
+    (trident/passes/fuse_copy_launches.py): grid (n, 2, 1), tl.program_id(1) picks the pair
+    (pointers and strides with suffix _0 or _1); each pair runs index_copy_kernel's body."""
+    if tl.program_id(1) == 0:
+        _index_copy(
+            src_ptr_0, dst_ptr_0, index_ptr_0, size0, size1, size2, size3, size4,
+            src_stride0_0, src_stride1_0, src_stride2_0, src_stride3_0, src_stride4_0,
+            dst_stride0_0, dst_stride1_0, dst_stride2_0, dst_stride3_0, dst_stride4_0,
+            index_stride_0, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
+        )  # fmt: skip
+    else:
+        _index_copy(
+            src_ptr_1, dst_ptr_1, index_ptr_1, size0, size1, size2, size3, size4,
+            src_stride0_1, src_stride1_1, src_stride2_1, src_stride3_1, src_stride4_1,
+            dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
+            index_stride_1, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
+        )  # fmt: skip

@@ -75,6 +75,7 @@ from ..kernels.copy import index_copy_kernel, strided_copy_kernel
 aten = torch.ops.aten
 
 MAX_DIMS = 5
+LOWERED_COPY = "trident_lowered_copy"  # node.meta key of the launches this pass emits
 _INT32_MAX = 2**31 - 1
 # Same-dtype copies move bits; these are the dtypes Triton has pointer types for and the
 # region's torch-mlir import takes (it has no uint16/32/64).
@@ -197,6 +198,7 @@ def _launch(gm, kernel, grid, kwargs) -> torch.fx.Node:
         },
     )
     node.meta["val"] = None
+    node.meta[LOWERED_COPY] = True  # trident/passes/fuse_copy_launches.py merges only these
     return node
 
 
