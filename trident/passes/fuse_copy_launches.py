@@ -25,15 +25,12 @@ In one launch the two pairs run in any order, interleaved. So the storage each l
 fake tensors in node.meta["val"] tell for everything the graph computes. Graph inputs are
 distinct storages there, though a caller may pass views of one tensor (Note [Aliasing graph
 inputs] in lower_copies.py), so when a write target and an operand of the other launch both
-live in graph inputs the pair is merged only when
-  * the operand is the other launch's write target: two in-place writes into two distinct
-    graph inputs (the K and V caches). A caller passing one tensor (or overlapping views of
-    one) as both gets an unspecified result where the two writes overlap, where the unfused
-    graph gives the second write;
-  * or the operand is read by both launches through one node (the `pos` index of the K and V
-    writes): the write target overlapping it would overlap an operand of its own launch, which
-    eager refuses (ATen's overlap checks of index_copy_ / index_put_) and lower_copies already
-    lowers with an unspecified result; copy_ between two inputs is not lowered at all.
+live in graph inputs the pair is merged only when the operand is read by both launches through
+one node (the `pos` index of two cache writes): the write target overlapping it would overlap
+an operand of its own launch, which eager refuses (ATen's overlap checks of index_copy_ /
+index_put_) and lower_copies already lowers with an unspecified result. Two writes into graph
+inputs (the K and V caches) are never merged: a caller may pass one tensor, or overlapping views
+of one, as both, and the unfused graph then gives the second write where one launch would race.
 Anything else sharing input storage stays two launches.
 """
 
@@ -102,7 +99,7 @@ def _one_way_ok(a: torch.fx.Node, b: torch.fx.Node, inputs: set) -> bool:
             so = _storage(o)
             if so is None or so == sw:
                 return False
-            if sw in inputs and so in inputs and not (is_write or o in a_reads):
+            if sw in inputs and so in inputs and (is_write or o not in a_reads):
                 return False
     return True
 
