@@ -113,7 +113,22 @@ Handle handle_for(int64_t device) {
 }
 
 // One workspace per (device, stream): calls on one stream are ordered, so they can share it.
+// The hit path asks for the same (device, stream) call after call: a per-thread memo of the last
+// answer keeps the table's lock and lookup off it (table entries are never freed).
+void* workspace_from_table(int64_t device, void* stream);
+
 void* workspace_for(int64_t device, void* stream) {
+  thread_local int64_t last_device = -1;
+  thread_local void* last_stream = nullptr;
+  thread_local void* last_workspace = nullptr;
+  if (last_workspace && last_device == device && last_stream == stream) return last_workspace;
+  last_workspace = workspace_from_table(device, stream);
+  last_device = device;
+  last_stream = stream;
+  return last_workspace;
+}
+
+void* workspace_from_table(int64_t device, void* stream) {
   static std::mutex mutex;
   static auto* table = new std::map<std::pair<int64_t, void*>, at::Tensor>();  // never destroyed
   std::lock_guard<std::mutex> lock(mutex);
