@@ -15,6 +15,7 @@ SOURCES = [
     "trident/csrc/cuda_driver.cpp",
     "trident/csrc/aten_fast.cpp",
     "trident/csrc/cublas_lt.cpp",
+    "trident/csrc/graph_replay.cpp",
 ]
 
 setup(

@@ -187,9 +187,11 @@ def check_steps_against_reference(cfg: Config, opt, weights, cos, sin, positions
     """Runs `opt` (an optimized decode_step) and decode_step_reference from identical zeroed
     caches over `positions`; outputs and every cache must agree after each step."""
     caches, ref_caches = make_caches(cfg, device, batch=batch), make_caches(cfg, device, batch=batch)
-    for p in positions:
-        x = torch.randn(batch, cfg.hidden, device=device)
-        pos = torch.tensor([p], device=device)
+    positions = list(positions)
+    # every step's inputs held until the end: each step sees a fresh token and position tensor
+    xs = [torch.randn(batch, cfg.hidden, device=device) for _ in positions]
+    ps = [torch.tensor([p], device=device) for p in positions]
+    for x, pos in zip(xs, ps):
         got = opt(x, pos, cos, sin, *caches, *weights)
         want = decode_step_reference(cfg, x.clone(), pos, cos, sin, *ref_caches, *weights)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -128,6 +128,7 @@ def run_case(
             _sync(dev)
             res["trident"]["host_profile"] = prof.as_json()[:40]
             print(prof.table(), flush=True)
+            res["trident"]["graphs"] = C.graph_stats(rid)
             rt = trident.runtime.SCMRuntime.get(rid)
             res["trident"]["region"] = {
                 "launches": len(rt.program.launches),
@@ -145,15 +146,17 @@ def run_case(
 
         return build
 
+    # the same region without graph replay (Note [Graph replay]): every call runs the host program
+    variant("trident_no_graphs", trident_with(graphs=""))
     # every operator call boxed through the dispatcher (no views, constants, typed or gemm paths)
-    variant("trident_all_boxed", trident_with(native_paths=""))
+    variant("trident_all_boxed", trident_with(native_paths="", graphs=""))
     # aten::mm through the dispatcher instead of cached cuBLASLt plans
-    variant("trident_no_gemm", trident_with(native_paths="views,constants,typed,arena"))
+    variant("trident_no_gemm", trident_with(native_paths="views,constants,typed,arena", graphs=""))
     # every allocation its own caching-allocator call instead of one arena per call
-    variant("trident_no_arena", trident_with(native_paths="views,constants,typed,gemm"))
+    variant("trident_no_arena", trident_with(native_paths="views,constants,typed,gemm", graphs=""))
     # clone / index_copy_ through ATen instead of Trident's Triton copy kernels; also run when
     # the default configuration failed, so that a Trident number exists either way
-    variant("trident_no_copies", trident_with(triton_copies=""), force="error" in res.get("trident", {}))
+    variant("trident_no_copies", trident_with(triton_copies="", graphs=""), force="error" in res.get("trident", {}))
     variant("torch_compile", lambda: torch.compile(step))
     variant("torch_compile_cpp_wrapper", lambda: torch.compile(step, options={"cpp_wrapper": True}))
     variant("torch_compile_reduce_overhead", lambda: torch.compile(step, mode="reduce-overhead"))
@@ -166,6 +169,9 @@ def run_case(
         }
         if "us_per_step" in res.get("graph_floor", {}):
             res["ratios"]["trident_over_graph_floor"] = t / res["graph_floor"]["us_per_step"]
+            ng = res.get("trident_no_graphs", {}).get("us_per_step")
+            if ng:
+                res["ratios"]["trident_no_graphs_over_graph_floor"] = ng / res["graph_floor"]["us_per_step"]
     print(name, batch, json.dumps({k: v.get("us_per_step") if isinstance(v, dict) else None for k, v in res.items()}), flush=True)
     return res
 

@@ -35,6 +35,12 @@ _KNOBS = {
         "cuda",
         "lower clone, copy_, index_copy(_), index_put(_), slice/select_scatter to Trident's Triton kernels: 'cuda' (CUDA tensors), 'all', '' (off)",
     ),
+    "graphs": _Knob(
+        "TRIDENT_GRAPHS",
+        "cuda",
+        "graph replay (Note [Graph replay]): 'cuda', 'all' (also CPU regions, emulated: tests), '' (off)",
+    ),
+    "graph_limit": _Knob("TRIDENT_GRAPH_LIMIT", "4", "graphs recorded per region at most (0..16)"),
 }
 
 
@@ -66,6 +72,23 @@ def triton_copies() -> str:
         return ""
     if value not in ("cuda", "all"):
         raise ValueError(f"TRIDENT_TRITON_COPIES={value!r}: expected 'cuda', 'all' or '' (off)")
+    return value
+
+
+def graphs() -> str:
+    """Graph replay mode: "cuda", "all" or "" (off)."""
+    value = _KNOBS["graphs"].get().strip().lower()
+    if value in ("", "0", "off", "none", "false"):
+        return ""
+    if value not in ("cuda", "all"):
+        raise ValueError(f"TRIDENT_GRAPHS={value!r}: expected 'cuda', 'all' or '' (off)")
+    return value
+
+
+def graph_limit() -> int:
+    value = int(_KNOBS["graph_limit"].get())
+    if not 0 <= value <= 16:
+        raise ValueError(f"TRIDENT_GRAPH_LIMIT={value}: expected 0..16")
     return value
 
 

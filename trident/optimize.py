@@ -16,7 +16,7 @@ from .passes import (
 )
 from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.lower_copies import lower_copies
-from .runtime import SCMRuntime
+from .runtime import SCMRuntime, graphs
 from .scm.ir import RegionProgram
 from .scm.printer import format_guard, format_scm
 
@@ -176,6 +176,7 @@ def explain(gm: torch.fx.GraphModule) -> str:
                     f"    arena: {len(in_arena)} of {len(spec.allocs)} allocation(s) in one buffer of "
                     f"{in_arena[0].arena_bytes} bytes per call"
                 )
+        lines.extend("  " + line for line in graphs.describe(rt.region_id, [i.name for i in rt.program.inputs], rt.graph_reason))
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
     removed = gm.meta.get("trident_cse_removed", 0)

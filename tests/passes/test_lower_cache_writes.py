@@ -222,8 +222,9 @@ def _check_scatter(name, dtype):
     src = _random_bits(src_shape, dtype, seed=1)
     opt = _optimize(fn, x, src)
     text = _region_text(opt)
-    assert "aten.slice_scatter" not in text and "aten.select_scatter" not in text, text
-    assert text.count("launch strided_copy_kernel") == 2 * 2, text  # the clone and the src copy; IR + plan
+    why = f"{text}\n{opt.code}\n{trident.explain(opt)}"
+    assert "aten.slice_scatter" not in text and "aten.select_scatter" not in text, why
+    assert text.count("launch strided_copy_kernel") == 2 * 2, why  # the clone and the src copy; IR + plan
     before = x.clone()
     got = opt(x, src)
     _assert_same(got, fn(before, src))
@@ -552,7 +553,8 @@ def test_compiled_cache_writes_equal_aten_on_cuda(dtype):
         dst_view(want).copy_(src)
         _assert_same(got, want)
     for pos, v in [
-        (torch.tensor([3, -1, 299, -300], device="cuda"), bits((2, 8, 4, 64), 4)),
+        (torch.tensor([3, -1, 298, -300], device="cuda"), bits((2, 8, 4, 64), 4)),  # no duplicates: ATen's
+        # order of duplicate writes on CUDA is unspecified
         (torch.tensor([7, -2], device="cuda", dtype=torch.int32), bits((8, 1, 64), 5)),
     ]:
         got = cache.clone()

@@ -1,6 +1,7 @@
 #include "aten_fast.h"
 
 // One header per operator (at::_ops::<op>): the generated, faithful (schema order) signatures.
+#include <ATen/ops/_fused_rms_norm_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_safe_softmax_ops.h>
 #include <ATen/ops/_softmax_ops.h>
@@ -297,7 +298,7 @@ FastCall find_fast_call(const std::string& name, const std::string& overload) {
       D(amax), D(amin), D(argmax), D(argmin), D(max), D(min), D(max_dim), D(min_dim),
       D(any), D(any_dim), D(all), D(all_dim),
       D(var_correction), D(var_mean_correction), D(cumsum),
-      D(_softmax), D(_safe_softmax), D(softmax_int), D(_log_softmax), D(native_layer_norm),
+      D(_softmax), D(_safe_softmax), D(softmax_int), D(_log_softmax), D(native_layer_norm), D(_fused_rms_norm),
       D(topk), D(sort),
       // indexing, gathering, scattering, joining
       D(embedding), D(index_select), D(index_Tensor), D(gather),

@@ -117,7 +117,11 @@ Handle handle_for(int64_t device) {
 // answer keeps the table's lock and lookup off it (table entries are never freed).
 void* workspace_from_table(int64_t device, void* stream);
 
+// Note [Graph replay]: while a graph is recorded, its gemms use the caller's stream's workspace.
+thread_local void* tls_workspace_stream = nullptr;
+
 void* workspace_for(int64_t device, void* stream) {
+  if (tls_workspace_stream) stream = tls_workspace_stream;
   thread_local int64_t last_device = -1;
   thread_local void* last_stream = nullptr;
   thread_local void* last_workspace = nullptr;
@@ -367,5 +371,9 @@ std::vector<std::array<int64_t, 8>> plans_of(const GemmCache& cache) {
   }
   return out;
 }
+
+void* reserve_workspace(int64_t device, void* stream) { return workspace_from_table(device, stream); }
+
+void set_workspace_stream(void* stream) { tls_workspace_stream = stream; }
 
 }  // namespace trident::blas

@@ -49,6 +49,14 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
 // order: (rank, host µs per cublasLtMatmul over `iters` calls, bitwise equal to rank 0, workspace).
 std::vector<std::array<double, 4>> survey(const at::Tensor& a, const at::Tensor& b, int64_t iters);
 
+// The workspace of (device, stream), allocated now if it does not exist yet: a graph recording
+// reserves its capture stream's outside the capture (Note [Graph replay]).
+void* reserve_workspace(int64_t device, void* stream);
+
+// Until reset with nullptr, gemms on this thread use `stream`'s workspace whatever stream they
+// run on (a graph recording: Note [Graph replay]).
+void set_workspace_stream(void* stream);
+
 // The plans built so far: (scalar type, m, n, k, op A, op B, workspace bytes, device) each.
 std::vector<std::array<int64_t, 8>> plans_of(const GemmCache& cache);
 

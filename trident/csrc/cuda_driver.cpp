@@ -32,6 +32,9 @@ struct Api {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuGraphLaunch)(void*, CUstream);
+  CUresult (*cuMemcpyDtoDAsync)(uint64_t, uint64_t, size_t, CUstream);
+  CUresult (*cuStreamIsCapturing)(CUstream, int*);
   bool ok = false;
 };
 
@@ -58,6 +61,9 @@ const Api& api() {
     sym(a.cuDeviceGetAttribute, "cuDeviceGetAttribute");
     sym(a.cuLaunchKernel, "cuLaunchKernel");
     sym(a.cuGetErrorString, "cuGetErrorString");
+    sym(a.cuGraphLaunch, "cuGraphLaunch");
+    sym(a.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    sym(a.cuStreamIsCapturing, "cuStreamIsCapturing");
     a.ok = all && a.cuInit(0) == 0;
   });
   return a;
@@ -118,6 +124,30 @@ int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps
                                     1, 1, static_cast<unsigned>(shared), stream, params, nullptr);
   if (r) *error = describe(r, "cuLaunchKernel");
   return r;
+}
+
+int graph_launch(void* exec, void* stream, std::string* error) {
+  if (!api().ok) return *error = "libcuda.so.1 could not be loaded", -1;
+  CUresult r = api().cuGraphLaunch(exec, stream);
+  if (r) *error = describe(r, "cuGraphLaunch");
+  return r;
+}
+
+int copy_async(void* dst, const void* src, int64_t bytes, void* stream, std::string* error) {
+  if (bytes <= 0) return 0;
+  if (!api().ok) return *error = "libcuda.so.1 could not be loaded", -1;
+  CUresult r = api().cuMemcpyDtoDAsync(reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src),
+                                       static_cast<size_t>(bytes), stream);
+  if (r) *error = describe(r, "cuMemcpyDtoDAsync");
+  return r;
+}
+
+bool stream_capturing(void* stream) {
+  if (!api().ok) return false;
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  // An error (e.g. the legacy stream while another stream captures in global mode) also means
+  // "do not replay here": the caller then takes the ordinary path.
+  return api().cuStreamIsCapturing(stream, &status) != 0 || status != 0;
 }
 
 }  // namespace trident::cuda

@@ -19,4 +19,13 @@ void* load_function(int64_t device, const std::string& cubin, const std::string&
 int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps,
            int64_t shared, void* stream, void** params, std::string* error);
 
+// cuGraphLaunch of a CUgraphExec (a cudaGraphExec_t) on `stream`. Returns 0 or the CUresult.
+int graph_launch(void* exec, void* stream, std::string* error);
+
+// cuMemcpyDtoDAsync of `bytes` bytes on `stream`. Returns 0 or the CUresult.
+int copy_async(void* dst, const void* src, int64_t bytes, void* stream, std::string* error);
+
+// True when `stream` is being captured into a CUDA graph (or its status cannot be read).
+bool stream_capturing(void* stream);
+
 }  // namespace trident::cuda

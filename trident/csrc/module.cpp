@@ -12,6 +12,8 @@
 #include <chrono>
 
 #include "cuda_driver.h"
+#include "cublas_lt.h"
+#include "graph_replay.h"
 #include "scm_runtime.h"
 
 namespace py = pybind11;
@@ -50,6 +52,7 @@ int64_t create_region(const std::string& name, int64_t num_inputs, int64_t max_r
   r->num_values = num_values;
   r->output_slots = std::move(output_slots);
   r->miss_handler = std::move(miss_handler);
+  r->graphs = std::make_shared<graphs::State>();
   return register_region(r);
 }
 
@@ -371,6 +374,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (int64_t i = 0; i < iters; ++i) trident::run_region(region, inputs);
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });
+  // Note [Graph replay]
+  m.def("set_graph_policy", [](int64_t region, bool enabled, bool emulate, int64_t max_graphs, int64_t record_after,
+                               std::vector<bool> written, py::object recorder) {
+    auto r = trident::get_region(region);
+    auto& s = *r->graphs;
+    TORCH_CHECK(static_cast<int64_t>(written.size()) == r->num_inputs, "trident: graph policy needs one flag per input");
+    TORCH_CHECK(max_graphs >= 0 && max_graphs <= trident::graphs::kMaxGraphs, "trident: at most ",
+                trident::graphs::kMaxGraphs, " graphs per region, got ", max_graphs);
+    TORCH_CHECK(record_after >= 1, "trident: record_after must be >= 1");
+    TORCH_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
+                "trident: the graph policy is set before a region's first call");
+    s.written.assign(written.begin(), written.end());
+    s.emulate = emulate;
+    s.max_graphs = max_graphs;
+    s.record_after = record_after;
+    s.recorder = std::move(recorder);
+    s.enabled = enabled;
+  });
+  m.def("add_graph", &trident::graphs::add_entry);
+  m.def("graph_stats", &trident::graphs::stats);
+  m.def("run_native", [](int64_t region, std::vector<at::Tensor> inputs) {
+    return trident::run_region_native(region, std::move(inputs));
+  });
+  m.def("reserve_gemm_workspace", [](int64_t device, int64_t stream) {
+    return reinterpret_cast<int64_t>(trident::blas::reserve_workspace(device, reinterpret_cast<void*>(stream)));
+  });
+  m.def("set_workspace_stream", [](int64_t stream) { trident::blas::set_workspace_stream(reinterpret_cast<void*>(stream)); });
+  m.def("stream_capturing", [](int64_t stream) { return trident::cuda::stream_capturing(reinterpret_cast<void*>(stream)); });
   m.def("kernel_function", [](int64_t k, int64_t dev) {
     std::string err;
     void* fn = trident::kernel_function(k, dev, &err);

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "cuda_driver.h"
+#include "graph_replay.h"
 
 namespace py = pybind11;
 
@@ -411,6 +412,7 @@ std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_repo
   add("host", "host program (all services included)", host_prof());
   add("alloc", "allocation", alloc_prof());
   add("view", "native view", view_prof());
+  add("graph", "graph replay (staging copies, cuGraphLaunch, output copies)", graphs::replay_counter());
   {
     std::lock_guard<std::mutex> lock(kernels().mutex);
     for (const auto& k : kernels().items) add("launch", k->name, k->prof);
@@ -427,6 +429,7 @@ void profile_reset() {
   call_prof().reset();
   alloc_prof().reset();
   view_prof().reset();
+  graphs::replay_counter().reset();
   {
     std::lock_guard<std::mutex> lock(kernels().mutex);
     for (const auto& k : kernels().items) k->prof.reset();
@@ -540,18 +543,15 @@ int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
   return result;
 }
 
-std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs) {
-  ProfScope prof(call_prof());  // the whole native call: facts, host program, freeing the value table
-  auto rp = get_region(region_id);
-  Region& r = *rp;
-  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
-              "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
-  HostCtx ctx;
-  c10::OptionalDeviceGuard guard;
-  prepare(r, inputs, ctx, guard);
+namespace {
+
+// The host program on prepared inputs, with the miss path; the region's outputs.
+// `count`: a user's call (hits and misses counted), not a graph's recording or emulated replay.
+std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
+                                     c10::OptionalDeviceGuard& guard, bool count) {
   int64_t result = run_host(r, inputs, ctx);
   if (result == -1) {
-    r.misses.fetch_add(1, std::memory_order_relaxed);
+    if (count) r.misses.fetch_add(1, std::memory_order_relaxed);
     {
       // GIL first, then the region's lock: one order for every thread.
       py::gil_scoped_acquire gil;
@@ -565,7 +565,7 @@ std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> in
     TORCH_CHECK(result != -1, "trident: region '", r.name,
                 "' still has no matching specialization after compiling one for these inputs; "
                 "this is a bug in Trident's guards, please report it with trident.explain(gm)");
-  } else if (result >= 0) {
+  } else if (result >= 0 && count) {
     r.hits.fetch_add(1, std::memory_order_relaxed);
   }
   TORCH_CHECK(result >= 0, "trident: region '", r.name, "' failed: ", ctx.error);
@@ -573,6 +573,39 @@ std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> in
   std::vector<at::Tensor> outputs;
   outputs.reserve(r.output_slots.size());
   for (int64_t slot : r.output_slots) outputs.push_back(ctx.values[slot]);
+  return outputs;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Tensor> inputs) {
+  auto rp = get_region(region_id);
+  Region& r = *rp;
+  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
+              "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
+  HostCtx ctx;
+  c10::OptionalDeviceGuard guard;
+  prepare(r, inputs, ctx, guard);
+  return run_prepared(r, region_id, inputs, ctx, guard, /*count=*/false);
+}
+
+std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs) {
+  ProfScope prof(call_prof());  // the whole native call: facts, host program, freeing the value table
+  auto rp = get_region(region_id);
+  Region& r = *rp;
+  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
+              "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
+  HostCtx ctx;
+  c10::OptionalDeviceGuard guard;
+  prepare(r, inputs, ctx, guard);
+  const bool graphs_on = r.graphs && r.graphs->enabled;
+  std::vector<at::Tensor> outputs;
+  if (graphs_on && graphs::try_replay(r, inputs, ctx, outputs)) {
+    r.hits.fetch_add(1, std::memory_order_relaxed);
+    return outputs;
+  }
+  outputs = run_prepared(r, region_id, inputs, ctx, guard, /*count=*/true);
+  if (graphs_on) graphs::observe(r, inputs, ctx);  // ctx.facts are still those of `inputs`
   return outputs;
 }
 

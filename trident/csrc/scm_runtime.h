@@ -26,6 +26,10 @@
 
 namespace trident {
 
+namespace graphs {
+struct State;  // graph_replay.h
+}
+
 // Note [Host ABI]
 // (Kernel and allocation indices passed to the services are region-local, see Region.)
 // ~~~~~~~~~~~~~~~
@@ -189,6 +193,7 @@ struct Region {
   std::vector<int64_t> alloc_handles;
   std::vector<int64_t> aten_handles;
   std::vector<int64_t> view_handles;
+  std::shared_ptr<graphs::State> graphs;  // Note [Graph replay]; set by create_region
   Region() {
     view_handles.reserve(kMaxLocal);
     kernel_handles.reserve(kMaxLocal);
@@ -214,6 +219,10 @@ void* kernel_function(int64_t index, int64_t device, std::string* error);
 // Runs the region's host program on `inputs`; on a miss calls the Python miss handler once
 // and retries. Throws c10::Error with an explained message on failure.
 std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs);
+
+// The ordinary path of run_region: the host program (and the miss path), never a graph replay
+// or recording. Recording captures it; emulated replays (CPU) rerun it.
+std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Tensor> inputs);
 
 // Exposed for tests: run the host once, return the specialization index (or -1), no miss path.
 int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs);

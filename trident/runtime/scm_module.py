@@ -8,6 +8,7 @@ program over all specializations and swaps it in.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Optional, Sequence
@@ -20,7 +21,7 @@ from ..lowering import compile_host, emit_host_module, import_region
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
 from ..scm.printer import format_dtype, format_scm
 from ..scm.specialize import build_specialization
-from . import native
+from . import graphs, native
 
 _REGISTRY: dict[int, "SCMRuntime"] = {}
 
@@ -77,6 +78,11 @@ class SCMRuntime:
             self._on_miss,
         )
         _REGISTRY[self.region_id] = self
+        enabled, emulate, self.graph_reason = graphs.policy(program)
+        native.C.set_graph_policy(
+            self.region_id, enabled, emulate, knobs.graph_limit(), graphs.RECORD_AFTER,
+            [i.mutated for i in program.inputs], functools.partial(graphs.record, emulate=emulate),
+        )
 
     @staticmethod
     def get(region_id: int) -> "SCMRuntime":
@@ -195,6 +201,7 @@ class SCMRuntime:
             "specializations": len(self.scm.specializations),
             "last_specialization": last,
             "last_miss_reason": self.last_miss_reason,
+            "graph_replays": sum(g["replays"] for g in native.C.graph_stats(self.region_id)["graphs"]),
         }
 
     def probe(self, inputs: Sequence[torch.Tensor]) -> int:

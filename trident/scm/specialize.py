@@ -172,7 +172,13 @@ def build_specialization(
     launched = {
         v.index for step in program.launches for v in step.args.values() if isinstance(v, ValueRef) and v.kind == "value"
     }
-    devices = {f.device for f in inputs} | {value_facts[a.slot].device for a in program.allocs}
+    launched_inputs = {
+        v.index for step in program.launches for v in step.args.values() if isinstance(v, ValueRef) and v.kind == "input"
+    }
+    # A 0-dim CPU tensor next to CUDA tensors is a scalar to ATen (as in eager), not a device.
+    devices = {
+        f.device for i, f in enumerate(inputs) if f.sizes or f.device.type != "cpu" or i in launched_inputs
+    } | {value_facts[a.slot].device for a in program.allocs}
     devices |= {value_facts[i].device for i in launched}
     if len(devices) > 1:
         raise UnsupportedError(

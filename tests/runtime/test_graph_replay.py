@@ -1,0 +1,219 @@
+"""Graph replay (Note [Graph replay]): the policy, staging, pinning and copy-out, on the CPU
+through the emulated mode (TRIDENT_GRAPHS=all: a "graph" reruns the host program on the
+static inputs), and on CUDA with real graphs (marked cuda)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import triton
+
+import trident
+from tests.decode_model import (
+    Config,
+    check_steps_against_reference,
+    decode_step,
+    decode_step_reference,
+    make_caches,
+    make_weights,
+)
+from tests.kernels import axpy_kernel, inplace_mul_kernel
+from trident import knobs
+from trident.runtime import SCMRuntime
+from trident.runtime.native import C
+
+
+def _region(opt):
+    (rid,) = opt.meta["trident_regions"]
+    return rid
+
+
+def _optimized_decode(device, cfg, batch=1, **knob_values):
+    weights, cos, sin = make_weights(cfg, device)
+    step = functools.partial(decode_step, cfg)
+    x0 = torch.randn(batch, cfg.hidden, device=device)
+    with knobs.scope(**knob_values):
+        opt = trident.optimize(
+            trident.capture(step, x0, torch.tensor([0], device=device), cos, sin, *make_caches(cfg, device, batch=batch), *weights)
+        )
+    return opt, weights, cos, sin
+
+
+def _graph_device(device):
+    return {"graphs": "all"} if device == "cpu" else {"graphs": "cuda"}
+
+
+def test_decode_steps_replay_one_graph_with_moving_token_and_position(device):
+    """Fresh x and pos tensors every step (their addresses move): they are staged, everything
+    else (weights, caches) pinned; outputs and caches equal the reference at every step."""
+    cfg = Config()
+    opt, weights, cos, sin = _optimized_decode(device, cfg, **_graph_device(device))
+    check_steps_against_reference(cfg, opt, weights, cos, sin, range(8), device)
+    st = C.graph_stats(_region(opt))
+    assert st["off_reason"] is None
+    (g,) = st["graphs"]
+    names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
+    assert sorted(names[i] for i in g["staged"]) == ["arg0_1", "arg1_1"]  # x, pos
+    assert g["replays"] == 6  # recorded after 2 ordinary calls
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["hits"] == 8 and stats["misses"] == 0 and stats["graph_replays"] == 6
+
+
+def test_moved_written_input_takes_the_ordinary_path_then_gets_its_own_graph(device):
+    """Written inputs are pinned: caches at new addresses match no graph (ordinary path, still
+    exact); two such calls later a second graph is recorded for them."""
+    cfg = Config(layers=1)
+    opt, weights, cos, sin = _optimized_decode(device, cfg, **_graph_device(device))
+    caches = make_caches(cfg, device)
+    ref = make_caches(cfg, device)
+    xs = [torch.randn(1, cfg.hidden, device=device) for _ in range(7)]  # held: addresses differ
+    ps = [torch.tensor([p], device=device) for p in range(7)]
+    outs, want = [], []
+    for p in range(7):
+        if p == 3:
+            caches = [c.clone() for c in caches]  # same contents, new addresses
+        outs.append(opt(xs[p], ps[p], cos, sin, *caches, *weights))
+        want.append(decode_step_reference(cfg, xs[p].clone(), ps[p], cos, sin, *ref, *weights))
+    for o, w in zip(outs, want):
+        torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref):
+        torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
+    st = C.graph_stats(_region(opt))
+    assert [g["replays"] for g in st["graphs"]] == [1, 2]
+    assert st["declined"] == 2
+
+
+def _inplace_scaled_add(x, a):
+    # x (written, pinned) += 2 * a (read: staged when it moves)
+    n = x.numel()
+    axpy_kernel[(triton.cdiv(n, 64),)](a, x, x, n, 2.0, BLOCK=64)
+    inplace_mul_kernel[(triton.cdiv(n, 64),)](x, n, 0.5, BLOCK=64)
+    return x
+
+
+def _inplace_reference(x, a):
+    x.copy_((x + 2.0 * a) * 0.5)
+    return x
+
+
+def _optimized_inplace(device):
+    x, a = torch.zeros(256, device=device), torch.zeros(256, device=device)
+    with knobs.scope(**_graph_device(device)):
+        return trident.optimize(trident.capture(_inplace_scaled_add, x, a))
+
+
+def test_staged_input_aliasing_a_written_input_is_not_replayed(device):
+    opt = _optimized_inplace(device)
+    x = torch.randn(256, device=device)
+    x_ref = x.clone()
+    fresh = [torch.randn(256, device=device) for _ in range(4)]  # held: their addresses differ
+    for a in fresh:  # a fresh `a` each call: staged
+        opt(x, a)
+        _inplace_reference(x_ref, a)
+    torch.testing.assert_close(x, x_ref)
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    assert g["staged"] == [1] and g["replays"] == 2
+    # Now `a` is x itself: staging would snapshot x before the kernels write it.
+    for _ in range(2):
+        opt(x, x)
+        _inplace_reference(x_ref, x_ref)
+    torch.testing.assert_close(x, x_ref)
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"][0]["replays"] == 2 and st["declined"] == 2
+
+
+def test_graph_limit_and_off_switch(device):
+    with knobs.scope(graph_limit="1"):
+        opt = _optimized_inplace(device)
+    x = torch.zeros(256, device=device)
+    fresh = [torch.randn(256, device=device) for _ in range(8)]
+    moved = [x.clone() for _ in range(4)]
+    for i in range(8):
+        opt(x if i < 4 else moved[i - 4], fresh[i])  # x (written, pinned) moves after 4 calls
+    st = C.graph_stats(_region(opt))
+    assert len(st["graphs"]) == 1 and st["declined"] == 4
+    with knobs.scope(graphs=""):
+        x, a = torch.zeros(256, device=device), torch.zeros(256, device=device)
+        off = trident.optimize(trident.capture(_inplace_scaled_add, x, a))
+    for _ in range(4):
+        off(x, torch.randn(256, device=device))
+    assert C.graph_stats(_region(off))["graphs"] == []
+    assert "graphs: off (TRIDENT_GRAPHS='')" in trident.explain(off)
+
+
+def test_explain_lists_graphs(device):
+    opt = _optimized_inplace(device)
+    x = torch.zeros(256, device=device)
+    assert "graphs: none recorded yet" in trident.explain(opt)
+    for a in [torch.randn(256, device=device) for _ in range(5)]:
+        opt(x, a)
+    mode = "emulated" if device == "cpu" else "CUDA"
+    assert f"graph 0 ({mode}): 3 replay(s); staged inputs: a_1; every other input pinned" in trident.explain(opt)
+
+
+def test_random_operators_never_use_graphs():
+    def noisy(x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        axpy_kernel[(triton.cdiv(n, 64),)](x, torch.rand_like(x), out, n, 1.0, BLOCK=64)
+        return out
+
+    x = torch.zeros(64)
+    with knobs.scope(graphs="all"):
+        opt = trident.optimize(trident.capture(noisy, x))
+    outs = [opt(x) for _ in range(4)]
+    assert not torch.equal(outs[2], outs[3])  # new random numbers every call
+    assert C.graph_stats(_region(opt))["graphs"] == []
+    assert "draws random numbers" in trident.explain(opt)
+
+
+def test_knob_values_are_checked():
+    with knobs.scope(graphs="sometimes"), pytest.raises(ValueError, match="TRIDENT_GRAPHS"):
+        knobs.graphs()
+    with knobs.scope(graph_limit="99"), pytest.raises(ValueError, match="0..16"):
+        knobs.graph_limit()
+
+
+@pytest.mark.cuda
+def test_user_capture_sees_ordinary_launches():
+    """Inside a caller's own torch.cuda.graph capture the region launches normally (no replay,
+    no recording), so the caller's graph contains the work and replays it correctly."""
+    opt = _optimized_inplace("cuda")
+    x = torch.zeros(256, device="cuda")
+    a = torch.ones(256, device="cuda")
+    for a_i in [torch.randn(256, device="cuda") for _ in range(4)]:
+        opt(x, a_i)
+    replays = C.graph_stats(_region(opt))["graphs"][0]["replays"]
+    x.zero_()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(g, stream=s):
+        opt(x, a)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(x, torch.full_like(x, 1.75))  # x = (x + 2a) / 2 three times from 0
+    assert C.graph_stats(_region(opt))["graphs"][0]["replays"] == replays
+
+
+@pytest.mark.cuda
+def test_replay_on_another_stream_uses_the_ordinary_path_or_its_own_graph():
+    opt = _optimized_inplace("cuda")
+    x = torch.zeros(256, device="cuda")
+    x_ref = x.clone()
+    s = torch.cuda.Stream()
+    fresh = [torch.randn(256, device="cuda") for _ in range(8)]
+    for i, a in enumerate(fresh):
+        stream = s if i >= 4 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            opt(x, a)
+        torch.cuda.current_stream().wait_stream(stream)
+        _inplace_reference(x_ref, a)
+    torch.testing.assert_close(x, x_ref)
+    st = C.graph_stats(_region(opt))
+    assert len(st["graphs"]) == 2 and {g["stream"] for g in st["graphs"]} == {
+        torch.cuda.current_stream().cuda_stream, s.cuda_stream}

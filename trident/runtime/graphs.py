@@ -1,0 +1,137 @@
+"""Graph replay, the Python side (Note [Graph replay] in trident/csrc/graph_replay.cpp).
+
+The native runtime decides when a region's calls are steady enough to record and replays the
+recordings behind its guards; this module says whether a region may use graphs at all
+(`policy`) and makes a recording when asked (`record`): staging buffers, the capture of the
+region's host program with torch.cuda.graph (its private memory pool keeps the intermediates),
+and the checks that would make a replay differ from the ordinary call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .. import knobs
+from ..scm.ir import DEFAULT, AtenStep, RegionProgram
+from . import native
+
+RECORD_AFTER = 2  # consecutive ordinary calls with equal facts (but addresses) before recording
+
+
+def policy(program: RegionProgram) -> tuple[bool, bool, Optional[str]]:
+    """(enabled, emulate on the CPU, why not) for a region, from TRIDENT_GRAPHS and its steps."""
+    mode = knobs.graphs()
+    if not mode:
+        return False, False, "off (TRIDENT_GRAPHS='')"
+    for step in program.steps:
+        if isinstance(step, AtenStep) and _draws_random(step):
+            # A replay would repeat the recorded random numbers; the ordinary path draws new ones.
+            return False, False, f"never: {step.name} ({step.op}) draws random numbers"
+    return True, mode == "all", None
+
+
+def _draws_random(step: AtenStep) -> bool:
+    """Whether an operator call draws random numbers: seeded operators do, except attention
+    with a constant dropout_p of 0 (scaled_dot_product_attention's variants are all tagged)."""
+    if torch.Tag.nondeterministic_seeded not in step.op.tags:
+        return False
+    for arg, value in zip(step.op._schema.arguments, step.args):
+        if arg.name == "dropout_p":
+            if value is DEFAULT:
+                value = arg.default_value
+            return not (isinstance(value, (int, float)) and value == 0)
+    return True
+
+
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    s = _capture_streams.get(device.index)
+    if s is None:
+        s = _capture_streams[device.index] = torch.cuda.Stream(device)
+    return s
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from the first to the last one the tensor addresses (0 when empty)."""
+    if t.numel() == 0:
+        return 0
+    return sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+
+
+def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """A buffer with t's sizes, strides and address residue mod 16 (so the same specialization
+    serves it), or None when the residue is not a whole number of elements."""
+    residue, item = t.data_ptr() % 16, t.element_size()
+    if residue % item:
+        return None
+    base = torch.empty(_span(t) + 16 // item, dtype=t.dtype, device=t.device)
+    shift = ((residue - base.data_ptr() % 16) % 16) // item
+    return base.as_strided(t.shape, t.stride(), shift)
+
+
+def record(region_id: int, inputs: Sequence[torch.Tensor], staged: Sequence[bool], emulate: bool = False) -> Optional[str]:
+    """Records one graph of the region for calls like this one. None when done (or skipped
+    this time); a reason string when the region must never use graphs. With `emulate`, CPU
+    regions get an emulated graph (the host program reruns on the static inputs)."""
+    staged = list(staged)
+    static: list[torch.Tensor] = []
+    for i, (t, s) in enumerate(zip(inputs, staged)):
+        buf = staging_buffer(t) if s else None
+        if buf is None:
+            staged[i] = False
+        static.append(buf if buf is not None else t)
+    C = native.C
+    if C.probe(region_id, static) != C.probe(region_id, list(inputs)):
+        staged = [False] * len(inputs)  # staging would change the specialization: pin everything
+        static = list(inputs)
+    devices = {t.device for t in inputs}
+    if all(d.type == "cpu" for d in devices) and emulate:
+        C.add_graph(region_id, static, staged, [], 0, 0, None)  # emulated: the host program reruns
+        return None
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return f"never: inputs on {sorted(map(str, devices))}; a graph needs every input on one CUDA device"
+    device = next(iter(devices))
+    with torch.cuda.device(device):
+        user = torch.cuda.current_stream()
+        cap = _capture_stream(device)
+        graph = torch.cuda.CUDAGraph()
+        cap.wait_stream(user)
+        # cuBLASLt inside the graph uses the caller's stream's workspace: replays and ordinary
+        # calls on that stream are ordered, so they may share it.
+        C.reserve_gemm_workspace(device.index, user.cuda_stream)
+        C.set_workspace_stream(user.cuda_stream)
+        try:
+            with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
+                outs = C.run_native(region_id, static)
+        finally:
+            C.set_workspace_stream(0)
+        user.wait_stream(cap)
+    held = {t.untyped_storage().data_ptr() for t in static}
+    for k, o in enumerate(outs):
+        if o is not None and o.untyped_storage().data_ptr() in held:
+            return f"never: output {k} shares memory with an input; a replay returns copies"
+    C.add_graph(region_id, static, staged, outs, graph.raw_cuda_graph_exec(), user.cuda_stream, graph)
+    return None
+
+
+def describe(region_id: int, input_names: Sequence[str], static_reason: Optional[str]) -> list[str]:
+    """Lines for trident.explain."""
+    if static_reason:
+        return [f"graphs: {static_reason}"]
+    st = native.C.graph_stats(region_id)
+    lines = []
+    mode = "emulated" if st["emulated"] else "CUDA"
+    if st["off_reason"]:
+        lines.append(f"graphs: off after recording was refused: {st['off_reason']}")
+    if not st["graphs"] and not st["off_reason"]:
+        lines.append(f"graphs: none recorded yet ({mode}; recorded after {RECORD_AFTER} calls with equal shapes)")
+    for k, g in enumerate(st["graphs"]):
+        staged = ", ".join(input_names[i] for i in g["staged"]) or "none"
+        lines.append(f"graph {k} ({mode}): {g['replays']} replay(s); staged inputs: {staged}; every other input pinned")
+    if st["declined"]:
+        lines.append(f"graphs: {st['declined']} call(s) matched no recorded graph (ordinary path)")
+    return lines
