@@ -223,8 +223,16 @@ def _check_scatter(name, dtype):
     opt = _optimize(fn, x, src)
     text = _region_text(opt)
     why = f"{text}\n{opt.code}\n{trident.explain(opt)}"
-    assert "aten.slice_scatter" not in text and "aten.select_scatter" not in text, why
-    assert text.count("launch strided_copy_kernel") == 2 * 2, why  # the clone and the src copy; IR + plan
+    left = [n for n in opt.graph.nodes if n.target in (aten.slice_scatter.default, aten.select_scatter.default)]
+    if left and name == "slice_expanded_self":
+        # torch 2.11's meta for a self-overlapping self keeps self's strides (2.13: a plain clone);
+        # the pass then follows its rule (Note [Scatter results]) and leaves the call to ATen.
+        (node,) = left
+        val, self_val = node.meta["val"], node.args[0].meta["val"]
+        assert val.stride() != torch.empty(self_val.shape).stride(), why
+    else:
+        assert "aten.slice_scatter" not in text and "aten.select_scatter" not in text, why
+        assert text.count("launch strided_copy_kernel") == 2 * 2, why  # the clone and the src copy; IR + plan
     before = x.clone()
     got = opt(x, src)
     _assert_same(got, fn(before, src))

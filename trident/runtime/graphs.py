@@ -104,9 +104,21 @@ def record(region_id: int, inputs: Sequence[torch.Tensor], staged: Sequence[bool
         # calls on that stream are ordered, so they may share it.
         C.reserve_gemm_workspace(device.index, user.cuda_stream)
         C.set_workspace_stream(user.cuda_stream)
+        # capture_begin/end rather than torch.cuda.graph(): that also synchronizes the device,
+        # collects garbage and empties the allocator's cache, none of which a capture that runs
+        # nothing needs, and all of which would stall the caller's steady state.
         try:
-            with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
-                outs = C.run_native(region_id, static)
+            with torch.cuda.stream(cap):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    outs = C.run_native(region_id, static)
+                except BaseException:
+                    try:
+                        graph.capture_end()  # ends the (invalidated) capture; its own error is secondary
+                    except Exception:
+                        pass
+                    raise
+                graph.capture_end()
         finally:
             C.set_workspace_stream(0)
         user.wait_stream(cap)
