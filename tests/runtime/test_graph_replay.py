@@ -217,3 +217,42 @@ def test_replay_on_another_stream_uses_the_ordinary_path_or_its_own_graph():
     st = C.graph_stats(_region(opt))
     assert len(st["graphs"]) == 2 and {g["stream"] for g in st["graphs"]} == {
         torch.cuda.current_stream().cuda_stream, s.cuda_stream}
+
+
+def _axpy(x, a):
+    out = torch.empty_like(x)
+    n = x.numel()
+    axpy_kernel[(triton.cdiv(n, 64),)](a, x, out, n, 2.0, BLOCK=64)
+    return out
+
+
+def test_replayed_outputs_are_fresh_and_keep_their_values(device):
+    """Each replay returns new tensors: a result kept from an earlier call is not overwritten
+    by the next replay (the graph's own output buffer is)."""
+    x = torch.randn(256, device=device)
+    with knobs.scope(**_graph_device(device)):
+        opt = trident.optimize(trident.capture(_axpy, x, torch.zeros(256, device=device)))
+    fresh = [torch.randn(256, device=device) for _ in range(6)]
+    outs = [opt(x, a) for a in fresh]
+    for a, o in zip(fresh, outs):
+        torch.testing.assert_close(o, 2.0 * a + x)
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    assert g["replays"] == 4
+
+
+def test_new_dtype_gets_its_own_specialization_and_graph(device):
+    """Facts include the dtype: a float64 call matches no float32 graph (ordinary path, a new
+    specialization), and two such calls later it has a graph of its own."""
+    opt = _optimized_inplace(device)
+    xs = {dt: torch.randn(256, device=device, dtype=dt) for dt in (torch.float32, torch.float64)}
+    refs = {dt: x.clone() for dt, x in xs.items()}
+    for dtype in (torch.float32, torch.float64, torch.float32, torch.float64):
+        for a in [torch.randn(256, device=device, dtype=dtype) for _ in range(3)]:
+            opt(xs[dtype], a)
+            _inplace_reference(refs[dtype], a)
+        torch.testing.assert_close(xs[dtype], refs[dtype])
+    st = C.graph_stats(_region(opt))
+    assert [g["replays"] for g in st["graphs"]] == [4, 4]
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["specializations"] == 2 and stats["hits"] + stats["misses"] == 12

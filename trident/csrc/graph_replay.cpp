@@ -144,6 +144,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
   }
   const bool profiling = g_profiling.load(std::memory_order_relaxed);
   const auto t0 = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  std::lock_guard<std::mutex> lock(e->replay_mutex);
   std::string error;
   for (int64_t i = 0; i < n; ++i) {
     if (!e->staged[i]) continue;

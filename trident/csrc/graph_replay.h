@@ -29,6 +29,9 @@ struct Entry {
   int64_t device = -1;
   pybind11::object keeper;                // torch.cuda.CUDAGraph: owns exec and its private memory pool
   std::atomic<int64_t> replays{0};
+  // Staging, launch and copy-out of one replay are enqueued as one unit: two threads replaying
+  // on the stream must not interleave (a second staging copy before the first launch).
+  std::mutex replay_mutex;
 };
 
 constexpr int64_t kMaxGraphs = 16;
