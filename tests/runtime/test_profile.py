@@ -16,7 +16,8 @@ def test_profile_counts_every_service_call(device):
     caches = make_caches(cfg, device)
     step = functools.partial(decode_step, cfg)
     args = (torch.randn(1, cfg.hidden, device=device), torch.tensor([3], device=device), cos, sin, *caches, *weights)
-    opt = trident.optimize(trident.capture(step, *args))
+    with trident.knobs.scope(graphs=""):  # every call runs the host program (graph replay: below)
+        opt = trident.optimize(trident.capture(step, *args))
     opt(*args)  # compiled and warm: the profile below sees hits only
     (rid,) = opt.meta["trident_regions"]
     rt = trident.runtime.SCMRuntime.get(rid)
@@ -30,7 +31,7 @@ def test_profile_counts_every_service_call(device):
     for r in prof.rows:
         by_kind[r.kind] = by_kind.get(r.kind, 0) + r.calls
         assert r.ns >= 0
-    assert prof.host_calls() == 3
+    assert prof.host_calls() == 3 and prof.calls() == 3
     assert by_kind["launch"] == 3 * len(program.launches)
     assert by_kind["alloc"] == 3 * len(program.allocs)
     # Every operator step is either a native view or an operator call (views fall back to one).
@@ -43,3 +44,24 @@ def test_profile_counts_every_service_call(device):
     before = sum(r.calls for r in prof.rows)
     opt(*args)
     assert sum(row[2] for row in trident.runtime.native.C.profile_report()) == before
+
+
+def test_profile_counts_graph_replays(device):
+    """With graph replay, each call is counted once (kind call); replays under kind graph."""
+    cfg = Config(layers=1)
+    weights, cos, sin = make_weights(cfg, device)
+    caches = make_caches(cfg, device)
+    step = functools.partial(decode_step, cfg)
+    xs = [torch.randn(1, cfg.hidden, device=device) for _ in range(5)]
+    pos = [torch.tensor([p], device=device) for p in range(5)]
+    with trident.knobs.scope(graphs="all" if device == "cpu" else "cuda"):
+        opt = trident.optimize(trident.capture(step, xs[0], pos[0], cos, sin, *caches, *weights))
+    for i in range(2):  # two ordinary calls: recorded after these
+        opt(xs[i], pos[i], cos, sin, *caches, *weights)
+    with trident.profile() as prof:
+        for i in range(2, 5):
+            opt(xs[i], pos[i], cos, sin, *caches, *weights)
+    by_kind = {r.kind: r.calls for r in prof.grouped() if r.kind in ("call", "graph")}
+    assert by_kind == {"call": 3, "graph": 3}
+    assert prof.calls() == 3
+    assert prof.as_json()[0]["calls_per_step"] == 1.0

@@ -22,7 +22,7 @@ from .native import C
 
 @dataclasses.dataclass
 class ProfileRow:
-    kind: str  # host, alloc, view, launch, typed, boxed, constant
+    kind: str  # call, host, graph, alloc, view, launch, gemm, typed, boxed, constant
     name: str
     calls: int
     ns: int
@@ -46,17 +46,22 @@ class HostProfile:
         return sorted(out, key=lambda r: -r.ns)
 
     def host_calls(self) -> int:
+        """Runs of a generated host program (a graph replay runs none)."""
         return sum(r.calls for r in self.rows if r.kind == "host")
 
+    def calls(self) -> int:
+        """Calls of SCMs (each user call once, whether it replayed a graph or not)."""
+        return sum(r.calls for r in self.rows if r.kind == "call")
+
     def table(self) -> str:
-        steps = max(self.host_calls(), 1)
+        steps = max(self.calls(), 1)
         lines = [f"{'kind':8} {'name':44} {'calls/step':>10} {'us/call':>9} {'us/step':>9}"]
         for r in self.grouped():
             lines.append(f"{r.kind:8} {r.name[:44]:44} {r.calls / steps:10.1f} {r.us_per_call:9.2f} {r.ns / steps / 1e3:9.1f}")
         return "\n".join(lines)
 
     def as_json(self) -> list[dict]:
-        steps = max(self.host_calls(), 1)
+        steps = max(self.calls(), 1)
         return [
             {"kind": r.kind, "name": r.name, "calls_per_step": r.calls / steps, "us_per_call": round(r.us_per_call, 3),
              "us_per_step": round(r.ns / steps / 1e3, 2)}
