@@ -1,7 +1,10 @@
 """Decode-step latency of Llama-3.2-1B- and Qwen2-0.5B-shaped models built from Triton kernels
 (RMSNorm, rotary, SiLU-mul, residual add) plus ATen (matmuls, attention, KV-cache writes,
 views): eager, torch.compile (default, cpp_wrapper, reduce-overhead), a manual CUDA-graph
-replay at a fixed position (the device floor), and Trident -- all in ONE run.
+replay at a fixed position (the device floor), and Trident -- all in ONE run. Trident runs in
+its default configuration (graph replay on: Note [Graph replay]); A/B variants run the same region
+with one knob changed (trident_no_graphs: every call runs the native host program; the other
+trident_* variants turn off one native path each, graphs off too so the path's cost shows).
 
     python tools/bench_decode.py --out results/bench_decode.json [--models llama,qwen] [--batches 1,8]
 

@@ -7,11 +7,13 @@
 #        DECODE_VARIANTS, DECODE_BUDGET_S, TRIDENT_COMMIT
 # Pass TRIDENT_COMMIT as a literal sha from the developer machine: the device copy's git metadata
 # can be stale, so $(git rev-parse HEAD) evaluated there may name an older commit.
-# One device call is at most 600 s; the whole suite needs two (measured 2026-11-30: build ~40 s,
-# tests ~100 s, decode b1 with every baseline for two models ~420 s, bench_gemm ~60 s):
-#   call 1: DECODE_BATCHES=1 RUN_TESTS=0 BENCH_GEMM=0   (the ONE-run table)
-#   call 2: DECODE_BATCHES=8 DECODE_VARIANTS=eager,trident,graph_floor,trident_no_gemm,trident_no_copies,trident_no_arena
-#           DECODE_MODELS=llama,qwen   (+ tests and bench_gemm: RUN_TESTS=1 BENCH_GEMM=1)
+# One device call is at most 600 s; the whole suite needs three (measured 2026-11-30: build ~50 s,
+# tests ~200 s, decode b1 llama with every baseline and A/B variant ~480 s, qwen's compile
+# baselines alone ~200 s, bench_gemm ~60 s):
+#   call 1: DECODE_MODELS=llama DECODE_BATCHES=1 RUN_TESTS=0 BENCH_GEMM=0
+#   call 2: DECODE_MODELS=qwen DECODE_BATCHES=1 RUN_TESTS=0 BENCH_GEMM=0
+#           DECODE_VARIANTS=trident,graph_floor,trident_no_graphs,torch_compile,torch_compile_cpp_wrapper,torch_compile_reduce_overhead
+#   call 3: DECODE_BATCHES=8 (same variants as call 2) DECODE_BUDGET_S=300 RUN_TESTS=1 BENCH_GEMM=0
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT" /tmp/site

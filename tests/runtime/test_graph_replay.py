@@ -256,3 +256,38 @@ def test_new_dtype_gets_its_own_specialization_and_graph(device):
     assert [g["replays"] for g in st["graphs"]] == [4, 4]
     (stats,) = trident.cache_info(opt).values()
     assert stats["specializations"] == 2 and stats["hits"] + stats["misses"] == 12
+
+
+def _scale_rows(x, out):
+    # x read through its strides by ATen (any layout), then a kernel: out = 2 * (3 x) + out
+    y = torch.mul(x, 3.0).contiguous()
+    n = out.numel()
+    axpy_kernel[(triton.cdiv(n, 64),)](y, out, out, n, 2.0, BLOCK=64)
+    return out
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda dev: torch.randn(4, 16, device=dev)[:, ::2],  # strided (gaps between elements)
+        lambda dev: torch.randn(1, 8, device=dev).expand(4, 8),  # stride 0: rows overlap
+        lambda dev: torch.randn(8, 4, device=dev).t(),  # transposed
+        lambda dev: torch.randn(40, device=dev)[3:35].view(4, 8),  # storage offset
+    ],
+    ids=["strided", "expanded", "transposed", "offset"],
+)
+def test_staged_inputs_of_any_layout(device, make):
+    """A staged input is copied as the bytes its elements span, into a buffer with its strides
+    and address residue: any layout gives eager's result."""
+    example = make(device)
+    out = torch.zeros(4, 8, device=device)
+    with knobs.scope(**_graph_device(device)):
+        opt = trident.optimize(trident.capture(_scale_rows, example, out))
+    xs = [make(device) for _ in range(5)]  # held: addresses differ
+    for x in xs:
+        out.zero_()  # written: pinned at its address
+        opt(x, out)
+        torch.testing.assert_close(out, 6.0 * x)
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
+    assert [names[i] for i in g["staged"]] == ["x_1"] and g["replays"] == 3
