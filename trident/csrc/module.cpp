@@ -374,6 +374,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (int64_t i = 0; i < iters; ++i) trident::run_region(region, inputs);
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   });
+  m.def("set_disjoint_inputs", [](int64_t region, std::vector<std::tuple<int64_t, int64_t, std::string>> pairs) {
+    // Note [Inputs a lowered index write must not overlap]; set before the region's first call.
+    auto r = trident::get_region(region);
+    TORCH_CHECK(r->hits.load() + r->misses.load() == 0, "trident: disjoint inputs are set before the first call");
+    for (const auto& [w, rd, what] : pairs) {
+      TORCH_CHECK(w >= 0 && w < r->num_inputs && rd >= 0 && rd < r->num_inputs, "trident: no input ", w, " or ", rd);
+      r->disjoint.emplace_back(w, rd);
+      r->disjoint_what.push_back(what);
+    }
+  });
   // Note [Graph replay]
   m.def("set_graph_policy", [](int64_t region, bool enabled, bool emulate, int64_t max_graphs, int64_t record_after,
                                std::vector<bool> written, py::object recorder) {

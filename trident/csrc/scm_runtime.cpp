@@ -589,12 +589,42 @@ std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Ten
   return run_prepared(r, region_id, inputs, ctx, guard, /*count=*/false);
 }
 
+namespace {
+
+// [first byte, one past the last byte) of the elements a tensor addresses; empty when none.
+std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return {0, 0};
+  int64_t last = 0;
+  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};
+}
+
+void check_disjoint_inputs(const Region& r, const std::vector<at::Tensor>& inputs) {
+  for (size_t k = 0; k < r.disjoint.size(); ++k) {
+    const auto [w, rd] = r.disjoint[k];
+    const at::Tensor& a = inputs[w];
+    const at::Tensor& b = inputs[rd];
+    if (!a.defined() || !b.defined() || a.device() != b.device()) continue;
+    const auto sa = byte_span(a);
+    const auto sb = byte_span(b);
+    TORCH_CHECK(sa.first == sa.second || sb.first == sb.second || sa.second <= sb.first || sb.second <= sa.first,
+                "trident: region '", r.name, "': ", r.disjoint_what[k],
+                ", and the two overlap in memory. Eager raises here too (unsupported operation: some elements of "
+                "the input tensor and the written-to tensor refer to a single memory location); pass tensors that "
+                "do not overlap, e.g. a .clone() of the one read.");
+  }
+}
+
+}  // namespace
+
 std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs) {
   ProfScope prof(call_prof());  // the whole native call: facts, host program, freeing the value table
   auto rp = get_region(region_id);
   Region& r = *rp;
   TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
               "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
+  if (!r.disjoint.empty()) check_disjoint_inputs(r, inputs);
   HostCtx ctx;
   c10::OptionalDeviceGuard guard;
   prepare(r, inputs, ctx, guard);

@@ -194,6 +194,10 @@ struct Region {
   std::vector<int64_t> aten_handles;
   std::vector<int64_t> view_handles;
   std::shared_ptr<graphs::State> graphs;  // Note [Graph replay]; set by create_region
+  // Note [Inputs a lowered index write must not overlap] (runtime/scm_module.py): pairs of
+  // (written input, read input) whose bytes must not intersect, and what each pair is.
+  std::vector<std::pair<int64_t, int64_t>> disjoint;
+  std::vector<std::string> disjoint_what;
   Region() {
     view_handles.reserve(kMaxLocal);
     kernel_handles.reserve(kMaxLocal);

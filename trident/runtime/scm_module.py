@@ -58,6 +58,39 @@ def check_verbose(guard: TensorGuard, value) -> Optional[str]:
     return None
 
 
+# Note [Inputs a lowered index write must not overlap]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Eager index_copy_ / index_put_ refuse a source (or index) that overlaps the tensor they write
+# (at::assert_no_overlap: "unsupported operation: some elements of the input tensor and the
+# written-to tensor refer to a single memory location"). Once lower_copies has made them Triton
+# launches, that check is gone, and a caller passing overlapping tensors as two graph inputs
+# would get an unspecified result. So each call checks, natively, that the bytes spanned by
+# every input such a launch writes and by every input it reads do not intersect, and raises the
+# same error otherwise (also for layouts ATen's check finds too hard and lets through).
+_INDEX_WRITE_KERNELS = ("index_copy_kernel", "index_copy2_kernel")
+
+
+def disjoint_input_pairs(program: RegionProgram) -> list[tuple[int, int, str]]:
+    """(written input, read input, what) for each lowered index write between two region inputs."""
+    pairs = []
+    for step in program.launches:
+        if step.kernel_name not in _INDEX_WRITE_KERNELS:
+            continue
+        refs = {name: v for name, v in step.args.items() if getattr(v, "kind", None) == "input"}
+        for w_name in step.writes:
+            w = refs.get(w_name)
+            if w is None:
+                continue
+            for r_name, r in refs.items():
+                if r_name not in step.writes and r.index != w.index:
+                    what = (
+                        f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
+                        f"{program.inputs[r.index].name!r} ({r_name})"
+                    )
+                    pairs.append((w.index, r.index, what))
+    return pairs
+
+
 class SCMRuntime:
     def __init__(self, program: RegionProgram):
         self.program = program
@@ -78,6 +111,7 @@ class SCMRuntime:
             self._on_miss,
         )
         _REGISTRY[self.region_id] = self
+        native.C.set_disjoint_inputs(self.region_id, disjoint_input_pairs(program))
         enabled, emulate, self.graph_reason = graphs.policy(program)
         native.C.set_graph_policy(
             self.region_id, enabled, emulate, knobs.graph_limit(), graphs.RECORD_AFTER,
