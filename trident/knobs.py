@@ -65,24 +65,25 @@ def compile_cubin_on_cpu() -> bool:
     return _KNOBS["compile_cubin_on_cpu"].get() not in ("0", "false", "False", "")
 
 
-def triton_copies() -> str:
-    """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
-    value = _KNOBS["triton_copies"].get().strip().lower()
+def _device_mode(name: str) -> str:
+    """A knob naming where a feature applies: "cuda", "all" or "" (off, also 0/off/none/false)."""
+    knob = _KNOBS[name]
+    value = knob.get().strip().lower()
     if value in ("", "0", "off", "none", "false"):
         return ""
     if value not in ("cuda", "all"):
-        raise ValueError(f"TRIDENT_TRITON_COPIES={value!r}: expected 'cuda', 'all' or '' (off)")
+        raise ValueError(f"{knob.env}={value!r}: expected 'cuda', 'all' or '' (off)")
     return value
+
+
+def triton_copies() -> str:
+    """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
+    return _device_mode("triton_copies")
 
 
 def graphs() -> str:
-    """Graph replay mode: "cuda", "all" or "" (off)."""
-    value = _KNOBS["graphs"].get().strip().lower()
-    if value in ("", "0", "off", "none", "false"):
-        return ""
-    if value not in ("cuda", "all"):
-        raise ValueError(f"TRIDENT_GRAPHS={value!r}: expected 'cuda', 'all' or '' (off)")
-    return value
+    """Graph replay mode (Note [Graph replay]): "cuda", "all" (CPU regions emulated) or "" (off)."""
+    return _device_mode("graphs")
 
 
 def graph_limit() -> int:
