@@ -291,3 +291,35 @@ def test_staged_inputs_of_any_layout(device, make):
     (g,) = C.graph_stats(_region(opt))["graphs"]
     names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
     assert [names[i] for i in g["staged"]] == ["x_1"] and g["replays"] == 3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_call_sequences_equal_the_reference(device, seed):
+    """Differential test of the replay policy: 40 calls choosing at random among written tensors
+    (pinned), read tensors (staged or pinned), the read tensor being the written one, and two
+    dtypes; after every call the written tensor equals the reference computed in PyTorch."""
+    g = torch.Generator().manual_seed(seed)
+    opt = _optimized_inplace(device)
+
+    def rand(dtype):
+        return torch.randn(256, generator=g, dtype=dtype).to(device)
+
+    dtypes = (torch.float32, torch.float64)
+    written = {dt: [rand(dt) for _ in range(2)] for dt in dtypes}
+    reads = {dt: [rand(dt) for _ in range(3)] for dt in dtypes}
+    refs = {dt: [w.clone() for w in ws] for dt, ws in written.items()}
+    for _ in range(40):
+        dt = dtypes[int(torch.randint(0, 2, (1,), generator=g))]
+        wi = int(torch.randint(0, 2, (1,), generator=g))
+        choice = int(torch.randint(0, 5, (1,), generator=g))
+        if choice == 4:  # the read tensor is the written one
+            opt(written[dt][wi], written[dt][wi])
+            _inplace_reference(refs[dt][wi], refs[dt][wi])
+        else:
+            a = reads[dt][choice % 3] if choice < 3 else rand(dt)
+            opt(written[dt][wi], a)
+            _inplace_reference(refs[dt][wi], a)
+        for w, r in zip(written[dt], refs[dt]):
+            torch.testing.assert_close(w, r)
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"] and sum(x["replays"] for x in st["graphs"]) > 0
