@@ -176,7 +176,9 @@ def explain(gm: torch.fx.GraphModule) -> str:
                     f"    arena: {len(in_arena)} of {len(spec.allocs)} allocation(s) in one buffer of "
                     f"{in_arena[0].arena_bytes} bytes per call"
                 )
-        lines.extend("  " + line for line in graphs.describe(rt.region_id, [i.name for i in rt.program.inputs], rt.graph_reason))
+        devices = [g.facts.device for spec in rt.scm.specializations for g in spec.guards]
+        names = [i.name for i in rt.program.inputs]
+        lines.extend("  " + line for line in graphs.describe(rt.region_id, names, rt.graph_reason, devices))
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
     removed = gm.meta.get("trident_cse_removed", 0)

@@ -323,3 +323,12 @@ def test_random_call_sequences_equal_the_reference(device, seed):
             torch.testing.assert_close(w, r)
     st = C.graph_stats(_region(opt))
     assert st["graphs"] and sum(x["replays"] for x in st["graphs"]) > 0
+
+
+def test_explain_says_cpu_regions_get_no_graphs_by_default():
+    x, a = torch.zeros(256), torch.zeros(256)
+    opt = trident.optimize(trident.capture(_inplace_scaled_add, x, a))  # TRIDENT_GRAPHS=cuda
+    for a in [torch.randn(256) for _ in range(3)]:
+        opt(x, a)
+    assert "graphs: none on the CPU (TRIDENT_GRAPHS=cuda" in trident.explain(opt)
+    assert C.graph_stats(_region(opt))["graphs"] == []

@@ -130,11 +130,15 @@ def record(region_id: int, inputs: Sequence[torch.Tensor], staged: Sequence[bool
     return None
 
 
-def describe(region_id: int, input_names: Sequence[str], static_reason: Optional[str]) -> list[str]:
-    """Lines for trident.explain."""
+def describe(
+    region_id: int, input_names: Sequence[str], static_reason: Optional[str], devices: Sequence[torch.device] = ()
+) -> list[str]:
+    """Lines for trident.explain; `devices`: where the region's specializations run."""
     if static_reason:
         return [f"graphs: {static_reason}"]
     st = native.C.graph_stats(region_id)
+    if devices and not st["emulated"] and all(d.type == "cpu" for d in devices):
+        return ["graphs: none on the CPU (TRIDENT_GRAPHS=cuda; 'all' emulates them there, for tests)"]
     lines = []
     mode = "emulated" if st["emulated"] else "CUDA"
     if st["off_reason"]:
