@@ -169,6 +169,16 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
       launch residual_add_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, constexpr=256) num_warps=4 shared=0
         params: x_ptr=empty_like_1:*fp32, y_ptr=mm_5:*fp32, out_ptr=empty_like_3:*fp32, n=64:i32
         runtime check: empty_like_1, mm_5, empty_like_3 16-byte aligned
+      after step 3: release arange
+      after step 14: release index_select, index_select_1
+      after step 16: release mm_1, view_1
+      after step 18: release mm_2, view_2
+      after step 30: release le, view, scalar_tensor, scalar_tensor_1
+      after step 31: release mm, clone, _unsafe_view, clone_1, _unsafe_view_1, view_3, where, _scaled_dot_product_flash_attention_for_cpu[1]
+      after step 34: release _scaled_dot_product_flash_attention_for_cpu[0], view_4
+      after step 36: release mm_3
+      after step 42: release mm_4
+      after step 46: release mm_5
 """)
 
 

@@ -154,9 +154,9 @@ def run_case(
     # every operator call boxed through the dispatcher (no views, constants, typed or gemm paths)
     variant("trident_all_boxed", trident_with(native_paths="", graphs=""))
     # aten::mm through the dispatcher instead of cached cuBLASLt plans
-    variant("trident_no_gemm", trident_with(native_paths="views,constants,typed,arena", graphs=""))
+    variant("trident_no_gemm", trident_with(native_paths="views,constants,typed,arena,release", graphs=""))
     # every allocation its own caching-allocator call instead of one arena per call
-    variant("trident_no_arena", trident_with(native_paths="views,constants,typed,gemm", graphs=""))
+    variant("trident_no_arena", trident_with(native_paths="views,constants,typed,gemm,release", graphs=""))
     # clone / index_copy_ through ATen instead of Trident's Triton copy kernels; also run when
     # the default configuration failed, so that a Trident number exists either way
     variant("trident_no_copies", trident_with(triton_copies="", graphs=""), force="error" in res.get("trident", {}))

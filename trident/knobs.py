@@ -25,7 +25,7 @@ _KNOBS = {
     "repro_dir": _Knob("TRIDENT_REPRO_DIR", "", "where a failed MLIR pipeline saves its input"),
     "mlir_opt_level": _Knob("TRIDENT_MLIR_OPT_LEVEL", "2", "ExecutionEngine optimization level"),
     "native_paths": _Knob(
-        "TRIDENT_NATIVE_PATHS", "views,constants,typed,gemm,arena", "native operator paths to use (A/B: set to '')"
+        "TRIDENT_NATIVE_PATHS", "views,constants,typed,gemm,arena,release", "native operator paths to use (A/B: set to '')"
     ),
     "compile_cubin_on_cpu": _Knob(
         "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too"
@@ -57,7 +57,7 @@ def mlir_opt_level() -> int:
 
 
 def native_path(name: str) -> bool:
-    """Whether the native operator path `name` (views, constants, typed, gemm, arena) is enabled."""
+    """Whether the native operator path `name` (views, constants, typed, gemm, arena, release) is enabled."""
     return name in {p.strip() for p in _KNOBS["native_paths"].get().split(",")}
 
 

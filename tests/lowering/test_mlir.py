@@ -131,24 +131,26 @@ module {
     %8 = llvm.load %7 : !llvm.ptr -> !llvm.ptr
     %9 = llvm.getelementptr %arg0[4] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
     %10 = llvm.load %9 : !llvm.ptr -> !llvm.ptr
+    %11 = llvm.getelementptr %arg0[5] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr
+    %12 = llvm.load %11 : !llvm.ptr -> !llvm.ptr
     %c5_i64 = arith.constant 5 : i64
-    %11 = llvm.alloca %c5_i64 x i64 : (i64) -> !llvm.ptr
-    %12 = call @scm_select(%arg0, %arg1) : (!llvm.ptr, !llvm.ptr) -> i64
-    %13 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
-    %14 = llvm.load %13 : !llvm.ptr -> i64
-    %15 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
+    %13 = llvm.alloca %c5_i64 x i64 : (i64) -> !llvm.ptr
+    %14 = call @scm_select(%arg0, %arg1) : (!llvm.ptr, !llvm.ptr) -> i64
+    %15 = llvm.getelementptr %0[0] : (!llvm.ptr) -> !llvm.ptr, i64
     %16 = llvm.load %15 : !llvm.ptr -> i64
+    %17 = llvm.getelementptr %0[5] : (!llvm.ptr) -> !llvm.ptr, i64
+    %18 = llvm.load %17 : !llvm.ptr -> i64
     cf.br ^bb1
   ^bb1:  // pred: ^bb0
     %c0_i64 = arith.constant 0 : i64
-    %17 = arith.cmpi eq, %12, %c0_i64 : i64
-    cf.cond_br %17, ^bb2, ^bb3
+    %19 = arith.cmpi eq, %14, %c0_i64 : i64
+    cf.cond_br %19, ^bb2, ^bb3
   ^bb2:  // pred: ^bb1
     %c0_i64_0 = arith.constant 0 : i64
-    %18 = llvm.call %2(%arg1, %c0_i64_0) : !llvm.ptr, (!llvm.ptr, i64) -> i64
+    %20 = llvm.call %2(%arg1, %c0_i64_0) : !llvm.ptr, (!llvm.ptr, i64) -> i64
     %c-1_i64 = arith.constant -1 : i64
-    %19 = arith.cmpi ne, %18, %c-1_i64 : i64
-    cf.cond_br %19, ^bb5, ^bb4
+    %21 = arith.cmpi ne, %20, %c-1_i64 : i64
+    cf.cond_br %21, ^bb5, ^bb4
   ^bb3:  // pred: ^bb1
     %c-1_i64_1 = arith.constant -1 : i64
     return %c-1_i64_1 : i64
@@ -156,32 +158,32 @@ module {
     %c-2_i64 = arith.constant -2 : i64
     return %c-2_i64 : i64
   ^bb5:  // pred: ^bb2
-    %20 = llvm.getelementptr %11[0] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %14, %20 : i64, !llvm.ptr
-    %21 = llvm.getelementptr %11[1] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %16, %21 : i64, !llvm.ptr
-    %22 = llvm.getelementptr %11[2] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %18, %22 : i64, !llvm.ptr
+    %22 = llvm.getelementptr %13[0] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %16, %22 : i64, !llvm.ptr
+    %23 = llvm.getelementptr %13[1] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %18, %23 : i64, !llvm.ptr
+    %24 = llvm.getelementptr %13[2] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %20, %24 : i64, !llvm.ptr
     %c15_i64 = arith.constant 15 : i64
-    %23 = arith.andi %18, %c15_i64 : i64
+    %25 = arith.andi %20, %c15_i64 : i64
     %c0_i64_2 = arith.constant 0 : i64
-    %24 = arith.cmpi eq, %23, %c0_i64_2 : i64
+    %26 = arith.cmpi eq, %25, %c0_i64_2 : i64
     %c1000_i64 = arith.constant 1000 : i64
-    %25 = llvm.getelementptr %11[3] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %c1000_i64, %25 : i64, !llvm.ptr
+    %27 = llvm.getelementptr %13[3] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %c1000_i64, %27 : i64, !llvm.ptr
     %c1075838976_i64 = arith.constant 1075838976 : i64
-    %26 = llvm.getelementptr %11[4] : (!llvm.ptr) -> !llvm.ptr, i64
-    llvm.store %c1075838976_i64, %26 : i64, !llvm.ptr
-    cf.cond_br %24, ^bb6, ^bb4
+    %28 = llvm.getelementptr %13[4] : (!llvm.ptr) -> !llvm.ptr, i64
+    llvm.store %c1075838976_i64, %28 : i64, !llvm.ptr
+    cf.cond_br %26, ^bb6, ^bb4
   ^bb6:  // pred: ^bb5
     %c0_i64_3 = arith.constant 0 : i64
     %c8_i64 = arith.constant 8 : i64
     %c1_i64 = arith.constant 1 : i64
     %c1_i64_4 = arith.constant 1 : i64
-    %27 = llvm.call %4(%arg1, %c0_i64_3, %c8_i64, %c1_i64, %c1_i64_4, %11) : !llvm.ptr, (!llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> i64
+    %29 = llvm.call %4(%arg1, %c0_i64_3, %c8_i64, %c1_i64, %c1_i64_4, %13) : !llvm.ptr, (!llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> i64
     %c0_i64_5 = arith.constant 0 : i64
-    %28 = arith.cmpi eq, %27, %c0_i64_5 : i64
-    cf.cond_br %28, ^bb7, ^bb4
+    %30 = arith.cmpi eq, %29, %c0_i64_5 : i64
+    cf.cond_br %30, ^bb7, ^bb4
   ^bb7:  // pred: ^bb6
     %c0_i64_6 = arith.constant 0 : i64
     return %c0_i64_6 : i64

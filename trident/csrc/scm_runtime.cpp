@@ -383,7 +383,14 @@ int64_t rt_view(HostCtx* ctx, int64_t index) noexcept {
   }
 }
 
-RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_view};
+// Note [Early release] (trident/scm/specialize.py): drops a value after the last step touching
+// its storage, so its memory returns to the allocator as eager's would.
+int64_t rt_release(HostCtx* ctx, int64_t slot) noexcept {
+  ctx->values[slot].reset();
+  return 0;
+}
+
+RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_view, &rt_release};
 
 thread_local std::vector<int64_t> tls_facts;
 

@@ -53,6 +53,7 @@ struct RuntimeTable {
   int64_t (*aten)(HostCtx*, int64_t aten_index);     // -> 0, or -2
   int64_t (*value_ptr)(HostCtx*, int64_t slot);      // -> data pointer of a region value
   int64_t (*view)(HostCtx*, int64_t view_index);     // -> 0, or -2
+  int64_t (*release)(HostCtx*, int64_t slot);        // -> 0 (Note [Early release], scm/specialize.py)
 };
 
 constexpr int64_t kFactsFixed = 3;

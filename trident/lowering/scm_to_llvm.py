@@ -27,7 +27,7 @@ from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Sp
 from .region_to_torch import LAUNCH_OP_NAME, op_step
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
-RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW = 0, 1, 2, 3, 4  # field order of RuntimeTable
+RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW, RT_RELEASE = 0, 1, 2, 3, 4, 5  # field order of RuntimeTable
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
 
@@ -244,6 +244,7 @@ class _Emitter:
             self.aten_fn = self.load_at(rt, RT_ATEN, self.ptr)
             self.value_ptr_fn = self.load_at(rt, RT_VALUE_PTR, self.ptr)
             self.view_fn = self.load_at(rt, RT_VIEW, self.ptr)
+            self.release_fn = self.load_at(rt, RT_RELEASE, self.ptr)
             max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
             self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
             selected = func.CallOp([self.i64], SELECT_SYMBOL, [rt, ctx]).result
@@ -287,47 +288,52 @@ class _Emitter:
         return nxt
 
     def body(self, spec: Specialization, block, fail, region) -> None:
-        values: dict[int, ir.Value] = {}  # value slot -> its data pointer, once known
-        self.values = values
+        self.values: dict[int, ir.Value] = {}  # value slot -> its data pointer, once known
         self.address_only = {v.step.outputs[0]: v for v in spec.views.values() if v.pointer_only}
         allocs = {plan.step.slot: plan for plan in spec.allocs}
         atens = iter(spec.atens)
         launches = iter(spec.launches)
         cur = block
-        for step in self.scm.program.steps:
-            with ir.InsertionPoint(cur):
-                if isinstance(step, AllocStep):
-                    plan = allocs[step.slot]
-                    p = llvm.CallOp(self.i64, [self.alloc_fn, self.ctx, self.const(plan.handle)], [], []).result
-                    values[step.slot] = p
-                    cur = self._continue(self.ne(p, self.const(-1)), fail, region)
-                elif isinstance(step, AtenStep):
-                    plan = next(atens)
-                    view = spec.views.get(step.name)
-                    if view is not None and view.pointer_only:
-                        continue  # only kernels read it: its address is computed where used
-                    if view is not None:
-                        r = llvm.CallOp(self.i64, [self.view_fn, self.ctx, self.const(view.handle)], [], []).result
-                    else:
-                        r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
-                    cur = self._continue(self.eq(r, self.const(0)), fail, region)
-                else:
-                    launch = next(launches)
-                    ok = self.store_params(launch)
-                    gx, gy, gz = launch.step.grid
-                    if ok is not None:  # pointers the kernel was specialized as 16-byte aligned
-                        cur = self._continue(ok, fail, region)
-                    with ir.InsertionPoint(cur):
-                        r = llvm.CallOp(
-                            self.i64,
-                            [self.launch_fn, self.ctx, self.const(launch.handle), self.const(gx), self.const(gy),
-                             self.const(gz), self.slots],
-                            [],
-                            [],
-                        ).result
-                        cur = self._continue(self.eq(r, self.const(0)), fail, region)
+        for step_index, step in enumerate(self.scm.program.steps):
+            cur = self.step(spec, step, allocs, atens, launches, cur, fail, region)
+            with ir.InsertionPoint(cur):  # Note [Early release]: cannot fail
+                for slot in spec.releases.get(step_index, ()):
+                    llvm.CallOp(self.i64, [self.release_fn, self.ctx, self.const(slot)], [], [])
         with ir.InsertionPoint(cur):
             func.ReturnOp([self.const(spec.index)])
+
+    def step(self, spec: Specialization, step, allocs, atens, launches, cur, fail, region):
+        """Emits one program step into block `cur`; returns the block to continue in."""
+        with ir.InsertionPoint(cur):
+            if isinstance(step, AllocStep):
+                plan = allocs[step.slot]
+                p = llvm.CallOp(self.i64, [self.alloc_fn, self.ctx, self.const(plan.handle)], [], []).result
+                self.values[step.slot] = p
+                return self._continue(self.ne(p, self.const(-1)), fail, region)
+            if isinstance(step, AtenStep):
+                plan = next(atens)
+                view = spec.views.get(step.name)
+                if view is not None and view.pointer_only:
+                    return cur  # only kernels read it: its address is computed where used
+                if view is not None:
+                    r = llvm.CallOp(self.i64, [self.view_fn, self.ctx, self.const(view.handle)], [], []).result
+                else:
+                    r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
+                return self._continue(self.eq(r, self.const(0)), fail, region)
+            launch = next(launches)
+            ok = self.store_params(launch)
+            gx, gy, gz = launch.step.grid
+            if ok is not None:  # pointers the kernel was specialized as 16-byte aligned
+                cur = self._continue(ok, fail, region)
+        with ir.InsertionPoint(cur):
+            r = llvm.CallOp(
+                self.i64,
+                [self.launch_fn, self.ctx, self.const(launch.handle), self.const(gx), self.const(gy),
+                 self.const(gz), self.slots],
+                [],
+                [],
+            ).result
+            return self._continue(self.eq(r, self.const(0)), fail, region)
 
     def value_pointer(self, slot: int):
         if slot not in self.values:

@@ -199,6 +199,8 @@ class Specialization:
     atens: list[AtenPlan] = field(default_factory=list)
     value_facts: list[TensorFacts] = field(default_factory=list)  # per value slot
     views: dict[str, ViewPlan] = field(default_factory=dict)  # by step name
+    # Note [Early release]: after program step i, the value slots dropped from the value table
+    releases: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass

@@ -101,7 +101,21 @@ def format_specialization(spec: Specialization) -> list[str]:
         if launch.aligned_values:
             names = [launch_value_name(spec, launch, i) for i in launch.aligned_values]
             lines.append(f"        runtime check: {', '.join(names)} 16-byte aligned")
+    if spec.releases:
+        value_names = program_value_names(spec)
+        for step_index, slots in spec.releases.items():
+            lines.append(f"      after step {step_index}: release {', '.join(value_names.get(s, f'value {s}') for s in slots)}")
     return lines
+
+
+def program_value_names(spec: Specialization) -> dict[int, str]:
+    """Slot -> a readable name (the step that made it), from the plan's own records."""
+    names = {a.step.slot: a.step.name for a in spec.allocs}
+    for plan in spec.atens:
+        for k, slot in enumerate(plan.step.outputs):
+            if slot >= 0:
+                names[slot] = plan.step.name if len(plan.step.outputs) == 1 else f"{plan.step.name}[{k}]"
+    return names
 
 
 def launch_value_name(spec: Specialization, launch, slot: int) -> str:

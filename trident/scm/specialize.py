@@ -214,7 +214,8 @@ def build_specialization(
         plan_arena(program, allocs, escaping, storage_ids)
     atens = [AtenPlan(step) for step in program.atens]
     views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
-    return Specialization(index, guards, allocs, launches, atens, value_facts, views)
+    releases = plan_releases(program, allocs, roots, escaping, storage_ids) if knobs.native_path("release") else {}
+    return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases)
 
 
 ARENA_ALIGN = 256
@@ -279,6 +280,32 @@ def plan_arena(
     for plan, *_ in inside:
         plan.arena_bytes = size
     return size
+
+
+def plan_releases(
+    program: RegionProgram,
+    allocs: Sequence[AllocPlan],
+    roots: Sequence[Optional[int]],
+    escaping: set[int],
+    storage_ids: Sequence[int],
+) -> dict[int, tuple[int, ...]]:
+    """Note [Early release]: the value table holds every allocation and operator result until the
+    call returns, where eager frees each tensor after its last use; so after the last step that
+    touches a storage (storage_last_uses: arguments, kernel arguments, views' bases -- an
+    address-only view's uses count for its base, which shares its storage), every value slot
+    living in it is dropped. Only fresh storages (not an input's) that no output shares and that
+    are not slices of the call's arena (freeing those frees nothing) are released. Dropping a
+    slot after its storage's last use is safe whatever ATen does at run time: no later step reads
+    that slot, and work already issued on the stream is ordered before any reuse of the bytes by
+    the caching allocator."""
+    last = storage_last_uses(program, storage_ids)
+    in_arena = {storage_ids[p.step.slot] for p in allocs if p.arena_offset >= 0}
+    releases: dict[int, list[int]] = {}
+    for slot, sid in enumerate(storage_ids):
+        if roots[slot] is not None or slot in escaping or sid in in_arena or sid not in last:
+            continue
+        releases.setdefault(last[sid], []).append(slot)
+    return {i: tuple(slots) for i, slots in sorted(releases.items())}
 
 
 # Operators whose result always aliases their first argument though the schema does not say so.
