@@ -332,3 +332,16 @@ def test_explain_says_cpu_regions_get_no_graphs_by_default():
         opt(x, a)
     assert "graphs: none on the CPU (TRIDENT_GRAPHS=cuda" in trident.explain(opt)
     assert C.graph_stats(_region(opt))["graphs"] == []
+
+
+def test_staging_buffers_keep_layout_and_residue_and_refuse_huge_spans():
+    from trident.runtime import graphs
+
+    base = torch.randn(100)
+    for t in (base[3:35].view(4, 8), base[1:].view(9, 11)[:, ::2], base[:8].expand(3, 8)):
+        buf = graphs.staging_buffer(t)
+        assert buf.shape == t.shape and buf.stride() == t.stride() and buf.data_ptr() % 16 == t.data_ptr() % 16
+    odd = torch.empty(9, dtype=torch.uint8)[1:].view(torch.uint8)  # residue 1 of a 1-byte type: fine
+    assert graphs.staging_buffer(odd) is not None
+    wide = torch.empty(2, (graphs.STAGING_LIMIT // 4) + 1)[:, :1]  # a column spanning > the limit
+    assert graphs.staging_buffer(wide) is None

@@ -62,11 +62,15 @@ def _span(t: torch.Tensor) -> int:
     return sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
 
 
+STAGING_LIMIT = 64 << 20  # bytes: a larger moving input is pinned (a copy per call would cost more)
+
+
 def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
     """A buffer with t's sizes, strides and address residue mod 16 (so the same specialization
-    serves it), or None when the residue is not a whole number of elements."""
+    serves it), or None (pin it instead) when the residue is not a whole number of elements or
+    the elements span more than STAGING_LIMIT bytes (a view into a large storage, say)."""
     residue, item = t.data_ptr() % 16, t.element_size()
-    if residue % item:
+    if residue % item or _span(t) * item > STAGING_LIMIT:
         return None
     base = torch.empty(_span(t) + 16 // item, dtype=t.dtype, device=t.device)
     shift = ((residue - base.data_ptr() % 16) % 16) // item
