@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import expecttest
 import pytest
 import torch
 import triton
@@ -345,3 +346,17 @@ def test_staging_buffers_keep_layout_and_residue_and_refuse_huge_spans():
     assert graphs.staging_buffer(odd) is not None
     wide = torch.empty(2, (graphs.STAGING_LIMIT // 4) + 1)[:, :1]  # a column spanning > the limit
     assert graphs.staging_buffer(wide) is None
+
+
+class TestGraphExplainGolden(expecttest.TestCase):
+    def test_explain_graph_lines(self):
+        opt = _optimized_inplace("cpu")
+        x = torch.zeros(256)
+        fresh = [torch.randn(256) for _ in range(5)]
+        for a in fresh:
+            opt(x, a)
+        opt(x.clone(), fresh[0])  # x is written, so pinned: at a new address, no graph matches
+        lines = [line.strip() for line in trident.explain(opt).splitlines() if "graph" in line]
+        self.assertExpectedInline("\n".join(lines), """\
+graph 0 (emulated): 3 replay(s); staged inputs: a_1; every other input pinned
+graphs: 1 call(s) matched no recorded graph (ordinary path)""")
