@@ -48,13 +48,6 @@ ProfCounter& replay_prof() {
   return *c;
 }
 
-int64_t span_bytes_of(const at::Tensor& t) {
-  if (!t.defined() || t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
-  return (last + 1) * static_cast<int64_t>(t.element_size());
-}
-
 bool shares_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() && b.defined() && a.storage().data() == b.storage().data() && a.storage().data() != nullptr;
 }
@@ -252,7 +245,7 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
   for (int64_t i = 0; i < n; ++i) {
     fill_tensor_facts(static_inputs[i], r.max_rank, e->facts.data() + i * stride);
     e->staged[i] = staged[i];
-    if (staged[i]) e->span_bytes[i] = span_bytes_of(static_inputs[i]);
+    if (staged[i]) e->span_bytes[i] = span_bytes(static_inputs[i]);
     if (static_inputs[i].defined() && static_inputs[i].is_cuda()) e->device = static_inputs[i].device().index();
   }
   e->static_inputs = static_inputs;

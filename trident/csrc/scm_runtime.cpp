@@ -445,6 +445,13 @@ void profile_reset() {
   for (const auto& e : atens().items) e->prof.reset();
 }
 
+int64_t span_bytes(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+  return (last + 1) * static_cast<int64_t>(t.element_size());
+}
+
 int64_t encode_meta(const at::Tensor& t) {
   if (!t.defined()) return -1;
   const at::Device d = t.device();
@@ -598,24 +605,15 @@ std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Ten
 
 namespace {
 
-// [first byte, one past the last byte) of the elements a tensor addresses; empty when none.
-std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
-  if (!t.defined() || t.numel() == 0) return {0, 0};
-  int64_t last = 0;
-  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
-  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  return {begin, begin + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};
-}
-
 void check_disjoint_inputs(const Region& r, const std::vector<at::Tensor>& inputs) {
   for (size_t k = 0; k < r.disjoint.size(); ++k) {
     const auto [w, rd] = r.disjoint[k];
     const at::Tensor& a = inputs[w];
     const at::Tensor& b = inputs[rd];
     if (!a.defined() || !b.defined() || a.device() != b.device()) continue;
-    const auto sa = byte_span(a);
-    const auto sb = byte_span(b);
-    TORCH_CHECK(sa.first == sa.second || sb.first == sb.second || sa.second <= sb.first || sb.second <= sa.first,
+    const auto a0 = reinterpret_cast<uintptr_t>(a.data_ptr()), a1 = a0 + static_cast<uintptr_t>(span_bytes(a));
+    const auto b0 = reinterpret_cast<uintptr_t>(b.data_ptr()), b1 = b0 + static_cast<uintptr_t>(span_bytes(b));
+    TORCH_CHECK(a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0,
                 "trident: region '", r.name, "': ", r.disjoint_what[k],
                 ", and the two overlap in memory. Eager raises here too (unsupported operation: some elements of "
                 "the input tensor and the written-to tensor refer to a single memory location); pass tensors that "

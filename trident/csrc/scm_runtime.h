@@ -59,6 +59,8 @@ struct RuntimeTable {
 constexpr int64_t kFactsFixed = 3;
 
 int64_t encode_meta(const at::Tensor& t);
+// Bytes from a tensor's first addressed element to one past its last (0 when it has none).
+int64_t span_bytes(const at::Tensor& t);
 void fill_tensor_facts(const at::Tensor& t, int64_t max_rank, int64_t* out);
 
 // One compiled Triton kernel as the runtime sees it.
