@@ -14,6 +14,14 @@ from trident.runtime.native import gemm_stats
 pytestmark = pytest.mark.cuda
 
 
+@pytest.fixture(autouse=True)
+def _no_graph_replay():
+    """These tests count calls through the plan path; a replayed graph (Note [Graph replay])
+    runs no host program, so its calls would not be counted. Replay of GEMMs: test_graph_replay."""
+    with trident.knobs.scope(graphs=""):
+        yield
+
+
 def mm_then_kernel(a, b):
     y = torch.mm(a, b)
     return y, axpy(y, y)
@@ -115,3 +123,19 @@ def test_cublaslt_results_bitwise_vs_aten_report():
         total += 1
         same += bool(torch.equal(opt(a, w.t())[0], torch.mm(a, w.t())))
     print(f"cuBLASLt cached plans bitwise equal to at::mm on {same}/{total} decode shapes")
+
+
+def test_cublaslt_plan_inside_a_replayed_graph():
+    """The plan path captured into a graph (Note [Graph replay]): a fresh activation every call
+    (staged), the weight pinned; every replayed result equals at::mm's at the dtype's rounding."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w = torch.randn(512, 256, device="cuda", generator=gen).bfloat16()
+    xs = [torch.randn(4, 256, device="cuda", generator=gen).bfloat16() for _ in range(6)]
+    with trident.knobs.scope(graphs="cuda"):
+        opt = trident.optimize(trident.capture(mm_then_kernel, xs[0], w.t()))
+        for x in xs:
+            got, got2 = opt(x, w.t())
+            torch.testing.assert_close(got, torch.mm(x, w.t()), rtol=2e-2, atol=2e-2 * 256**0.5 / 10)
+            torch.testing.assert_close(got2, 3.5 * got)
+    (info,) = trident.cache_info(opt).values()
+    assert info["graph_replays"] >= 3, info
