@@ -41,6 +41,11 @@ _KNOBS = {
         "graph replay (Note [Graph replay]): 'cuda', 'all' (also CPU regions, emulated: tests), '' (off)",
     ),
     "graph_limit": _Knob("TRIDENT_GRAPH_LIMIT", "4", "graphs recorded per region at most (0..16)"),
+    "graph_min_saving_us": _Knob(
+        "TRIDENT_GRAPH_MIN_SAVING_US",
+        "0",
+        "record a graph only when a replay is estimated to save more host µs than this (Note [When a graph pays off]; '-inf': always)",
+    ),
 }
 
 
@@ -84,6 +89,14 @@ def triton_copies() -> str:
 def graphs() -> str:
     """Graph replay mode (Note [Graph replay]): "cuda", "all" (CPU regions emulated) or "" (off)."""
     return _device_mode("graphs")
+
+
+def graph_min_saving_us() -> float:
+    raw = _KNOBS["graph_min_saving_us"].get()
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"TRIDENT_GRAPH_MIN_SAVING_US={raw!r}: expected a number of microseconds (or -inf)") from None
 
 
 def graph_limit() -> int:

@@ -22,7 +22,7 @@ from tests.decode_model import (
 )
 from tests.kernels import axpy_kernel, inplace_mul_kernel
 from trident import knobs
-from trident.runtime import SCMRuntime
+from trident.runtime import SCMRuntime, graphs
 from trident.runtime.native import C
 
 
@@ -42,15 +42,18 @@ def _optimized_decode(device, cfg, batch=1, **knob_values):
     return opt, weights, cos, sin
 
 
-def _graph_device(device):
-    return {"graphs": "all"} if device == "cpu" else {"graphs": "cuda"}
+def _graph_device(device, always=True):
+    """Graphs on for `device`; `always`: also for regions too small for a replay to pay off
+    (Note [When a graph pays off]), so the mechanism is tested on one- and two-kernel regions."""
+    mode = {"graphs": "all"} if device == "cpu" else {"graphs": "cuda"}
+    return mode | ({"graph_min_saving_us": "-inf"} if always else {})
 
 
 def test_decode_steps_replay_one_graph_with_moving_token_and_position(device):
     """Fresh x and pos tensors every step (their addresses move): they are staged, everything
     else (weights, caches) pinned; outputs and caches equal the reference at every step."""
     cfg = Config()
-    opt, weights, cos, sin = _optimized_decode(device, cfg, **_graph_device(device))
+    opt, weights, cos, sin = _optimized_decode(device, cfg, **_graph_device(device, always=False))
     check_steps_against_reference(cfg, opt, weights, cos, sin, range(8), device)
     st = C.graph_stats(_region(opt))
     assert st["off_reason"] is None
@@ -175,6 +178,39 @@ def test_knob_values_are_checked():
         knobs.graphs()
     with knobs.scope(graph_limit="99"), pytest.raises(ValueError, match="0..16"):
         knobs.graph_limit()
+    with knobs.scope(graph_min_saving_us="soon"), pytest.raises(ValueError, match="TRIDENT_GRAPH_MIN_SAVING_US"):
+        knobs.graph_min_saving_us()
+
+
+def test_a_region_too_small_to_pay_off_keeps_the_ordinary_path(device):
+    """One kernel writing a fresh tensor: a replay (graph launch, staging copy, output copy) would
+    cost more host time than the launch it replaces, so none is recorded (Note [When a graph pays
+    off]); results stay right and explain() says why with both estimates."""
+    x = torch.randn(256, device=device)
+    with knobs.scope(**_graph_device(device, always=False)):
+        opt = trident.optimize(trident.capture(_axpy, x, torch.zeros(256, device=device)))
+    fresh = [torch.randn(256, device=device) for _ in range(5)]
+    for a in fresh:
+        torch.testing.assert_close(opt(x, a), 2.0 * a + x)
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"] == [] and "would not pay off" in st["off_reason"]
+    program = SCMRuntime.get(_region(opt)).program
+    assert graphs.ordinary_cost_us(program) < graphs.replay_cost_us(program, staged=1)
+    assert "estimated host cost 7.7 µs per replay vs 3.3 µs per ordinary call" in trident.explain(opt)
+    # A caller who wants every region replayed (a benchmark of the mechanism) can say so.
+    with knobs.scope(**_graph_device(device, always=True)):
+        opt = trident.optimize(trident.capture(_axpy, x, torch.zeros(256, device=device)))
+    for a in fresh:
+        torch.testing.assert_close(opt(x, a), 2.0 * a + x)
+    assert C.graph_stats(_region(opt))["graphs"][0]["replays"] == 3
+
+
+def test_cost_estimates_rank_a_decode_step_for_graphs():
+    cfg = Config()
+    opt, *_ = _optimized_decode("cpu", cfg)
+    program = SCMRuntime.get(_region(opt)).program
+    ordinary, replay = graphs.ordinary_cost_us(program), graphs.replay_cost_us(program, staged=2)
+    assert ordinary > 10 * replay, (ordinary, replay)
 
 
 @pytest.mark.cuda

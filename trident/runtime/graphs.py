@@ -14,10 +14,29 @@ from typing import Optional, Sequence
 import torch
 
 from .. import knobs
-from ..scm.ir import DEFAULT, AtenStep, RegionProgram
+from ..scm.ir import DEFAULT, AtenStep, LaunchStep, RegionProgram
 from . import native
 
 RECORD_AFTER = 2  # consecutive ordinary calls with equal facts (but addresses) before recording
+
+# Note [When a graph pays off]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A replay is not free: one cuGraphLaunch (2.6 µs of host time on the H200 for a one-kernel
+# graph, results/bench_launch.json), then per staged input a copy into the graph's buffer and per
+# output storage an allocation and a copy out (~2.5 µs each). The ordinary call it replaces costs
+# per step roughly what the host spends issuing it: ~3.3 µs a cuLaunchKernel, 8-20 µs an
+# operator call (cuBLASLt, cuDNN, a typed ATen entry; README's profile), views next to nothing.
+# So a region of one small kernel returning a fresh tensor runs *slower* as a graph, and a decode
+# step of hundreds of calls runs many times faster. At recording time (when the staged inputs are
+# known) the recorder estimates both with the constants below and refuses when the replay would
+# not save more than TRIDENT_GRAPH_MIN_SAVING_US (default 0 µs): the region then stays on the
+# ordinary path for good, and explain() gives both estimates. The constants are host costs
+# measured on the H200; an estimate only has to rank the two paths, not time them.
+LAUNCH_US = 3.3  # one Triton launch (cuLaunchKernel)
+OPERATOR_US = 8.0  # one operator call that does device work (cheapest typed/cuBLASLt calls seen)
+VIEW_US = 0.3  # a view or a metadata-only operator
+REPLAY_US = 2.7  # one cuGraphLaunch
+COPY_US = 2.5  # one staging copy in, or one output storage allocated and copied out
 
 
 def policy(program: RegionProgram) -> tuple[bool, bool, Optional[str]]:
@@ -30,6 +49,27 @@ def policy(program: RegionProgram) -> tuple[bool, bool, Optional[str]]:
             # A replay would repeat the recorded random numbers; the ordinary path draws new ones.
             return False, False, f"never: {step.name} ({step.op}) draws random numbers"
     return True, mode == "all", None
+
+
+def ordinary_cost_us(program: RegionProgram) -> float:
+    """Estimated host µs of one ordinary call's steps (Note [When a graph pays off])."""
+    cost = 0.0
+    for step in program.steps:
+        if isinstance(step, LaunchStep):
+            cost += LAUNCH_US
+        elif isinstance(step, AtenStep):
+            cost += VIEW_US if _metadata_only(step) else OPERATOR_US
+    return cost
+
+
+def replay_cost_us(program: RegionProgram, staged: int) -> float:
+    """Estimated host µs of one replay with `staged` staged inputs."""
+    return REPLAY_US + COPY_US * (staged + len(program.outputs))
+
+
+def _metadata_only(step: AtenStep) -> bool:
+    op = step.op
+    return bool(getattr(op, "is_view", False)) or torch.Tag.view_copy in getattr(op, "tags", ())
 
 
 def _draws_random(step: AtenStep) -> bool:
@@ -77,10 +117,19 @@ def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
     return base.as_strided(t.shape, t.stride(), shift)
 
 
-def record(region_id: int, inputs: Sequence[torch.Tensor], staged: Sequence[bool], emulate: bool = False) -> Optional[str]:
+def record(
+    region_id: int,
+    inputs: Sequence[torch.Tensor],
+    staged: Sequence[bool],
+    emulate: bool = False,
+    program: Optional[RegionProgram] = None,
+    min_saving_us: float = 0.0,
+) -> Optional[str]:
     """Records one graph of the region for calls like this one. None when done (or skipped
     this time); a reason string when the region must never use graphs. With `emulate`, CPU
-    regions get an emulated graph (the host program reruns on the static inputs)."""
+    regions get an emulated graph (the host program reruns on the static inputs). With
+    `program`, a replay must be estimated to save more than `min_saving_us` of host time
+    (Note [When a graph pays off])."""
     staged = list(staged)
     static: list[torch.Tensor] = []
     for i, (t, s) in enumerate(zip(inputs, staged)):
@@ -92,6 +141,13 @@ def record(region_id: int, inputs: Sequence[torch.Tensor], staged: Sequence[bool
     if C.probe(region_id, static) != C.probe(region_id, list(inputs)):
         staged = [False] * len(inputs)  # staging would change the specialization: pin everything
         static = list(inputs)
+    if program is not None:
+        ordinary, replay = ordinary_cost_us(program), replay_cost_us(program, sum(staged))
+        if ordinary - replay <= min_saving_us:
+            return (
+                f"never: a replay would not pay off (estimated host cost {replay:.1f} µs per replay vs "
+                f"{ordinary:.1f} µs per ordinary call; TRIDENT_GRAPH_MIN_SAVING_US={min_saving_us:g})"
+            )
     devices = {t.device for t in inputs}
     if all(d.type == "cpu" for d in devices) and emulate:
         C.add_graph(region_id, static, staged, [], 0, 0, None)  # emulated: the host program reruns

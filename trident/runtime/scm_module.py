@@ -115,7 +115,9 @@ class SCMRuntime:
         enabled, emulate, self.graph_reason = graphs.policy(program)
         native.C.set_graph_policy(
             self.region_id, enabled, emulate, knobs.graph_limit(), graphs.RECORD_AFTER,
-            [i.mutated for i in program.inputs], functools.partial(graphs.record, emulate=emulate),
+            [i.mutated for i in program.inputs], functools.partial(
+                graphs.record, emulate=emulate, program=program, min_saving_us=knobs.graph_min_saving_us()
+            ),
         )
 
     @staticmethod
