@@ -39,3 +39,15 @@ def mixed_graph():
             user.replace_input_with(sin, cut)
     gm.recompile()
     return gm, trident.optimize(gm)
+
+
+def tuned_graph():
+    """An autotuned launch (first config: no GPU to time on) feeding a heuristics launch."""
+    K.tuned_scale_kernel.cache.clear()
+
+    def fn(x):
+        return K.heuristic_double(K.tuned_scale(x))
+
+    x = torch.randn(777)
+    gm = trident.capture(fn, x)
+    return gm, trident.optimize(gm)

@@ -167,3 +167,137 @@ def unspecialized(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     unspecialized_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
     return out
+
+
+# @triton.autotune / @triton.heuristics (Note [Autotuned launches]). Grids depend on the config.
+def tuning_configs():
+    return [
+        triton.Config({"BLOCK": 32}, num_warps=1),
+        triton.Config({"BLOCK": 64}, num_warps=2),
+        triton.Config({"BLOCK": 256}, num_warps=4),
+    ]
+
+
+@triton.jit
+def _scale_body(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * factor, mask=mask)
+
+
+@triton.autotune(configs=tuning_configs(), key=["n"])
+@triton.jit
+def tuned_scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    _scale_body(x_ptr, out_ptr, n, factor, BLOCK)
+
+
+def tuned_scale(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    tuned_scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
+    return out
+
+
+def _drop_first(configs, nargs, **kwargs):
+    return configs[1:]
+
+
+@triton.autotune(configs=tuning_configs(), key=["n"], prune_configs_by={"early_config_prune": _drop_first})
+@triton.jit
+def pruned_scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    _scale_body(x_ptr, out_ptr, n, factor, BLOCK)
+
+
+def pruned_scale(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    pruned_scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 2.0)
+    return out
+
+
+@triton.autotune(
+    configs=[triton.Config({"BLOCK": 32}, pre_hook=lambda nargs: None), triton.Config({"BLOCK": 64})], key=["n"]
+)
+@triton.jit
+def hooked_scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+    _scale_body(x_ptr, out_ptr, n, factor, BLOCK)
+
+
+def hooked_scale(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    hooked_scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 2.0)
+    return out
+
+
+@triton.autotune(configs=tuning_configs(), key=["n"], reset_to_zero=["out_ptr"])
+@triton.jit
+def tuned_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # out[0] += sum(x): accumulates, so timing it needs reset_to_zero
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(out_ptr, tl.sum(tl.load(x_ptr + offs, mask=offs < n, other=0.0)))
+
+
+def tuned_sum(x):
+    out = torch.zeros(1, device=x.device, dtype=x.dtype)
+    n = x.numel()
+    tuned_sum_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+    return out
+
+
+@triton.heuristics(
+    {
+        "EVEN": lambda args: args["n"] % args["BLOCK"] == 0,
+        "WIDE": lambda args: args["x_ptr"].dtype == torch.float64,
+    }
+)
+@triton.jit
+def heuristic_double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        x = tl.load(x_ptr + offs)
+    else:
+        x = tl.load(x_ptr + offs, mask=offs < n)
+    if WIDE:
+        y = x * 2.0
+    else:
+        y = (x.to(tl.float32) * 2.0).to(x.dtype)
+    if EVEN:
+        tl.store(out_ptr + offs, y)
+    else:
+        tl.store(out_ptr + offs, y, mask=offs < n)
+
+
+def heuristic_double(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    heuristic_double_kernel[(triton.cdiv(n, 64),)](x, out, n, BLOCK=64)
+    return out
+
+
+@triton.heuristics({"EVEN": lambda args: args["n"] % 16 == 0})  # before tuning: no BLOCK yet
+@triton.autotune(configs=tuning_configs(), key=["n"])
+@triton.jit
+def heuristic_tuned_kernel(x_ptr, out_ptr, n, factor, EVEN: tl.constexpr, BLOCK: tl.constexpr):
+    _scale_body(x_ptr, out_ptr, n, factor, BLOCK)
+
+
+def heuristic_tuned(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    heuristic_tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 0.5)
+    return out
+
+
+@triton.autotune(configs=tuning_configs(), key=[])
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@triton.jit
+def tuned_heuristic_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    _scale_body(x_ptr, out_ptr, n, factor, BLOCK)
+
+
+def tuned_heuristic(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    tuned_heuristic_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 4.0)
+    return out

@@ -16,12 +16,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import trident  # noqa: E402
 from tests.conftest import normalize  # noqa: E402
-from tests.goldens import axpy_graph, mixed_graph  # noqa: E402
+from tests.goldens import axpy_graph, mixed_graph, tuned_graph  # noqa: E402
 from trident.runtime import SCMRuntime  # noqa: E402
 
 
 def main() -> None:
-    for name, build in (("axpy", axpy_graph), ("mixed", mixed_graph)):
+    for name, build in (("axpy", axpy_graph), ("mixed", mixed_graph), ("tuned", tuned_graph)):
         gm, opt = build()
         print(f"##### {name}: captured\n{normalize(gm.code.strip())}\n")
         print(f"##### {name}: optimized\n{normalize(opt.code.strip())}\n")

@@ -170,6 +170,8 @@ def explain(gm: torch.fx.GraphModule) -> str:
             lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)
             for launch in spec.launches:
                 lines.append(f"    launch {launch.step.kernel_name} key={launch.key}")
+                if launch.step.tuned:
+                    lines.append(f"      autotuned: {launch.step.tuned}")
             in_arena = [a for a in spec.allocs if a.arena_offset >= 0]
             if in_arena:
                 lines.append(

@@ -6,7 +6,7 @@ import expecttest
 import torch
 
 import trident
-from tests.goldens import axpy_graph, mixed_graph
+from tests.goldens import axpy_graph, mixed_graph, tuned_graph
 
 
 class TestSCMText(expecttest.TestCase):
@@ -25,6 +25,30 @@ scm region0(x_1, y_1) -> (empty_like)
       launch axpy_kernel[8, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32, fp32, constexpr=128) num_warps=4 shared=0
         params: x_ptr=x_1:*fp32, y_ptr=y_1:*fp32, out_ptr=empty_like:*fp32, n=1000:i32, alpha=2.5:fp32
         runtime check: empty_like 16-byte aligned
+""")
+
+    def test_autotune_and_heuristics(self):
+        _, opt = tuned_graph()
+        self.assertExpectedInline(trident.scm_text(opt), """\
+scm region0(x_1) -> (empty_like_1)
+  empty_like = aten.empty_like.default  # value 0
+  launch tuned_scale_kernel[autotune: 25, 1, 1 | 13, 1, 1 | 4, 1, 1](x_ptr=x_1, out_ptr=empty_like, n=777, factor=3.0) writes(out_ptr)
+  empty_like_1 = aten.empty_like.default  # value 1
+  launch heuristic_double_kernel[13, 1, 1](x_ptr=empty_like, out_ptr=empty_like_1, n=777, BLOCK=64, EVEN=False, WIDE=False) writes(out_ptr) heuristics(EVEN, WIDE)
+  specialization 0:
+    guards:
+      x_1: f32[777] strides=(1) cpu aligned16
+    plan:
+      empty_like = alloc f32[777] strides=(1) cpu
+      empty_like_1 = alloc f32[777] strides=(1) cpu
+      launch tuned_scale_kernel[25, 1, 1] key=(*fp32:D, *fp32:D, i32, fp32, constexpr=32) num_warps=1 shared=0
+        autotuned: config 1/3 (BLOCK=32, num_warps=1, num_ctas=1, num_stages=3); first config after pruning (no GPU to time on)
+        params: x_ptr=x_1:*fp32, out_ptr=empty_like:*fp32, n=777:i32, factor=3.0:fp32
+        runtime check: empty_like 16-byte aligned
+      launch heuristic_double_kernel[13, 1, 1] key=(*fp32:D, *fp32:D, i32, constexpr=64, constexpr=False, constexpr=False) num_warps=4 shared=0
+        params: x_ptr=empty_like:*fp32, out_ptr=empty_like_1:*fp32, n=777:i32
+        runtime check: empty_like, empty_like_1 16-byte aligned
+      after step 3: release empty_like
 """)
 
     def test_mixed(self):

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from triton.runtime.jit import KernelInterface
+from triton.runtime.autotuner import Heuristics
+from triton.runtime.jit import JITFunction, KernelInterface
 
 from ..errors import CaptureError
 from .host_driver import ensure_triton_driver
@@ -22,11 +23,16 @@ from .inline_triton_ops import has_triton_ops, inline_triton_ops
 
 
 @contextlib.contextmanager
-def _launches_as_hops():
-    """Route `kernel[grid]` through wrap_triton for the duration of a trace."""
+def _launches_as_hops(log: list):
+    """Route `kernel[grid]` through wrap_triton for the duration of a trace. A @triton.heuristics
+    kernel (which wrap_triton does not take) has its values computed here, the way
+    `Heuristics.run` computes them, and its inner kernel launched with them; `log` gets
+    (inner kernel, heuristics, values) per such launch, in launch order."""
     original = KernelInterface.__getitem__
 
     def traced_getitem(self, grid):
+        if isinstance(self, Heuristics):
+            return _heuristics_launcher(self, grid, traced_getitem, log)
         return torch.library.wrap_triton(self)[grid]
 
     KernelInterface.__getitem__ = traced_getitem
@@ -34,6 +40,46 @@ def _launches_as_hops():
         yield
     finally:
         KernelInterface.__getitem__ = original
+
+
+def _heuristics_launcher(h, grid, getitem, log: list):
+    def launch(*args, **kwargs):
+        values = {}
+        for name, heur in h.values.items():
+            try:
+                values[name] = heur({**dict(zip(h.arg_names, args)), **kwargs, **values})
+            except Exception as e:
+                raise CaptureError(
+                    f"@triton.heuristics value {name!r} of {_kernel_name(h)} could not be computed at capture "
+                    f"({type(e).__name__}: {e}). Trident computes heuristics once, from the dtypes, sizes, strides "
+                    "and scalar arguments of the launch (tensor data and addresses are not available while tracing)."
+                ) from e
+        log.append((h.fn, h, dict(values)))
+        return getitem(h.fn, grid)(*args, **kwargs, **values)
+
+    return launch
+
+
+def _kernel_name(kernel) -> str:
+    while not isinstance(kernel, JITFunction) and hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
+
+
+def _tag_heuristics(gm: torch.fx.GraphModule, log: list) -> None:
+    """Mark each launch node made through @triton.heuristics with the Heuristics object and
+    the values baked into it (Note [Autotuned launches]: re-checked per specialization)."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    pending = list(log)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or "kernel_idx" not in node.kwargs or not pending:
+            continue
+        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        inner, h, values = pending[0]
+        if kernel is inner or getattr(kernel, "fn", None) is inner:
+            node.meta["trident_heuristics"] = (h, values)
+            pending.pop(0)
 
 
 def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModule:
@@ -46,11 +92,16 @@ def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModul
     ensure_triton_driver()
     if not callable(fn):
         raise CaptureError(f"capture expected a callable, got {type(fn).__name__}")
+    log: list = []
     try:
-        with _launches_as_hops():
+        with _launches_as_hops(log):
             gm = make_fx(fn, tracing_mode="fake")(*example_inputs)
             if has_triton_ops(gm):
+                log.clear()  # the graph of the second trace is the one kept
                 gm = inline_triton_ops(gm, example_inputs)
+        _tag_heuristics(gm, log)
+    except CaptureError:
+        raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause
         raise CaptureError(
             f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {e}\n"

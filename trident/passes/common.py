@@ -151,8 +151,32 @@ def resolve_kernel(kernel):
     return kernel, None
 
 
+def tunable(kernel) -> bool:
+    """Whether `kernel` is a multi-config @triton.autotune Trident tunes itself (Note [Autotuned
+    launches]): over a plain @triton.jit function (torch's tracer has already folded heuristics
+    below the autotuner into the configs), no config with a pre_hook (Python before every launch)."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    return (
+        isinstance(kernel, Autotuner)
+        and len(kernel.configs) > 1
+        and isinstance(kernel.fn, JITFunction)
+        and not any(c.pre_hook for c in kernel.configs)
+    )
+
+
 def launch_kernel(node: torch.fx.Node):
-    return resolve_kernel(kernel_side_table.get_kernel(node.kwargs["kernel_idx"]))[0]
+    kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+    if tunable(kernel):
+        return kernel.fn
+    return resolve_kernel(kernel)[0]
+
+
+def launch_tuner(node: torch.fx.Node):
+    """The Autotuner of a tunable launch, else None."""
+    kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+    return kernel if tunable(kernel) else None
 
 
 def launch_kwargs(node: torch.fx.Node) -> dict:

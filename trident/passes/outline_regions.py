@@ -35,6 +35,7 @@ from .common import (
     is_view_op,
     launch_kernel,
     launch_kwargs,
+    launch_tuner,
     written_args,
 )
 from .partition_regions import Region
@@ -233,8 +234,14 @@ def region_program(region: Region):
         elif is_launch(node):
             kernel = launch_kernel(node)
             args = {k: to_arg(v) for k, v in launch_kwargs(node).items()}
+            tuner = launch_tuner(node)
+            grids = tuple(tuple(g) for g in node.kwargs["grid"]) if tuner is not None else ()
             steps.append(
-                LaunchStep(node.name, kernel, kernel.fn.__name__, tuple(node.kwargs["grid"][0]), args, tuple(writes_by_node[node]))
+                LaunchStep(
+                    node.name, kernel, kernel.fn.__name__, tuple(node.kwargs["grid"][0]), args,
+                    tuple(writes_by_node[node]), tuner=tuner, grids=grids,
+                    heuristics=node.meta.get("trident_heuristics"),
+                )
             )
         elif node.target is operator.getitem:
             refs[node] = refs[node.args[0]][node.args[1]]

@@ -13,7 +13,7 @@ from triton.runtime.jit import JITFunction
 
 import operator
 
-from .common import is_allocation, is_launch, launch_kernel, launch_kwargs, operator_call_reason
+from .common import is_allocation, is_launch, launch_kernel, launch_kwargs, launch_tuner, operator_call_reason
 
 
 @dataclass
@@ -32,12 +32,15 @@ def unsupported_launch_reason(node: torch.fx.Node) -> str | None:
     """Why a launch cannot join a region, or None when it can."""
     kernel = launch_kernel(node)
     if not isinstance(kernel, JITFunction):
-        return f"kernel {type(kernel).__name__} is not a plain @triton.jit function (autotune/heuristics come later)"
+        return _wrapper_reason(kernel)
     if node.kwargs.get("tma_descriptor_metadata"):
         return "TMA descriptors are not supported yet"
     grid = node.kwargs["grid"]
-    if len(grid) != 1 or not all(isinstance(g, int) for g in grid[0]):
-        return f"grid {grid} is not one static (x, y, z)"
+    tuner = launch_tuner(node)
+    want = len(tuner.configs) if tuner is not None else 1
+    if len(grid) != want or not all(isinstance(g, int) for gr in grid for g in gr):
+        what = f"one per config ({want})" if tuner is not None else "one"
+        return f"grid {grid} is not {what} static (x, y, z)"
     for name, value in launch_kwargs(node).items():
         if isinstance(value, torch.fx.Node):
             val = value.meta.get("val")
@@ -48,6 +51,20 @@ def unsupported_launch_reason(node: torch.fx.Node) -> str | None:
         elif isinstance(value, torch.Tensor):
             return f"argument {name!r} is a tensor constant baked into the graph"
     return None
+
+
+def _wrapper_reason(kernel) -> str:
+    """Why a wrapped kernel (autotune, heuristics) cannot join a region."""
+    from triton.runtime.autotuner import Autotuner
+
+    name = type(kernel).__name__
+    if isinstance(kernel, Autotuner):
+        if any(c.pre_hook for c in kernel.configs):
+            return "@triton.autotune config with a pre_hook: Python runs before every launch"
+        if not isinstance(kernel.fn, JITFunction):
+            return f"@triton.autotune over {type(kernel.fn).__name__}: only a @triton.jit function (heuristics below it are folded by torch's tracer)"
+        return "@triton.autotune with launch hooks: Python runs around every launch"
+    return f"kernel {name} is not a @triton.jit or @triton.autotune function"
 
 
 def _region_reason(node: torch.fx.Node) -> str | None:

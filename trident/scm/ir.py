@@ -73,6 +73,15 @@ class LaunchStep:
     grid: tuple[int, int, int]
     args: dict[str, Any] = field(compare=False)  # param name -> Value ref or Python constant
     writes: tuple[str, ...]  # param names of the tensors it writes (torch's TTIR analysis)
+    # A multi-config @triton.autotune launch (Note [Autotuned launches]): the Autotuner and the
+    # grid of each of its configs. A specialization picks one config and replaces the step by
+    # the launch with that config's grid and arguments (`tuned` then says which and how).
+    tuner: Any = field(default=None, compare=False)
+    grids: tuple = ()
+    tuned: str = ""
+    # Launched through @triton.heuristics: (the Heuristics, the values computed at capture),
+    # re-checked for every specialization (Note [Autotuned launches]).
+    heuristics: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

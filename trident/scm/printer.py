@@ -78,7 +78,11 @@ def format_program(scm: SCM) -> list[str]:
                 f"{k}={v.name if isinstance(v, ValueRef) else repr(v)}" for k, v in step.args.items()
             )
             writes = ", ".join(step.writes)
-            lines.append(f"  launch {step.kernel_name}[{', '.join(map(str, step.grid))}]({args}) writes({writes})")
+            grid = ", ".join(map(str, step.grid))
+            if step.tuner is not None:
+                grid = "autotune: " + " | ".join(", ".join(map(str, g)) for g in step.grids)
+            heur = f" heuristics({', '.join(step.heuristics[1])})" if step.heuristics is not None else ""
+            lines.append(f"  launch {step.kernel_name}[{grid}]({args}) writes({writes}){heur}")
     return lines
 
 
@@ -97,6 +101,8 @@ def format_specialization(spec: Specialization) -> list[str]:
             f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.step.grid))}] "
             f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
         )
+        if launch.step.tuned:
+            lines.append(f"        autotuned: {launch.step.tuned}")
         lines.append(f"        params: {', '.join(format_param(p) for p in launch.params)}")
         if launch.aligned_values:
             names = [launch_value_name(spec, launch, i) for i in launch.aligned_values]

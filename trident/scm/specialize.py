@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import knobs
+from . import tuning
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
@@ -105,6 +106,19 @@ def _launch_plan(
     device: torch.device,
     compile_kernel: bool,
 ) -> LaunchPlan:
+    if step.tuner is not None or step.heuristics is not None:
+        # Note [Autotuned launches]: heuristics re-checked, one config for this specialization.
+        stand_ins = {}
+        for name, value in step.args.items():
+            if isinstance(value, ValueRef):
+                facts, residues = (input_facts, input_residues) if value.kind == "input" else (value_facts, value_residues)
+                stand_ins[name] = tuning.stand_in(facts[value.index], residues[value.index], device)
+            else:
+                stand_ins[name] = value
+        if step.heuristics is not None:
+            tuning.check_heuristics(step, stand_ins)
+        if step.tuner is not None:
+            step = tuning.tuned_step(step, *tuning.choose(step, stand_ins, device))
     kernel = step.kernel
     call_args = {}
     for name, value in step.args.items():
