@@ -43,6 +43,23 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
 
 
+@triton.autotune(
+    configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 1), (512, 2), (1024, 4))], key=["n"]
+)
+@triton.jit
+def tuned_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+def one_tuned_kernel(x, y):
+    """(c) an @triton.autotune kernel: eager pays the autotuner's per-call key and cache lookup."""
+    out = torch.empty_like(x)
+    tuned_add_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK"]),)](x, y, out, N)
+    return out
+
+
 def one_kernel(x, y):
     out = torch.empty_like(x)
     add_kernel[(1,)](x, y, out, N, BLOCK=BLOCK)
@@ -164,7 +181,7 @@ def measure(fn, name: str, iters: int, reps: int) -> dict:
     res["trident_us"] = host_us(lambda: opt(x, y), iters, reps)
     torch.testing.assert_close(opt(x, y), ref)
     res["trident_cache_info"] = trident.cache_info(opt)
-    res["trident_graphs"] = [line for line in trident.explain(opt).splitlines() if "graph" in line]
+    res["trident_graphs"] = [line for line in trident.explain(opt).splitlines() if "graph" in line or "autotuned" in line]
 
     with trident.knobs.scope(graphs=""):
         opt = trident.optimize(trident.capture(fn, x, y))
@@ -209,7 +226,9 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench_launch.json")
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--cases", default="one_kernel,ten_kernels,one_tuned_kernel")
     args = ap.parse_args()
+    cases = args.cases.split(",")
     assert torch.cuda.is_available(), "bench_launch.py measures on a CUDA GPU"
     result = {
         "commit": os.environ.get("TRIDENT_COMMIT") or git_commit(),
@@ -217,23 +236,28 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "method": "host us per call: median over reps of (wall time of `iters` calls / iters), warmed, synchronized before/after each loop",
-        "one_kernel": measure(one_kernel, "one_kernel", args.iters, args.reps),
-        "ten_kernels": measure(ten_kernels, "ten_kernels", args.iters // 4, args.reps),
     }
-    t = result["ten_kernels"]
-    t["per_kernel"] = {k: t[k] / 10 for k in ("eager_us", "torch_compile_us", "trident_us", "trident_no_graphs_us", "bare_cuLaunchKernel_us")}
+    fns = {"one_kernel": (one_kernel, 1), "ten_kernels": (ten_kernels, 4), "one_tuned_kernel": (one_tuned_kernel, 1)}
+    for case in cases:
+        fn, div = fns[case]
+        result[case] = measure(fn, case, args.iters // div, args.reps)
+    if "ten_kernels" in result:
+        t = result["ten_kernels"]
+        t["per_kernel"] = {k: t[k] / 10 for k in ("eager_us", "torch_compile_us", "trident_us", "trident_no_graphs_us", "bare_cuLaunchKernel_us")}
+    if "one_tuned_kernel" in result:
+        result["one_tuned_kernel"]["autotuner_cache"] = {str(k): str(c) for k, c in tuned_add_kernel.cache.items()}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"{'case':<12} {'eager':>8} {'compile':>8} {'trident':>8} {'no-graph':>8} {'bare':>8} {'graph(h)':>9} {'graph(d)':>9}")
-    for case in ("one_kernel", "ten_kernels"):
+    for case in cases:
         r = result[case]
         print(
             f"{case:<12} {r['eager_us']:8.2f} {r['torch_compile_us']:8.2f} {r['trident_us']:8.2f} {r['trident_no_graphs_us']:8.2f} "
             f"{r['bare_cuLaunchKernel_us']:8.2f} {r['cuda_graph_replay_host_us']:9.2f} {r['cuda_graph_replay_device_us']:9.2f}"
         )
-    print(json.dumps({c: result[c]["ratios"] for c in ("one_kernel", "ten_kernels")}, indent=1))
-    print(json.dumps({c: result[c]["trident_no_graphs_profile_us"] for c in ("one_kernel", "ten_kernels")}, indent=1))
+    print(json.dumps({c: result[c]["ratios"] for c in cases}, indent=1))
+    print(json.dumps({c: result[c]["trident_no_graphs_profile_us"] for c in cases}, indent=1))
 
 
 if __name__ == "__main__":
