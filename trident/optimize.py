@@ -80,6 +80,17 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
                     "non-tensor inputs are baked into the captured graph: capture again with this value"
                 )
 
+    same = list(gm.meta.get("trident_same_inputs", ()))
+
+    def check_same(args) -> None:
+        for i, j in same:
+            if args[i] is not args[j]:
+                raise GuardError(
+                    f"inputs {names[j]!r} (position {j}) and {names[i]!r} (position {i}) were one tensor at capture, "
+                    "so the captured graph reads that tensor for both; pass one tensor in both positions again, or "
+                    "capture with distinct tensors"
+                )
+
     def checked_call(self, *args, **kwargs):
         if kwargs or len(args) != n_inputs:
             raise TridentError(
@@ -88,6 +99,8 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
             )
         if constants:
             check_constants(args)
+        if same:
+            check_same(args)
         try:
             return direct(self, *args)
         except TridentError:

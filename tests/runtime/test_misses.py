@@ -81,8 +81,10 @@ def test_other_shape_or_rank_raises_guard_error():
 def test_dtype_triton_cannot_take_raises_trident_error():
     opt = _opt(K.axpy, torch.randn(1000), torch.randn(1000))
     z = torch.randn(1000, dtype=torch.complex64)
-    with pytest.raises(trident.TridentError, match="cannot specialize"):
+    with pytest.raises(trident.TridentError, match="Triton has no pointer type for dtype 'complex64'"):
         opt(z, z)
+    x = torch.randn(1000)
+    torch.testing.assert_close(opt(x, x), K.axpy_ref(x, x))  # the region still serves others
 
 
 def test_captured_scalar_inputs_are_guarded():
@@ -137,3 +139,18 @@ def test_native_guards_agree_with_python_twin():
         assert rt.probe(inputs) == expected, [(t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in inputs]
         checked += 1
     assert checked == 400
+
+
+def test_one_tensor_in_two_positions_at_capture_is_guarded(device):
+    """make_fx traces one tensor passed twice as one value, so the graph reads it for both
+    positions: distinct tensors there later would silently get the wrong answer. They raise."""
+    x0 = torch.randn(1000, device=device)
+    opt = _opt(K.axpy, x0, x0)
+    x, y = torch.randn(1000, device=device), torch.randn(1000, device=device)
+    with pytest.raises(trident.GuardError, match=r"inputs 'x_1' \(position 0\) and 'y_1' \(position 1\) were one tensor at capture"):
+        opt(x, y)
+    torch.testing.assert_close(opt(x, x), K.axpy_ref(x, x))
+    # Captured with distinct tensors, the same tensor twice is an ordinary call.
+    opt = _opt(K.axpy, x0, torch.randn(1000, device=device))
+    torch.testing.assert_close(opt(x, x), K.axpy_ref(x, x))
+    torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))

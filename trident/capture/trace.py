@@ -115,5 +115,14 @@ def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModul
             constants[i] = value
         node.meta.setdefault("trident_input_index", i)
     gm.meta["trident_constant_inputs"] = constants
+    # One tensor passed in two positions is traced as one value: the graph reads only one of
+    # the placeholders, so later calls must pass one tensor there too (Dynamo guards the same).
+    same = []
+    for i, value in enumerate(example_inputs):
+        if isinstance(value, torch.Tensor):
+            first = next((j for j in range(i) if example_inputs[j] is value), None)
+            if first is not None:
+                same.append((i, first))
+    gm.meta["trident_same_inputs"] = same
     gm.meta["trident_num_inputs"] = len(example_inputs)
     return gm

@@ -137,7 +137,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
   }
   const bool profiling = g_profiling.load(std::memory_order_relaxed);
   const auto t0 = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  std::lock_guard<std::mutex> lock(e->replay_mutex);
+  auto lock = lock_releasing_gil(e->replay_mutex);  // Note [Locks and the GIL]
   std::string error;
   for (int64_t i = 0; i < n; ++i) {
     if (!e->staged[i]) continue;
@@ -208,7 +208,7 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
   }
   // The recorder runs Python (and captures this region, re-entering run_region_native).
   py::gil_scoped_acquire gil;
-  std::lock_guard<std::mutex> lock(s.record_mutex);  // not miss_mutex: the capture may take the miss path
+  auto lock = lock_releasing_gil(s.record_mutex);  // not miss_mutex: the capture may take the miss path
   if (s.off.load() || s.count.load() >= s.max_graphs) return;
   std::string why;
   try {

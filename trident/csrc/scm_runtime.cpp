@@ -539,6 +539,18 @@ static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& c
   }
 }
 
+// The generated guard-and-select function on prepared facts: a specialization index or -1.
+static int64_t select_specialization(Region& r, HostCtx& ctx) {
+  HostFn select = r.select.load(std::memory_order_acquire);
+  if (!select) return -1;
+  RuntimeTable* table = &kRuntimeTable;
+  HostCtx* ctx_ptr = &ctx;
+  int64_t result = -1;
+  void* args[3] = {&table, &ctx_ptr, &result};
+  select(args);
+  return result;
+}
+
 int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
   // Runs the generated guard-and-select function: nothing is allocated or launched.
   auto r = get_region(region_id);
@@ -565,14 +577,17 @@ std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::ve
                                      c10::OptionalDeviceGuard& guard, bool count) {
   int64_t result = run_host(r, inputs, ctx);
   if (result == -1) {
-    if (count) r.misses.fetch_add(1, std::memory_order_relaxed);
     {
-      // GIL first, then the region's lock: one order for every thread.
+      // GIL first, then the region's lock, waited for without the GIL (Note [Locks and the GIL]).
       py::gil_scoped_acquire gil;
-      std::lock_guard<std::mutex> lock(r.miss_mutex);
-      py::list py_inputs;
-      for (const at::Tensor& t : inputs) py_inputs.append(py::cast(t));
-      r.miss_handler(region_id, py_inputs);  // raises TridentError when it cannot specialize
+      auto lock = lock_releasing_gil(r.miss_mutex);
+      // Another thread may have specialized for these facts while this one waited.
+      if (select_specialization(r, ctx) < 0) {
+        if (count) r.misses.fetch_add(1, std::memory_order_relaxed);
+        py::list py_inputs;
+        for (const at::Tensor& t : inputs) py_inputs.append(py::cast(t));
+        r.miss_handler(region_id, py_inputs);  // raises TridentError when it cannot specialize
+      }
     }
     prepare(r, inputs, ctx, guard);
     result = run_host(r, inputs, ctx);

@@ -26,6 +26,28 @@
 
 namespace trident {
 
+// Note [Locks and the GIL]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The optimized module calls the native runtime with the GIL held, and some of the runtime's
+// locks are held while Python runs (the miss handler compiling a specialization, the graph
+// recorder, an emulated replay's CPU launches). A thread that blocked on such a lock while
+// holding the GIL would wait forever for a holder that waits for the GIL. So these locks are
+// taken with `lock_releasing_gil`: try first; if taken, release the GIL (when held) while
+// waiting. No thread ever blocks on one of them holding the GIL (tests/runtime/test_concurrency.py).
+inline std::unique_lock<std::mutex> lock_releasing_gil(std::mutex& m) {
+  std::unique_lock<std::mutex> lock(m, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      lock.lock();
+    } else {
+      lock.lock();
+    }
+  }
+  return lock;
+}
+
+
 namespace graphs {
 struct State;  // graph_replay.h
 }

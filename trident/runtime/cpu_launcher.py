@@ -6,10 +6,16 @@ GridExecutor wants torch tensors; here pointers are raw host addresses, so this 
 with raw-pointer arguments. Constexprs are passed the way GridExecutor passes them: declared
 `tl.constexpr` parameters as tl.constexpr values, parameters the specializer folded (None, the
 integer 1) through the interpreter's own implicit conversion.
+
+Triton's interpreter is process-global state: `_patch_lang` swaps triton.language's builtins
+and `interpreter_builder` holds the current grid index. Interpreted launches are therefore
+serialized by one lock (they run under the GIL anyway); without it two threads' launches
+clobber each other's patches and grid indices (tests/runtime/test_concurrency.py).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -33,6 +39,7 @@ def _arg(ty: str, value: Any):
 
 
 _interpreted: dict = {}
+_INTERPRETER_LOCK = threading.RLock()  # see the module's docstring
 
 
 def _call_interpreted(self, *args, **kwargs):
@@ -59,20 +66,21 @@ def make_cpu_runner(
     const_args = {k: (tl.constexpr(v) if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
 
     def run(grid: tuple[int, int, int], values: list) -> None:
-        fn = interpreted.rewrite()
-        args = dict(const_args)
-        for name, ty, value in zip(param_names, param_types, values):
-            args[name] = _arg(ty, value)
-        patch_scope = interp._patch_lang(jit_fn.fn)
-        patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
-        try:
-            interp.interpreter_builder.set_grid_dim(*grid)
-            for x in range(grid[0]):
-                for y in range(grid[1]):
-                    for z in range(grid[2]):
-                        interp.interpreter_builder.set_grid_idx(x, y, z)
-                        fn(**args)
-        finally:
-            patch_scope.restore()
+        with _INTERPRETER_LOCK:
+            fn = interpreted.rewrite()
+            args = dict(const_args)
+            for name, ty, value in zip(param_names, param_types, values):
+                args[name] = _arg(ty, value)
+            patch_scope = interp._patch_lang(jit_fn.fn)
+            patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
+            try:
+                interp.interpreter_builder.set_grid_dim(*grid)
+                for x in range(grid[0]):
+                    for y in range(grid[1]):
+                        for z in range(grid[2]):
+                            interp.interpreter_builder.set_grid_idx(x, y, z)
+                            fn(**args)
+            finally:
+                patch_scope.restore()
 
     return run

@@ -140,6 +140,17 @@ def _launch_plan(
             _, specialization, _ = binder(**call_args)
         except TypeError as e:
             raise UnsupportedError(f"launch of {step.kernel_name}: {e}") from e
+        except KeyError as e:  # Triton's type table has no entry for a tensor's dtype
+            dtypes = {
+                name: str(a.dtype).replace("torch.", "")
+                for name, a in call_args.items()
+                if isinstance(a, PointerStandIn)
+            }
+            raise UnsupportedError(
+                f"launch of {step.kernel_name}: Triton has no pointer type for dtype {e.args[0]!r} "
+                f"(tensor arguments: {', '.join(f'{k}: {v}' for k, v in dtypes.items())}); "
+                "eager kernel[grid] would fail the same way"
+            ) from e
         compiled = kernel.warmup(grid=step.grid, **call_args) if compile_kernel else None
     key = tuple((ty, attr) for ty, attr in specialization)
     # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and
