@@ -178,6 +178,14 @@ def tuning_configs():
     ]
 
 
+def _scaled(kernel, x, factor):
+    """out = factor * x by `kernel`, its grid from the config's BLOCK."""
+    out = torch.empty_like(x)
+    n = x.numel()
+    kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, factor)
+    return out
+
+
 @triton.jit
 def _scale_body(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -192,10 +200,7 @@ def tuned_scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
 
 
 def tuned_scale(x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    tuned_scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
-    return out
+    return _scaled(tuned_scale_kernel, x, 3.0)
 
 
 def _drop_first(configs, nargs, **kwargs):
@@ -209,10 +214,7 @@ def pruned_scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
 
 
 def pruned_scale(x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    pruned_scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 2.0)
-    return out
+    return _scaled(pruned_scale_kernel, x, 2.0)
 
 
 @triton.autotune(
@@ -224,10 +226,7 @@ def hooked_scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
 
 
 def hooked_scale(x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    hooked_scale_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 2.0)
-    return out
+    return _scaled(hooked_scale_kernel, x, 2.0)
 
 
 @triton.autotune(configs=tuning_configs(), key=["n"], reset_to_zero=["out_ptr"])
@@ -283,10 +282,7 @@ def heuristic_tuned_kernel(x_ptr, out_ptr, n, factor, EVEN: tl.constexpr, BLOCK:
 
 
 def heuristic_tuned(x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    heuristic_tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 0.5)
-    return out
+    return _scaled(heuristic_tuned_kernel, x, 0.5)
 
 
 @triton.autotune(configs=tuning_configs(), key=[])
@@ -297,7 +293,4 @@ def tuned_heuristic_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr, EVEN:
 
 
 def tuned_heuristic(x):
-    out = torch.empty_like(x)
-    n = x.numel()
-    tuned_heuristic_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 4.0)
-    return out
+    return _scaled(tuned_heuristic_kernel, x, 4.0)

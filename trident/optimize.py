@@ -71,6 +71,11 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
                 raise TridentError(
                     f"input {names[i]!r} (position {i}) expected a Tensor, got {type(args[i]).__name__}"
                 )
+            if args[i].layout != torch.strided:
+                raise TridentError(
+                    f"input {names[i]!r} (position {i}) expected a strided (dense) tensor as captured, got layout "
+                    f"{args[i].layout}; Triton kernels take dense memory: pass .to_dense()"
+                )
 
     def check_constants(args) -> None:
         for i, want in constants.items():

@@ -65,6 +65,8 @@ def test_wrong_arity_and_non_tensor():
         opt(torch.randn(1000))
     with pytest.raises(trident.TridentError, match=r"input 'y_1' \(position 1\) expected a Tensor, got int"):
         opt(torch.randn(1000), 3)
+    with pytest.raises(trident.TridentError, match=r"input 'x_1' \(position 0\) expected a strided \(dense\) tensor"):
+        opt(torch.randn(1000).to_sparse(), torch.randn(1000))
 
 
 def test_other_shape_or_rank_raises_guard_error():

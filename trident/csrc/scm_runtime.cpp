@@ -559,14 +559,7 @@ int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
   HostCtx ctx;
   c10::OptionalDeviceGuard guard;
   prepare(*r, inputs, ctx, guard);
-  HostFn select = r->select.load(std::memory_order_acquire);
-  if (!select) return -1;
-  RuntimeTable* table = &kRuntimeTable;
-  HostCtx* ctx_ptr = &ctx;
-  int64_t result = -1;
-  void* args[3] = {&table, &ctx_ptr, &result};
-  select(args);
-  return result;
+  return select_specialization(*r, ctx);
 }
 
 namespace {
