@@ -39,6 +39,23 @@ def _arg(ty: str, value: Any):
 
 
 _interpreted: dict = {}
+
+_tl_cast = interp.InterpreterBuilder.cast_impl
+
+
+def _cast_impl(self, src, dst_type):
+    """InterpreterBuilder.cast_impl, right for bfloat16 to and from types other than float32.
+    Triton 3.6's interpreter stores bfloat16 as uint16 and converts it correctly only from/to
+    float32; any other cast reinterprets the numbers (float64 -> bfloat16 gave NaNs and
+    denormals). Such casts go through float32 here, as the compiled kernel's do in effect
+    (tests/runtime/test_hostile_inputs.py found it)."""
+    s, d = src.dtype.scalar, dst_type.scalar
+    if d == tl.bfloat16 and s not in (tl.float32, tl.bfloat16):
+        return _tl_cast(self, interp.TensorHandle(src.data.astype(np.float32), tl.float32), dst_type)
+    if s == tl.bfloat16 and d not in (tl.float32, tl.bfloat16):
+        wide = _tl_cast(self, src, tl.float32)
+        return _tl_cast(self, interp.TensorHandle(wide.data, tl.float32), dst_type)
+    return _tl_cast(self, src, dst_type)
 _INTERPRETER_LOCK = threading.RLock()  # see the module's docstring
 
 
@@ -73,6 +90,7 @@ def make_cpu_runner(
                 args[name] = _arg(ty, value)
             patch_scope = interp._patch_lang(jit_fn.fn)
             patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
+            patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
             try:
                 interp.interpreter_builder.set_grid_dim(*grid)
                 for x in range(grid[0]):

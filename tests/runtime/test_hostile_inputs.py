@@ -1,0 +1,116 @@
+"""Bad input never crashes the process and never gives a wrong answer: random inputs (dtypes,
+sizes, ranks, layouts, alignments, aliasing, non-tensors) to optimized regions either give
+eager's result or raise a TridentError that says what was expected -- nothing else."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import trident
+from tests import kernels as K
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool,
+          torch.complex64]
+N = 1000
+
+
+def _tensor(rng: random.Random, dtype: torch.dtype, n: int) -> torch.Tensor:
+    layout = rng.choice(["contiguous", "strided", "offset", "expanded", "2d", "empty"])
+    if layout == "strided":
+        base = _values(rng, dtype, 2 * n)
+        return base[::2]
+    if layout == "offset":  # misaligned by one element
+        return _values(rng, dtype, n + 1)[1:]
+    if layout == "expanded":
+        return _values(rng, dtype, 1).expand(n)
+    if layout == "2d":
+        return _values(rng, dtype, n).view(n // 10, 10)
+    if layout == "empty":
+        return _values(rng, dtype, 0)
+    return _values(rng, dtype, n)
+
+
+def _values(rng: random.Random, dtype: torch.dtype, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    if dtype == torch.bool:
+        return torch.rand(n, generator=g) > 0.5
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return torch.randint(-50, 50, (n,), generator=g, dtype=dtype)
+    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _axpy_expected(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """What Triton computes for axpy_kernel: 2.5 * x + y in fp32 (fp64 for fp64 operands), stored
+    in x's dtype (conversion toward zero for integers, nonzero -> True for bool)."""
+    wide = torch.float64 if torch.float64 in (x.dtype, y.dtype) else torch.float32
+    return (2.5 * x.to(wide) + y.to(wide)).to(x.dtype)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_inputs_give_eager_results_or_trident_errors(seed):
+    rng = random.Random(seed)
+    opt = trident.optimize(trident.capture(K.axpy, torch.randn(N), torch.randn(N)))
+    outcomes = {"ok": 0, "refused": 0}
+    for _ in range(40):
+        kind = rng.random()
+        dx = rng.choice(DTYPES)
+        dy = dx if rng.random() < 0.7 else rng.choice(DTYPES)
+        x = _tensor(rng, dx, N)
+        y = x if rng.random() < 0.1 else _tensor(rng, dy, N)
+        if kind < 0.05:
+            x = rng.choice([None, 3, [1.0] * N, "x"])
+        try:
+            got = opt(x, y)
+        except trident.TridentError as e:
+            assert str(e), "an error must say what was expected"
+            outcomes["refused"] += 1
+            continue
+        # Accepted: then it must be eager's answer for these inputs.
+        assert isinstance(x, torch.Tensor) and x.shape == (N,) and x.stride() == (1,)
+        assert got.dtype == x.dtype and got.shape == x.shape
+        if x.dtype.is_floating_point and y.dtype.is_floating_point:
+            tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(x.dtype, 1e-5)
+            torch.testing.assert_close(got, _axpy_expected(x, y), rtol=tol, atol=tol)
+        elif not (x.dtype.is_floating_point or y.dtype.is_floating_point) and x.dtype != torch.bool:
+            assert torch.equal(got, _axpy_expected(x, y)), (x.dtype, y.dtype)
+        # (float -> int/bool stores follow Triton's casts, not torch's: values not compared)
+        outcomes["ok"] += 1
+    assert outcomes["ok"] > 0 and outcomes["refused"] > 0, outcomes
+
+
+def test_random_inputs_to_an_inplace_region_leave_refused_inputs_untouched():
+    """A refused call must not have written anything: the guards run before any launch."""
+    rng = random.Random(7)
+    opt = trident.optimize(trident.capture(K.inplace_mul, torch.randn(N)))
+    for _ in range(40):
+        x = _tensor(rng, rng.choice(DTYPES), N)
+        before = x.clone()
+        try:
+            got = opt(x)
+        except trident.TridentError:
+            assert torch.equal(x, before), "a refused call changed its input"
+            continue
+        assert x.shape == (N,) and x.stride() == (1,)
+        if x.dtype.is_floating_point:
+            want = K.inplace_mul_ref(before.to(torch.float64)).to(x.dtype)
+            torch.testing.assert_close(x, want, rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dx,dy", [(torch.bfloat16, torch.float64), (torch.bfloat16, torch.int32),
+                                   (torch.int32, torch.bfloat16), (torch.float64, torch.bfloat16)])
+def test_bfloat16_mixed_with_other_dtypes_on_the_cpu_path(dx, dy):
+    """Triton 3.6's interpreter converts bfloat16 only from/to float32 (other casts reinterpret
+    the numbers); Trident's CPU launcher routes the others through float32."""
+    opt = trident.optimize(trident.capture(K.axpy, torch.randn(N), torch.randn(N)))
+    x = (torch.randn(N, dtype=torch.float64) * 8).to(dx)
+    y = (torch.randn(N, dtype=torch.float64) * 8).to(dy)
+    got = opt(x, y)
+    want = _axpy_expected(x, y)
+    if dx.is_floating_point:
+        torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=5e-2)
+    else:  # float -> int stores truncate toward zero; bf16 rounding of y can move a value across an integer
+        assert (got.double() - want.double()).abs().max() <= 1
