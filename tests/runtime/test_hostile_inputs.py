@@ -114,3 +114,67 @@ def test_bfloat16_mixed_with_other_dtypes_on_the_cpu_path(dx, dy):
         torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=5e-2)
     else:  # float -> int stores truncate toward zero; bf16 rounding of y can move a value across an integer
         assert (got.double() - want.double()).abs().max() <= 1
+
+
+def _perturb(rng: random.Random, t: torch.Tensor) -> torch.Tensor:
+    """One hostile change to a decode-step input: its dtype, layout, alignment or shape."""
+    change = rng.choice(["dtype", "strided", "offset", "shape", "transposed", "same"])
+    if change == "dtype":
+        return t.to(rng.choice([torch.float64, torch.float16, torch.int32, torch.int64]))
+    if change == "strided":
+        return torch.stack([t, t], dim=-1)[..., 0]  # same values, every other element
+    if change == "offset":
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype)
+        view = flat[1:].view(t.shape)
+        view.copy_(t)
+        return view
+    if change == "shape":
+        return torch.cat([t.flatten(), t.flatten()[:1]])
+    if change == "transposed" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, other strides
+    return t.clone()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hostile_inputs_to_a_decode_region_behave_like_eager(seed):
+    """One region of launches, matmuls, attention and cache writes. Each call perturbs one input:
+    Trident raises whenever eager raises; otherwise it returns eager's result and writes eager's
+    caches, or refuses with a TridentError (a guard) -- leaving every cache untouched."""
+    from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights
+    import functools
+
+    cfg = Config(layers=1)
+    weights, cos, sin = make_weights(cfg, "cpu")
+    step = functools.partial(decode_step, cfg)
+    args = [torch.randn(1, cfg.hidden), torch.tensor([3]), cos, sin, *make_caches(cfg, "cpu"), *weights]
+    opt = trident.optimize(trident.capture(step, *args))
+    rng = random.Random(seed)
+    seen = set()
+    for _ in range(12):
+        i = rng.randrange(len(args))
+        call = [a.clone() for a in args]
+        call[i] = _perturb(rng, args[i])
+        ref = [a.clone() for a in call]
+        try:
+            want = decode_step_reference(cfg, *ref)
+            eager_error = None
+        except Exception as e:  # noqa: BLE001 - eager's verdict
+            eager_error = e
+        before = [a.clone() for a in call]
+        try:
+            got = opt(*call)
+        except trident.TridentError:
+            seen.add("refused")
+            for a, b in zip(call, before):
+                assert torch.equal(a, b), "a refused call wrote an input"
+            continue
+        except Exception as e:  # noqa: BLE001
+            assert eager_error is not None, f"Trident raised {type(e).__name__}: {e} where eager ran"
+            seen.add("both raised")
+            continue
+        assert eager_error is None, f"eager raised {eager_error!r}, Trident returned a result"
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+        for a, r in zip(call[4:4 + 2 * cfg.layers], ref[4:4 + 2 * cfg.layers]):
+            torch.testing.assert_close(a, r, rtol=1e-3, atol=1e-3)
+        seen.add("equal")
+    assert "refused" in seen, seen
