@@ -18,6 +18,7 @@ from triton.runtime.autotuner import Heuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
 from ..errors import CaptureError
+from ..scm.tuning import HeuristicFailed, heuristic_values
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import has_triton_ops, inline_triton_ops
 
@@ -44,16 +45,15 @@ def _launches_as_hops(log: list):
 
 def _heuristics_launcher(h, grid, getitem, log: list):
     def launch(*args, **kwargs):
-        values = {}
-        for name, heur in h.values.items():
-            try:
-                values[name] = heur({**dict(zip(h.arg_names, args)), **kwargs, **values})
-            except Exception as e:
-                raise CaptureError(
-                    f"@triton.heuristics value {name!r} of {_kernel_name(h)} could not be computed at capture "
-                    f"({type(e).__name__}: {e}). Trident computes heuristics once, from the dtypes, sizes, strides "
-                    "and scalar arguments of the launch (tensor data and addresses are not available while tracing)."
-                ) from e
+        try:
+            values = heuristic_values(h, {**dict(zip(h.arg_names, args)), **kwargs})
+        except HeuristicFailed as e:
+            cause = e.__cause__
+            raise CaptureError(
+                f"@triton.heuristics value {e.name!r} of {_kernel_name(h)} could not be computed at capture "
+                f"({type(cause).__name__}: {cause}). Trident computes heuristics once, from the dtypes, sizes, strides "
+                "and scalar arguments of the launch (tensor data and addresses are not available while tracing)."
+            ) from cause
         log.append((h.fn, h, dict(values)))
         return getitem(h.fn, grid)(*args, **kwargs, **values)
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import knobs
-from ..scm.ir import DEFAULT, AtenStep, LaunchStep, RegionProgram
+from ..scm.ir import DEFAULT, AtenStep, LaunchStep, RegionProgram, TensorFacts
 from . import native
 
 RECORD_AFTER = 2  # consecutive ordinary calls with equal facts (but addresses) before recording
@@ -68,8 +68,7 @@ def replay_cost_us(program: RegionProgram, staged: int) -> float:
 
 
 def _metadata_only(step: AtenStep) -> bool:
-    op = step.op
-    return bool(getattr(op, "is_view", False)) or torch.Tag.view_copy in getattr(op, "tags", ())
+    return bool(getattr(step.op, "is_view", False))
 
 
 def _draws_random(step: AtenStep) -> bool:
@@ -95,13 +94,6 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     return s
 
 
-def _span(t: torch.Tensor) -> int:
-    """Elements from the first to the last one the tensor addresses (0 when empty)."""
-    if t.numel() == 0:
-        return 0
-    return sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
-
-
 STAGING_LIMIT = 64 << 20  # bytes: a larger moving input is pinned (a copy per call would cost more)
 
 
@@ -109,12 +101,10 @@ def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
     """A buffer with t's sizes, strides and address residue mod 16 (so the same specialization
     serves it), or None (pin it instead) when the residue is not a whole number of elements or
     the elements span more than STAGING_LIMIT bytes (a view into a large storage, say)."""
-    residue, item = t.data_ptr() % 16, t.element_size()
-    if residue % item or _span(t) * item > STAGING_LIMIT:
+    facts, residue, item = TensorFacts.of(t), t.data_ptr() % 16, t.element_size()
+    if residue % item or facts.span() * item > STAGING_LIMIT:
         return None
-    base = torch.empty(_span(t) + 16 // item, dtype=t.dtype, device=t.device)
-    shift = ((residue - base.data_ptr() % 16) % 16) // item
-    return base.as_strided(t.shape, t.stride(), shift)
+    return facts.allocate(residue)
 
 
 def record(

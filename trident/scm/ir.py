@@ -130,6 +130,21 @@ class TensorFacts:
     def of(t: torch.Tensor) -> "TensorFacts":
         return TensorFacts(t.dtype, t.device, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
+    def span(self) -> int:
+        """Elements from the first to the last one the layout addresses (0 when empty)."""
+        if not all(self.sizes):
+            return 0
+        return sum((n - 1) * s for n, s in zip(self.sizes, self.strides)) + 1
+
+    def allocate(self, residue: int, zero: bool = False) -> torch.Tensor:
+        """A fresh tensor with this layout at an address whose residue modulo 16 bytes is
+        `residue` (a whole number of elements): what a specialization assumed of a tensor."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        make = torch.zeros if zero else torch.empty
+        base = make(self.span() + 16 // item, dtype=self.dtype, device=self.device)
+        shift = ((residue - base.data_ptr() % 16) % 16) // item
+        return base.as_strided(self.sizes, self.strides, shift)
+
 
 @dataclass(frozen=True)
 class TensorGuard:

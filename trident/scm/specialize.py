@@ -112,7 +112,7 @@ def _launch_plan(
         for name, value in step.args.items():
             if isinstance(value, ValueRef):
                 facts, residues = (input_facts, input_residues) if value.kind == "input" else (value_facts, value_residues)
-                stand_ins[name] = tuning.stand_in(facts[value.index], residues[value.index], device)
+                stand_ins[name] = facts[value.index].allocate(residues[value.index], zero=True)
             else:
                 stand_ins[name] = value
         if step.heuristics is not None:

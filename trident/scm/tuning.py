@@ -74,16 +74,6 @@ def tuning_key(tuner, args: dict) -> tuple:
     return tuple(key)
 
 
-def stand_in(facts: TensorFacts, residue: int, device: torch.device) -> torch.Tensor:
-    """Zeros with the layout a launch argument has in this specialization, at an address with
-    the same residue modulo 16 bytes."""
-    size = torch.empty((), dtype=facts.dtype).element_size()
-    span = 1 + sum((s - 1) * st for s, st in zip(facts.sizes, facts.strides)) if all(facts.sizes) else 0
-    buf = torch.zeros(span + 16, dtype=facts.dtype, device=device)
-    offset = ((residue - buf.data_ptr()) % 16) // size
-    return buf.as_strided(facts.sizes, facts.strides, offset)
-
-
 def _config_index(tuner, config) -> int:
     for i, c in enumerate(tuner.configs):
         if c is config:
@@ -112,7 +102,7 @@ def _grid_fn(tuner, grids):
 
 def choose(step: LaunchStep, args: dict, device: torch.device) -> tuple[int, str]:
     """(config index, how it was chosen) for `step` with `args`: parameter name -> stand-in
-    tensor (see `stand_in`) or the constant passed."""
+    tensor (`TensorFacts.allocate`, zeroed) or the constant passed."""
     tuner = step.tuner
     key = tuning_key(tuner, args)
     if key in tuner.cache:
@@ -132,29 +122,48 @@ def choose(step: LaunchStep, args: dict, device: torch.device) -> tuple[int, str
         tuner.nargs = None
     if _cpu_timer is None:
         return _config_index(tuner, pruned[0]), "first config after pruning (no GPU to time on)"
-    times = {i: _cpu_timer(tuner, c, args) for i, c in ((_config_index(tuner, c), c) for c in pruned)}
+    times = {_config_index(tuner, c): _cpu_timer(tuner, c, args) for c in pruned}
     best = min(times, key=times.get)
     tuner.cache[key] = tuner.configs[best]
     return best, f"timed by the CPU timer, key {key}"
+
+
+class HeuristicFailed(Exception):
+    """A @triton.heuristics function raised; `name` is its value's name, the cause is chained."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def heuristic_values(h, named: dict) -> dict:
+    """The values `Heuristics.run` computes for a launch whose arguments are `named`, in order
+    (each heuristic sees the values before it)."""
+    values: dict = {}
+    for name, heur in h.values.items():
+        try:
+            values[name] = heur({**named, **values})
+        except Exception as e:
+            raise HeuristicFailed(name) from e
+    return values
 
 
 def check_heuristics(step: LaunchStep, args: dict) -> None:
     """Raise UnsupportedError when a @triton.heuristics value differs for these arguments from
     the one captured."""
     h, captured = step.heuristics
-    named = {k: v for k, v in args.items() if k not in captured}
-    values: dict = {}
-    for name, heur in h.values.items():
-        try:
-            values[name] = heur({**named, **values})
-        except Exception as e:  # a heuristic that reads what stand-ins lack (data, exact addresses)
+    try:
+        values = heuristic_values(h, {k: v for k, v in args.items() if k not in captured})
+    except HeuristicFailed as e:  # a heuristic that reads what stand-ins lack (data, exact addresses)
+        cause = e.__cause__
+        raise UnsupportedError(
+            f"@triton.heuristics value {e.name!r} of {step.kernel_name} could not be re-evaluated for new inputs "
+            f"({type(cause).__name__}: {cause}); capture again with inputs like these"
+        ) from cause
+    for name, value in values.items():
+        if value != captured[name]:
             raise UnsupportedError(
-                f"@triton.heuristics value {name!r} of {step.kernel_name} could not be re-evaluated for new inputs "
-                f"({type(e).__name__}: {e}); capture again with inputs like these"
-            ) from e
-        if values[name] != captured[name]:
-            raise UnsupportedError(
-                f"@triton.heuristics value {name!r} of {step.kernel_name} is {values[name]!r} for these inputs, but "
+                f"@triton.heuristics value {name!r} of {step.kernel_name} is {value!r} for these inputs, but "
                 f"{captured[name]!r} was computed at capture and compiled in. Heuristics are evaluated at capture "
                 "(as torch.compile does); capture again with inputs like these, or call with inputs like the captured ones."
             )
