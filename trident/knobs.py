@@ -41,6 +41,12 @@ _KNOBS = {
         "graph replay (Note [Graph replay]): 'cuda', 'all' (also CPU regions, emulated: tests), '' (off)",
     ),
     "graph_limit": _Knob("TRIDENT_GRAPH_LIMIT", "4", "graphs recorded per region at most (0..16)"),
+    "graph_stage_written_bytes": _Knob(
+        "TRIDENT_GRAPH_STAGE_WRITTEN_BYTES",
+        str(16 << 20),
+        "stage a moving input the region writes (copied in before a replay, back after it) when it spans at most this "
+        "many bytes; larger ones (KV caches) stay pinned (Note [Staging written inputs]; 0: never)",
+    ),
     "graph_min_saving_us": _Knob(
         "TRIDENT_GRAPH_MIN_SAVING_US",
         "0",
@@ -103,6 +109,17 @@ def graph_limit() -> int:
     value = int(_KNOBS["graph_limit"].get())
     if not 0 <= value <= 16:
         raise ValueError(f"TRIDENT_GRAPH_LIMIT={value}: expected 0..16")
+    return value
+
+
+def graph_stage_written_bytes() -> int:
+    raw = _KNOBS["graph_stage_written_bytes"].get()
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"TRIDENT_GRAPH_STAGE_WRITTEN_BYTES={raw!r}: expected a number of bytes >= 0")
     return value
 
 

@@ -49,6 +49,23 @@ def _graph_device(device, always=True):
     return mode | ({"graph_min_saving_us": "-inf"} if always else {})
 
 
+def test_decode_loop_feeding_each_output_back_replays(device):
+    """x = opt(x, pos, ...): the hidden state is the previous step's output (a fresh tensor per
+    replay), the position a new tensor: one graph, staged x and pos, results exact."""
+    cfg = Config()
+    opt, weights, cos, sin = _optimized_decode(device, cfg, **_graph_device(device, always=False))
+    caches, ref_caches = make_caches(cfg, device), make_caches(cfg, device)
+    x = torch.randn(1, cfg.hidden, device=device)
+    x_ref = x.clone()
+    for p in range(10):
+        x = opt(x, torch.tensor([p], device=device), cos, sin, *caches, *weights)
+        x_ref = decode_step_reference(cfg, x_ref, torch.tensor([p], device=device), cos, sin, *ref_caches, *weights)
+        torch.testing.assert_close(x, x_ref, rtol=1e-4, atol=1e-4)
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
+    assert sorted(names[i] for i in g["staged"]) == ["arg0_1", "arg1_1"] and g["replays"] == 8
+
+
 def test_decode_steps_replay_one_graph_with_moving_token_and_position(device):
     """Fresh x and pos tensors every step (their addresses move): they are staged, everything
     else (weights, caches) pinned; outputs and caches equal the reference at every step."""
@@ -65,9 +82,10 @@ def test_decode_steps_replay_one_graph_with_moving_token_and_position(device):
     assert stats["hits"] == 8 and stats["misses"] == 0 and stats["graph_replays"] == 6
 
 
-def test_moved_written_input_takes_the_ordinary_path_then_gets_its_own_graph(device):
-    """Written inputs are pinned: caches at new addresses match no graph (ordinary path, still
-    exact); two such calls later a second graph is recorded for them."""
+def test_moved_written_input_takes_the_ordinary_path_then_is_staged(device):
+    """Caches that never moved are pinned: at new addresses they match no graph (ordinary path,
+    still exact); two such calls later a graph staging them both ways replaces the first one
+    (Note [Graph lifetimes])."""
     cfg = Config(layers=1)
     opt, weights, cos, sin = _optimized_decode(device, cfg, **_graph_device(device))
     caches = make_caches(cfg, device)
@@ -86,6 +104,9 @@ def test_moved_written_input_takes_the_ordinary_path_then_gets_its_own_graph(dev
         torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
     st = C.graph_stats(_region(opt))
     assert [g["replays"] for g in st["graphs"]] == [1, 2]
+    assert [g["retired"] for g in st["graphs"]] == [True, False]
+    written = [i for i, inp in enumerate(SCMRuntime.get(_region(opt)).program.inputs) if inp.mutated]
+    assert len(written) == 2 and st["graphs"][1]["written_back"] == written  # the two caches
     assert st["declined"] == 2
 
 
@@ -154,7 +175,7 @@ def test_explain_lists_graphs(device):
     for a in [torch.randn(256, device=device) for _ in range(5)]:
         opt(x, a)
     mode = "emulated" if device == "cpu" else "CUDA"
-    assert f"graph 0 ({mode}): 3 replay(s); staged inputs: a_1; every other input pinned" in trident.explain(opt)
+    assert f"graph 0 ({mode}): 3 replay(s), 1.0 KiB held; staged: a_1; pinned: the other 1 input(s)" in trident.explain(opt)
 
 
 def test_random_operators_never_use_graphs():
@@ -371,7 +392,7 @@ def test_explain_says_cpu_regions_get_no_graphs_by_default():
     assert C.graph_stats(_region(opt))["graphs"] == []
 
 
-def test_staging_buffers_keep_layout_and_residue_and_refuse_huge_spans():
+def test_staging_buffers_keep_layout_and_residue():
     from trident.runtime import graphs
 
     base = torch.randn(100)
@@ -380,8 +401,25 @@ def test_staging_buffers_keep_layout_and_residue_and_refuse_huge_spans():
         assert buf.shape == t.shape and buf.stride() == t.stride() and buf.data_ptr() % 16 == t.data_ptr() % 16
     odd = torch.empty(9, dtype=torch.uint8)[1:].view(torch.uint8)  # residue 1 of a 1-byte type: fine
     assert graphs.staging_buffer(odd) is not None
-    wide = torch.empty(2, (graphs.STAGING_LIMIT // 4) + 1)[:, :1]  # a column spanning > the limit
-    assert graphs.staging_buffer(wide) is None
+
+
+def test_a_moving_read_input_spanning_more_than_the_limit_stays_pinned(monkeypatch):
+    """A read-only input whose elements span more than STAGING_LIMIT is pinned; while it keeps
+    moving no graph is recorded (none could replay), and explain() names it and says why."""
+    from trident.runtime import graphs
+
+    monkeypatch.setattr(graphs, "STAGING_LIMIT", 512)  # bytes; `a` spans 1 KiB
+    opt = _optimized_inplace("cpu")
+    x, x_ref = torch.zeros(256), torch.zeros(256)
+    for a in [torch.randn(256) for _ in range(5)]:
+        opt(x, a)
+        _inplace_reference(x_ref, a)
+    torch.testing.assert_close(x, x_ref)
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"] == [] and st["last_ordinary"] == ("unstageable", 1)
+    text = trident.explain(opt)
+    assert "input 'a_1' moves between calls but is pinned: it spans 1024 bytes > 512" in text
+    assert "the last ordinary call replayed no graph: input 'a_1' moves between calls and cannot be staged" in text
 
 
 class TestGraphExplainGolden(expecttest.TestCase):
@@ -391,8 +429,159 @@ class TestGraphExplainGolden(expecttest.TestCase):
         fresh = [torch.randn(256) for _ in range(5)]
         for a in fresh:
             opt(x, a)
-        opt(x.clone(), fresh[0])  # x is written, so pinned: at a new address, no graph matches
+        opt(x.clone(), fresh[0])  # x never moved while observed, so pinned: at a new address, no graph matches
         lines = [line.strip() for line in trident.explain(opt).splitlines() if "graph" in line]
         self.assertExpectedInline("\n".join(lines), """\
-graph 0 (emulated): 3 replay(s); staged inputs: a_1; every other input pinned
-graphs: 1 call(s) matched no recorded graph (ordinary path)""")
+graph 0 (emulated): 3 replay(s), 1.0 KiB held; staged: a_1; pinned: the other 1 input(s)
+graphs: inputs seen moving between calls: x_1, a_1
+graphs: 1 call(s) matched no recorded graph (ordinary path)
+graphs: the last ordinary call replayed no graph: input 'x_1' is pinned in the graphs and came at another address""")
+
+
+# -- written inputs that move (Note [Staging written inputs]) --------------------------------
+
+
+def _decode_inplace(cfg, x, *rest):
+    """A decode step that updates the hidden state in place (a residual stream written with
+    copy_), the way a caller's loop may hand the same buffer role a fresh tensor every step."""
+    x.copy_(decode_step(cfg, x, *rest))
+    return x
+
+
+def _optimized_decode_inplace(device, cfg, **knob_values):
+    weights, cos, sin = make_weights(cfg, device)
+    with knobs.scope(**knob_values):
+        opt = trident.optimize(
+            trident.capture(
+                functools.partial(_decode_inplace, cfg), torch.randn(1, cfg.hidden, device=device),
+                torch.tensor([0], device=device), cos, sin, *make_caches(cfg, device), *weights,
+            )
+        )
+    return opt, weights, cos, sin
+
+
+def _run_decode_loop(cfg, opt, weights, cos, sin, device, steps, fresh):
+    """`steps` decode steps the way a caller writes the loop: the hidden state is a new tensor
+    each step (`fresh(prev)`: the previous step's output or a new one), the position a new
+    tensor; outputs, hidden states and caches equal the PyTorch reference at every step."""
+    caches, ref_caches = make_caches(cfg, device), make_caches(cfg, device)
+    prev = torch.randn(1, cfg.hidden, device=device)
+    for p in range(steps):
+        x = fresh(prev)
+        x_ref = x.clone()
+        want = decode_step_reference(cfg, x_ref, torch.tensor([p], device=device), cos, sin, *ref_caches, *weights)
+        got = opt(x, torch.tensor([p], device=device), cos, sin, *caches, *weights)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(x, want, rtol=1e-4, atol=1e-4)  # written in place, as eager does
+        for c, r in zip(caches, ref_caches):
+            torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
+        prev = got
+
+
+@pytest.mark.parametrize(
+    "fresh",
+    [lambda prev: torch.randn_like(prev) * 0.5, lambda prev: prev.clone()],
+    ids=["new_tensor", "copy_of_previous"],
+)
+def test_written_hidden_state_fresh_every_step_is_staged_both_ways(device, fresh):
+    cfg = Config()
+    opt, weights, cos, sin = _optimized_decode_inplace(device, cfg, **_graph_device(device, always=False))
+    _run_decode_loop(cfg, opt, weights, cos, sin, device, 10, fresh)
+    st = C.graph_stats(_region(opt))
+    live = [g for g in st["graphs"] if not g["retired"]]
+    assert len(live) == 1, st
+    names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
+    assert [names[i] for i in live[0]["written_back"]] == ["arg0_1"]  # x: staged both ways
+    assert {names[i] for i in live[0]["staged"]} == {"arg0_1", "arg1_1"}  # x, pos
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["graph_replays"] >= 7 and stats["ordinary_calls"] == 10 - stats["graph_replays"]
+    assert st["graphs"][-1]["replays"] >= 7
+    assert "staged: arg0_1 (written back), arg1_1" in trident.explain(opt)
+
+
+def test_written_inputs_above_the_threshold_stay_pinned(device):
+    """TRIDENT_GRAPH_STAGE_WRITTEN_BYTES below the hidden state's 256 bytes: it is pinned, and
+    since it moves every call no graph is recorded at all (none could replay); results exact."""
+    cfg = Config()
+    opt, weights, cos, sin = _optimized_decode_inplace(
+        device, cfg, graph_stage_written_bytes="255", **_graph_device(device, always=False)
+    )
+    _run_decode_loop(cfg, opt, weights, cos, sin, device, 6, lambda prev: prev.clone())
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"] == [] and st["last_ordinary"] == ("unstageable", 0)
+    assert "TRIDENT_GRAPH_STAGE_WRITTEN_BYTES=255" in trident.explain(opt)
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["graph_replays"] == 0 and stats["ordinary_calls"] == 6
+    # at exactly its size it is staged
+    opt, weights, cos, sin = _optimized_decode_inplace(
+        device, cfg, graph_stage_written_bytes="256", **_graph_device(device, always=False)
+    )
+    _run_decode_loop(cfg, opt, weights, cos, sin, device, 6, lambda prev: prev.clone())
+    assert trident.cache_info(opt)["region0"]["graph_replays"] == 4
+
+
+def test_stage_written_knob_is_checked():
+    with knobs.scope(graph_stage_written_bytes="lots"), pytest.raises(ValueError, match="STAGE_WRITTEN_BYTES"):
+        knobs.graph_stage_written_bytes()
+    with knobs.scope(graph_stage_written_bytes="-1"), pytest.raises(ValueError, match=">= 0"):
+        knobs.graph_stage_written_bytes()
+    assert knobs.graph_stage_written_bytes() == 16 << 20
+
+
+def test_written_input_sharing_storage_with_another_input_is_not_staged(device):
+    """x (written) and a (read) as two views of one storage: staging x would copy back bytes
+    the graph read from a's old address. Such calls take the ordinary path; results exact."""
+    opt = _optimized_inplace(device)
+    fresh = [torch.randn(512, device=device) for _ in range(6)]
+    for buf in fresh:  # x moves every call: staged both ways
+        x, x_ref = buf[:256], buf[:256].clone()
+        opt(x, buf[256:].clone())
+        _inplace_reference(x_ref, buf[256:])
+        torch.testing.assert_close(x, x_ref)
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    assert g["written_back"] == [0] and g["replays"] == 4
+    for buf in [torch.randn(512, device=device) for _ in range(3)]:
+        x, a = buf[:256], buf[256:]  # disjoint halves of one storage
+        want = (x + 2.0 * a) * 0.5
+        opt(x, a)
+        torch.testing.assert_close(x, want)
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"][0]["replays"] == 4 and st["last_ordinary"] == ("aliased", 0)
+
+
+def test_pinned_inputs_are_not_held_by_a_graph(device):
+    """Note [Pinned inputs are not held]: once the caller drops a pinned input, the graph does
+    not keep it alive (it would block its address for every later tensor)."""
+    import gc
+    import weakref
+
+    opt = _optimized_inplace(device)
+    x = torch.zeros(256, device=device)
+    for a in [torch.randn(256, device=device) for _ in range(3)]:
+        opt(x, a)
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    assert g["staged"] == [1]  # x pinned
+    alive = weakref.ref(x)
+    del x
+    gc.collect()
+    assert alive() is None
+
+
+def test_an_input_pinned_by_chance_is_staged_by_the_next_graph(device):
+    """The observed calls brought `a` at one address (the caller reused one tensor), then it
+    moves every call: the first graph declines, a second graph staging `a` is recorded and the
+    first retired, releasing its memory (Note [Graph lifetimes])."""
+    opt = _optimized_inplace(device)
+    x, x_ref = torch.zeros(256, device=device), torch.zeros(256, device=device)
+    same = torch.randn(256, device=device)
+    calls = [same, same] + [torch.randn(256, device=device) for _ in range(8)]
+    for a in calls:
+        opt(x, a)
+        _inplace_reference(x_ref, a)
+    torch.testing.assert_close(x, x_ref)
+    st = C.graph_stats(_region(opt))
+    assert [(g["staged"], g["retired"]) for g in st["graphs"]] == [([], True), ([1], False)]
+    assert st["graphs"][0]["bytes"] == 0 and st["graphs"][1]["replays"] == 6
+    assert "graph 0 (emulated): retired after 0 replay(s)" in trident.explain(opt)
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["graph_replays"] == 6 and stats["ordinary_calls"] == 4

@@ -35,6 +35,7 @@ struct Api {
   CUresult (*cuGraphLaunch)(void*, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(uint64_t, uint64_t, size_t, CUstream);
   CUresult (*cuStreamIsCapturing)(CUstream, int*);
+  CUresult (*cuStreamSynchronize)(CUstream);
   bool ok = false;
 };
 
@@ -64,6 +65,7 @@ const Api& api() {
     sym(a.cuGraphLaunch, "cuGraphLaunch");
     sym(a.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     sym(a.cuStreamIsCapturing, "cuStreamIsCapturing");
+    sym(a.cuStreamSynchronize, "cuStreamSynchronize");
     a.ok = all && a.cuInit(0) == 0;
   });
   return a;
@@ -148,6 +150,16 @@ bool stream_capturing(void* stream) {
   // An error (e.g. the legacy stream while another stream captures in global mode) also means
   // "do not replay here": the caller then takes the ordinary path.
   return api().cuStreamIsCapturing(stream, &status) != 0 || status != 0;
+}
+
+int stream_synchronize(void* stream, std::string* error) {
+  if (!api().ok) {
+    if (error) *error = "the CUDA driver is not available";
+    return -1;
+  }
+  const CUresult r = api().cuStreamSynchronize(stream);
+  if (r != 0 && error) *error = describe(r, "cuStreamSynchronize");
+  return r;
 }
 
 }  // namespace trident::cuda

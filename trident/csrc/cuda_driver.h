@@ -25,6 +25,9 @@ int graph_launch(void* exec, void* stream, std::string* error);
 // cuMemcpyDtoDAsync of `bytes` bytes on `stream`. Returns 0 or the CUresult.
 int copy_async(void* dst, const void* src, int64_t bytes, void* stream, std::string* error);
 
+// cuStreamSynchronize. Returns 0 or the CUresult.
+int stream_synchronize(void* stream, std::string* error);
+
 // True when `stream` is being captured into a CUDA graph (or its status cannot be read).
 bool stream_capturing(void* stream);
 

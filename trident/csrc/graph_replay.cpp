@@ -28,9 +28,10 @@ namespace trident::graphs {
 //     buffers are that stream's: replays of one graph stay ordered), and that stream is not
 //     itself being captured (then the ordinary path runs, so a user's own capture sees launches);
 //   * no staged input shares storage with a written input (a staged copy would hide the write).
-// Staged inputs are those whose address moved between the calls observed before recording and
-// that the region does not write (a fresh token or position tensor each step); every other input
-// is pinned (weights, KV caches: written inputs are always pinned, in place, at their address).
+// Staged inputs are those seen at two addresses with otherwise equal facts (a fresh token or
+// position tensor each step, a hidden state that is the previous step's output); every other
+// input is pinned (weights, KV caches). Staged inputs the region writes are copied back after
+// the replay (Note [Staging written inputs]).
 // The graph's intermediates live in its private memory pool (torch.cuda.graph); its outputs
 // are overwritten by the next replay, so each replay returns fresh copies (one allocation and
 // one copy per output storage, aliasing between outputs kept by copying storages, not tensors).
@@ -40,6 +41,40 @@ namespace trident::graphs {
 // outputs aliasing inputs are never recorded (the recorder says why; explain() shows it).
 // With the emulate flag (TRIDENT_GRAPHS=all, tests) a CPU "graph" reruns the host program on the
 // static inputs, so the policy, staging and copy-out are exercised without a GPU.
+//
+// Note [Staging written inputs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A decode loop passes a fresh hidden state each step, and a region may write it in place (a
+// residual stream updated with +=). Pinning it would make every call miss the graph. A written
+// input that moves is therefore staged both ways: its bytes are copied into the graph's buffer
+// before the replay and back into the caller's tensor after it, both on the caller's stream, so
+// the caller sees exactly the ordinary call's writes. Copying back the bytes the elements span
+// is only exact when they are all the tensor's (no gaps another tensor may own, no overlap):
+// written inputs are staged only when non-overlapping and dense, when no other input shares
+// their storage, and when they span at most TRIDENT_GRAPH_STAGE_WRITTEN_BYTES (large written
+// inputs, KV caches, stay pinned: two copies of them per call would cost more device time than
+// the replay saves host time). Read-only inputs are staged up to 64 MiB, any layout.
+//
+// Note [Pinned inputs are not held]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A graph bakes a pinned input's address, and replays only when a call brings a tensor with
+// equal facts at that very address: the caller's tensor owns that memory for the call, so the
+// entry need not keep the recorded tensor alive. Holding it would be worse than useless: a
+// transient input that the caching allocator happened to give the same address during the
+// observed calls (an embedding lookup) could then never get that address again, and the graph
+// would never replay.
+//
+// Note [Graph lifetimes]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A graph is recorded only when replays are expected: the observed calls agree on every fact
+// but the addresses of inputs that can be staged; an input that moves and cannot be staged
+// restarts the observation (explain() says which). Inputs seen moving once stay "moving" for the
+// region, so a graph recorded later stages them too. When a new graph serves every call an
+// older live one serves (same stream and device, every input either staged in the new one with
+// equal facts but address, or pinned in both with equal facts), the older one is retired: its
+// pending work is waited for, its pool, buffers and outputs are released, it never replays
+// again. So a graph that pinned a transient input by the allocator's chance is replaced by one
+// that stages it, instead of holding memory with no replay to come.
 
 namespace {
 
@@ -52,24 +87,54 @@ bool shares_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() && b.defined() && a.storage().data() == b.storage().data() && a.storage().data() != nullptr;
 }
 
-// A staged input must not alias anything the region writes.
-bool staged_inputs_independent(const State& s, const Entry& e, const std::vector<at::Tensor>& inputs) {
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!e.staged[i]) continue;
-    for (size_t j = 0; j < inputs.size(); ++j)
-      if (s.written[j] && shares_storage(inputs[i], inputs[j])) return false;
+// Whether staging input i would hide or clobber a write: it shares storage with an input the
+// region writes, or it is written and shares storage with any other input.
+bool staging_conflicts(const std::vector<uint8_t>& written, const std::vector<at::Tensor>& inputs, size_t i) {
+  for (size_t j = 0; j < inputs.size(); ++j)
+    if (j != i && (written[i] || written[j]) && shares_storage(inputs[i], inputs[j])) return true;
+  return false;
+}
+
+// The first staged input that conflicts (Note [Staging written inputs]), or -1.
+int64_t staged_conflict(const State& s, const Entry& e, const std::vector<at::Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (e.staged[i] && staging_conflicts(s.written, inputs, i)) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// Whether a moving input can be staged at all: its residue mod 16 is a whole number of
+// elements (so a buffer with the same residue exists), it spans few enough bytes, and when
+// written it is non-overlapping and dense (Note [Staging written inputs]).
+bool stageable(const State& s, const at::Tensor& t, bool written) {
+  if (!t.defined()) return false;
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  if ((reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) % item) return false;
+  const int64_t span = span_bytes(t);
+  if (!written) return span <= s.stage_read_limit;
+  return span <= s.stage_written_limit && t.is_non_overlapping_and_dense();
+}
+
+// Compares one facts row with an entry's: 0 equal, 1 only the address differs, 2 more differs.
+int row_diff(const int64_t* row, const int64_t* want, int64_t stride) {
+  if (std::memcmp(row + 1, want + 1, (stride - 1) * sizeof(int64_t)) != 0) return 2;
+  return row[0] == want[0] ? 0 : 1;
+}
+
+// Whether a call with these facts may replay e; else `why`/`input` say what stood in the way.
+bool facts_match(const Entry& e, const int64_t* facts, int64_t n, int64_t stride, Ordinary* why, int64_t* input) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int d = row_diff(facts + i * stride, e.facts.data() + i * stride, stride);
+    if (d == 0 || (d == 1 && e.staged[i])) continue;  // a staged input's address does not matter
+    *why = d == 2 ? Ordinary::kFacts : Ordinary::kPinnedMoved;
+    *input = i;
+    return false;
   }
   return true;
 }
 
-bool facts_match(const Entry& e, const int64_t* facts, int64_t n, int64_t stride) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t* row = facts + i * stride;
-    const int64_t* want = e.facts.data() + i * stride;
-    const int64_t from = e.staged[i] ? 1 : 0;  // a staged input's address does not matter
-    if (std::memcmp(row + from, want + from, (stride - from) * sizeof(int64_t)) != 0) return false;
-  }
-  return true;
+void note_ordinary(State& s, Ordinary why, int64_t input) {
+  s.ordinary_why.store(static_cast<int64_t>(why), std::memory_order_relaxed);
+  s.ordinary_input.store(input, std::memory_order_relaxed);
 }
 
 at::Tensor empty_bytes_like(const at::Tensor& like, int64_t bytes) {
@@ -118,39 +183,55 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
                 std::vector<at::Tensor>& outputs) {
   State& s = *r.graphs;
   const int64_t count = s.count.load(std::memory_order_acquire);
-  if (count == 0) return false;
   const bool on_cuda = ctx.device_index >= 0;
   if (!on_cuda && !s.emulate) return false;
-  if (on_cuda && cuda::stream_capturing(ctx.stream)) return false;
+  if (s.live.load(std::memory_order_relaxed) == 0) {
+    note_ordinary(s, Ordinary::kNoGraph, -1);
+    return false;
+  }
+  if (on_cuda && cuda::stream_capturing(ctx.stream)) {
+    note_ordinary(s, Ordinary::kCapturing, -1);
+    return false;
+  }
   const int64_t n = static_cast<int64_t>(inputs.size());
   const int64_t stride = r.facts_stride();
   Entry* e = nullptr;
-  for (int64_t k = 0; k < count && !e; ++k) {
+  Ordinary why = Ordinary::kStream;
+  int64_t why_input = -1;
+  for (int64_t k = count - 1; k >= 0 && !e; --k) {  // newest first: it stages the most
     Entry* c = s.entries[k].get();
-    if (c->stream == ctx.stream && c->device == ctx.device_index && facts_match(*c, ctx.facts, n, stride) &&
-        staged_inputs_independent(s, *c, inputs))
-      e = c;
+    if (c->retired.load(std::memory_order_acquire) || c->stream != ctx.stream || c->device != ctx.device_index)
+      continue;
+    if (!facts_match(*c, ctx.facts, n, stride, &why, &why_input)) continue;
+    const int64_t conflict = staged_conflict(s, *c, inputs);
+    if (conflict >= 0) {
+      why = Ordinary::kAliased;
+      why_input = conflict;
+      continue;
+    }
+    e = c;
   }
   if (!e) {
     s.declined.fetch_add(1, std::memory_order_relaxed);
+    note_ordinary(s, why, why_input);
     return false;
   }
   const bool profiling = g_profiling.load(std::memory_order_relaxed);
   const auto t0 = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   auto lock = lock_releasing_gil(e->replay_mutex);  // Note [Locks and the GIL]
+  if (e->retired.load(std::memory_order_relaxed)) return false;  // retired while this call waited
   std::string error;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!e->staged[i]) continue;
-    void* dst = e->static_inputs[i].data_ptr();
-    const void* src = inputs[i].data_ptr();
-    if (dst == src) continue;
+  auto copy = [&](void* dst, const void* src, int64_t bytes, int64_t i, const char* what) {
+    if (dst == src) return;
     if (on_cuda) {
-      TORCH_CHECK(cuda::copy_async(dst, src, e->span_bytes[i], ctx.stream, &error) == 0,
-                  "trident: staging input ", i, " of region '", r.name, "' for a graph replay failed: ", error);
+      TORCH_CHECK(cuda::copy_async(dst, src, bytes, ctx.stream, &error) == 0, "trident: ", what, " input ", i,
+                  " of region '", r.name, "' for a graph replay failed: ", error);
     } else {
-      std::memcpy(dst, src, e->span_bytes[i]);
+      std::memcpy(dst, src, bytes);
     }
-  }
+  };
+  for (int64_t i = 0; i < n; ++i)
+    if (e->staged[i]) copy(e->static_inputs[i].data_ptr(), inputs[i].data_ptr(), e->span_bytes[i], i, "staging");
   if (e->exec) {
     TORCH_CHECK(cuda::graph_launch(e->exec, ctx.stream, &error) == 0, "trident: replaying the graph of region '",
                 r.name, "' failed: ", error);
@@ -160,7 +241,12 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     for (int64_t i = 0; i < n; ++i) static_inputs[i] = e->staged[i] ? e->static_inputs[i] : inputs[i];
     outputs = copy_out(run_region_native(r.id, std::move(static_inputs)), nullptr);
   }
+  // Written staged inputs back into the caller's tensors (Note [Staging written inputs]);
+  // ordered after the replay on the same stream.
+  for (int64_t i = 0; i < n; ++i)
+    if (e->written_back[i]) copy(inputs[i].data_ptr(), e->static_inputs[i].data_ptr(), e->span_bytes[i], i, "writing back");
   e->replays.fetch_add(1, std::memory_order_relaxed);
+  note_ordinary(s, Ordinary::kNone, -1);
   if (profiling)
     replay_prof().add(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -169,7 +255,9 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
 
 void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx) {
   State& s = *r.graphs;
-  if (s.off.load(std::memory_order_relaxed) || s.count.load(std::memory_order_relaxed) >= s.max_graphs) return;
+  if (s.off.load(std::memory_order_relaxed) || s.live.load(std::memory_order_relaxed) >= s.max_graphs ||
+      s.count.load(std::memory_order_relaxed) >= kMaxRecorded)
+    return;
   const bool on_cuda = ctx.device_index >= 0;
   if (!on_cuda && !s.emulate) return;
   const int64_t n = static_cast<int64_t>(inputs.size());
@@ -178,38 +266,42 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
   {
     std::unique_lock<std::mutex> lock(s.mutex, std::try_to_lock);
     if (!lock.owns_lock()) return;  // another thread is observing or recording
-    const bool same = static_cast<int64_t>(s.prev_facts.size()) == n * stride && s.prev_stream == ctx.stream &&
-                      [&] {
-                        for (int64_t i = 0; i < n; ++i)
-                          if (std::memcmp(ctx.facts + i * stride + 1, s.prev_facts.data() + i * stride + 1,
-                                          (stride - 1) * sizeof(int64_t)) != 0)
-                            return false;
-                        return true;
-                      }();
-    if (!same) {
-      s.streak = 0;
-      s.moved.assign(n, 0);
-    }
+    bool same = static_cast<int64_t>(s.prev_facts.size()) == n * stride && s.prev_stream == ctx.stream;
     for (int64_t i = 0; same && i < n; ++i)
-      if (ctx.facts[i * stride] != s.prev_facts[i * stride]) s.moved[i] = 1;
+      same = row_diff(ctx.facts + i * stride, s.prev_facts.data() + i * stride, stride) < 2;
+    if (s.moving.size() != static_cast<size_t>(n)) s.moving.assign(n, 0);
+    int64_t pinned_moving = -1;
+    Ordinary why = Ordinary::kUnstageable;
+    for (int64_t i = 0; same && i < n && pinned_moving < 0; ++i) {
+      if (ctx.facts[i * stride] == s.prev_facts[i * stride]) continue;
+      s.moving[i] = 1;  // Note [Graph lifetimes]
+      if (!stageable(s, inputs[i], s.written[i])) {
+        pinned_moving = i;
+      } else if (staging_conflicts(s.written, inputs, i)) {
+        pinned_moving = i;
+        why = Ordinary::kAliased;
+      }
+    }
     s.prev_facts.assign(ctx.facts, ctx.facts + n * stride);
     s.prev_stream = ctx.stream;
-    if (++s.streak < s.record_after) return;
+    if (pinned_moving >= 0) {
+      // A graph would pin it, and it moves: no replay to expect (Note [Graph lifetimes]).
+      s.streak = 0;
+      note_ordinary(s, why, pinned_moving);
+      return;
+    }
+    s.streak = same ? s.streak + 1 : 1;
+    if (s.streak < s.record_after) return;
     if (on_cuda && cuda::stream_capturing(ctx.stream)) return;
     s.streak = 0;
     staged.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      bool stage = s.moved[i] && !s.written[i];
-      for (int64_t j = 0; stage && j < n; ++j)
-        if (s.written[j] && shares_storage(inputs[i], inputs[j])) stage = false;
-      staged[i] = stage;
-    }
-    s.moved.assign(n, 0);
+    for (int64_t i = 0; i < n; ++i)
+      staged[i] = s.moving[i] && stageable(s, inputs[i], s.written[i]) && !staging_conflicts(s.written, inputs, i);
   }
   // The recorder runs Python (and captures this region, re-entering run_region_native).
   py::gil_scoped_acquire gil;
   auto lock = lock_releasing_gil(s.record_mutex);  // not miss_mutex: the capture may take the miss path
-  if (s.off.load() || s.count.load() >= s.max_graphs) return;
+  if (s.off.load() || s.live.load() >= s.max_graphs || s.count.load() >= kMaxRecorded) return;
   std::string why;
   try {
     py::list py_inputs;
@@ -228,8 +320,41 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
   s.off.store(true);
 }
 
+namespace {
+
+// Whether `newer` serves every call `older` serves (Note [Graph lifetimes]).
+bool subsumes(const Entry& newer, const Entry& older, int64_t n, int64_t stride) {
+  if (newer.stream != older.stream || newer.device != older.device) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int d = row_diff(older.facts.data() + i * stride, newer.facts.data() + i * stride, stride);
+    if (d == 2 || (!newer.staged[i] && (older.staged[i] || d != 0))) return false;
+  }
+  return true;
+}
+
+// Waits for the entry's pending work and releases what it holds (GIL held: the keeper is a
+// Python object).
+void retire(State& s, Entry& e) {
+  auto lock = lock_releasing_gil(e.replay_mutex);  // no replay of it in flight on the host
+  if (e.retired.exchange(true)) return;
+  if (e.exec) {
+    std::string error;
+    // Its private pool returns to the allocator: the GPU must be done with it first.
+    TORCH_CHECK(cuda::stream_synchronize(e.stream, &error) == 0, "trident: retiring a graph failed: ", error);
+  }
+  e.static_inputs.clear();
+  e.static_outputs.clear();
+  e.exec = nullptr;
+  e.keeper = py::none();
+  e.bytes = 0;
+  s.live.fetch_sub(1);
+}
+
+}  // namespace
+
 void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, const std::vector<bool>& staged,
-               const std::vector<at::Tensor>& static_outputs, int64_t exec, int64_t stream, py::object keeper) {
+               const std::vector<at::Tensor>& static_outputs, int64_t exec, int64_t stream, int64_t bytes,
+               py::object keeper) {
   auto rp = get_region(region_id);
   Region& r = *rp;
   State& s = *r.graphs;
@@ -240,25 +365,38 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
   const int64_t stride = r.facts_stride();
   e->facts.assign(n * stride, 0);
   e->staged.assign(n, 0);
+  e->written_back.assign(n, 0);
   e->span_bytes.assign(n, 0);
+  e->static_inputs.resize(n);
   e->device = -1;
   for (int64_t i = 0; i < n; ++i) {
     fill_tensor_facts(static_inputs[i], r.max_rank, e->facts.data() + i * stride);
     e->staged[i] = staged[i];
-    if (staged[i]) e->span_bytes[i] = span_bytes(static_inputs[i]);
     if (static_inputs[i].defined() && static_inputs[i].is_cuda()) e->device = static_inputs[i].device().index();
+    if (!staged[i]) continue;  // Note [Pinned inputs are not held]
+    e->span_bytes[i] = span_bytes(static_inputs[i]);
+    e->written_back[i] = s.written[i];
+    e->static_inputs[i] = static_inputs[i];
   }
-  e->static_inputs = static_inputs;
   e->static_outputs = static_outputs;
   e->exec = reinterpret_cast<void*>(exec);
   e->stream = reinterpret_cast<void*>(stream);
+  e->bytes = bytes;
   e->keeper = std::move(keeper);
   TORCH_CHECK(exec != 0 || e->device < 0, "trident: a CUDA graph entry needs its cudaGraphExec_t");
-  std::lock_guard<std::mutex> lock(s.mutex);
-  const int64_t k = s.count.load();
-  TORCH_CHECK(k < kMaxGraphs && k < s.max_graphs, "trident: region '", r.name, "' has its ", k, " graphs already");
-  s.entries[k] = std::move(e);
-  s.count.store(k + 1, std::memory_order_release);
+  std::vector<Entry*> superseded;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const int64_t k = s.count.load();
+    TORCH_CHECK(k < kMaxRecorded && s.live.load() < s.max_graphs, "trident: region '", r.name, "' has its ",
+                s.live.load(), " graphs already");
+    for (int64_t j = 0; j < k; ++j)
+      if (!s.entries[j]->retired.load() && subsumes(*e, *s.entries[j], n, stride)) superseded.push_back(s.entries[j].get());
+    s.entries[k] = std::move(e);
+    s.live.fetch_add(1);
+    s.count.store(k + 1, std::memory_order_release);
+  }
+  for (Entry* old : superseded) retire(s, *old);  // outside s.mutex: it waits for replays
 }
 
 py::dict stats(int64_t region_id) {
@@ -269,20 +407,40 @@ py::dict stats(int64_t region_id) {
   d["emulated"] = s.emulate;
   d["off_reason"] = s.off.load() ? py::object(py::str(s.off_reason)) : py::object(py::none());
   d["declined"] = s.declined.load();
+  d["stage_written_limit"] = s.stage_written_limit;
+  d["stage_read_limit"] = s.stage_read_limit;
+  static const char* kWhy[] = {"none", "no_graph", "capturing", "stream", "facts", "pinned_moved", "aliased",
+                               "unstageable"};
+  d["last_ordinary"] = py::make_tuple(kWhy[s.ordinary_why.load()], s.ordinary_input.load());
+  py::list moving;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (size_t i = 0; i < s.moving.size(); ++i)
+      if (s.moving[i]) moving.append(py::int_(i));
+  }
+  d["moving"] = moving;
   py::list entries;
+  int64_t bytes = 0;
   for (int64_t k = 0; k < s.count.load(); ++k) {
     const Entry& e = *s.entries[k];
     py::dict x;
-    py::list staged;
-    for (size_t i = 0; i < e.staged.size(); ++i)
+    py::list staged, written_back;
+    for (size_t i = 0; i < e.staged.size(); ++i) {
       if (e.staged[i]) staged.append(py::int_(i));
+      if (e.written_back[i]) written_back.append(py::int_(i));
+    }
     x["staged"] = staged;
+    x["written_back"] = written_back;
     x["replays"] = e.replays.load();
+    x["retired"] = e.retired.load();
+    x["bytes"] = e.bytes;
     x["device"] = e.device;
     x["stream"] = reinterpret_cast<int64_t>(e.stream);
+    bytes += e.bytes;
     entries.append(x);
   }
   d["graphs"] = entries;
+  d["bytes"] = bytes;
   return d;
 }
 

@@ -21,20 +21,41 @@ namespace trident::graphs {
 struct Entry {
   std::vector<int64_t> facts;             // the facts of the recorded call (Note [Host ABI] layout)
   std::vector<uint8_t> staged;            // per input: copied into static_inputs[i] before each replay
+  std::vector<uint8_t> written_back;      // per staged input the region writes: copied back after it
   std::vector<int64_t> span_bytes;        // per staged input: the bytes its elements span
-  std::vector<at::Tensor> static_inputs;  // per input: what the recorded call read (staged: the buffer)
+  // Per staged input: the graph's buffer; undefined for pinned inputs, which the entry does not
+  // hold (Note [Pinned inputs are not held]).
+  std::vector<at::Tensor> static_inputs;
   std::vector<at::Tensor> static_outputs; // what the recorded call returned (empty when emulated)
   void* exec = nullptr;                   // CUgraphExec; null = emulated (CPU: the host program reruns)
   void* stream = nullptr;                 // the stream it replays on (the caller's at recording time)
   int64_t device = -1;
+  int64_t bytes = 0;                      // device memory it holds: private pool + staging buffers
   pybind11::object keeper;                // torch.cuda.CUDAGraph: owns exec and its private memory pool
   std::atomic<int64_t> replays{0};
+  // Superseded by a later graph that serves every call this one serves (Note [Graph
+  // lifetimes]): its memory is released, it never replays again. Set under replay_mutex.
+  std::atomic<bool> retired{false};
   // Staging, launch and copy-out of one replay are enqueued as one unit: two threads replaying
   // on the stream must not interleave (a second staging copy before the first launch).
   std::mutex replay_mutex;
 };
 
-constexpr int64_t kMaxGraphs = 16;
+constexpr int64_t kMaxGraphs = 16;  // graphs alive per region at most (TRIDENT_GRAPH_LIMIT <= this)
+constexpr int64_t kMaxRecorded = 64;  // graphs ever recorded per region (retired ones included)
+
+// Why the last ordinary call of a region did not replay a graph (graph_stats, explain()).
+enum class Ordinary : int64_t {
+  kNone = 0,
+  kNoGraph,          // none recorded (yet)
+  kCapturing,        // the caller's stream is being captured (a user's own torch.cuda.graph)
+  kStream,           // no graph for this stream / device
+  kFacts,            // input `input`: dtype, rank, sizes or strides differ from every graph's
+  kPinnedMoved,      // input `input` is pinned in the graph and came at another address
+  kAliased,          // staged input `input` shares memory with an input the region writes, or is
+                     // written and shares memory with another input
+  kUnstageable,      // input `input` moves between calls and cannot be staged (too large, not dense)
+};
 
 // Per region.
 struct State {
@@ -43,19 +64,27 @@ struct State {
   int64_t max_graphs = 4;
   int64_t record_after = 2;    // consecutive ordinary calls with equal facts (but addresses)
   std::vector<uint8_t> written;  // per input: the region writes it
+  // Note [Staging written inputs]: the most bytes a moving input may span to be staged.
+  int64_t stage_read_limit = 64 << 20;
+  int64_t stage_written_limit = 0;
   pybind11::object recorder;     // callable(region_id, inputs, staged) -> None | str (why never)
   std::atomic<bool> off{false};  // recording failed or was refused for good
   std::string off_reason;
-  std::array<std::shared_ptr<Entry>, kMaxGraphs> entries;
+  // Entries are appended (count: how many), never removed: a retired entry stays, empty, so
+  // that readers without a lock never see a slot change under them.
+  std::array<std::shared_ptr<Entry>, kMaxRecorded> entries;
   std::atomic<int64_t> count{0};
+  std::atomic<int64_t> live{0};      // entries not retired
   std::atomic<int64_t> declined{0};  // calls that found entries but matched none
+  std::atomic<int64_t> ordinary_why{0};    // Ordinary: why the last ordinary call did not replay
+  std::atomic<int64_t> ordinary_input{-1}; // ... and the input it is about (-1: none)
   // Observation between recordings (under mutex).
   std::mutex mutex;
   std::mutex record_mutex;  // taken after the GIL
   std::vector<int64_t> prev_facts;
   void* prev_stream = nullptr;
   int64_t streak = 0;
-  std::vector<uint8_t> moved;
+  std::vector<uint8_t> moving;  // per input: seen at two addresses with equal other facts, ever
 };
 
 // Replays a recorded graph matching this call, if any; true when it did (outputs filled).
@@ -68,8 +97,10 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
 void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx);
 
 // Registers a recording (called by the Python recorder).
+// Retires every live graph the new one serves all calls of (Note [Graph lifetimes]).
 void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, const std::vector<bool>& staged,
-               const std::vector<at::Tensor>& static_outputs, int64_t exec, int64_t stream, pybind11::object keeper);
+               const std::vector<at::Tensor>& static_outputs, int64_t exec, int64_t stream, int64_t bytes,
+               pybind11::object keeper);
 
 pybind11::dict stats(int64_t region_id);
 

@@ -94,17 +94,48 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     return s
 
 
-STAGING_LIMIT = 64 << 20  # bytes: a larger moving input is pinned (a copy per call would cost more)
+STAGING_LIMIT = 64 << 20  # bytes: a larger moving read-only input is pinned (a copy per call would cost more)
 
 
 def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
     """A buffer with t's sizes, strides and address residue mod 16 (so the same specialization
-    serves it), or None (pin it instead) when the residue is not a whole number of elements or
-    the elements span more than STAGING_LIMIT bytes (a view into a large storage, say)."""
-    facts, residue, item = TensorFacts.of(t), t.data_ptr() % 16, t.element_size()
-    if residue % item or facts.span() * item > STAGING_LIMIT:
+    serves it), or None (pin it instead) when the residue is not a whole number of elements.
+    Which inputs are staged at all the native runtime decides (Note [Staging written inputs])."""
+    residue = t.data_ptr() % 16
+    if residue % t.element_size():
         return None
-    return facts.allocate(residue)
+    return TensorFacts.of(t).allocate(residue)
+
+
+def why_not_staged(facts: TensorFacts, written: bool, written_limit: int) -> Optional[str]:
+    """Python twin of the native `stageable` for explain(): why an input that moves between
+    calls stays pinned, from its captured facts (None: it can be staged)."""
+    span = facts.span() * facts.dtype.itemsize
+    if not written:
+        return f"it spans {span} bytes > {STAGING_LIMIT}" if span > STAGING_LIMIT else None
+    if span > written_limit:
+        return f"it is written and spans {span} bytes > TRIDENT_GRAPH_STAGE_WRITTEN_BYTES={written_limit}"
+    if span != _numel(facts) * facts.dtype.itemsize or not _non_overlapping(facts):
+        return "it is written and its elements do not cover its span exactly (a view with gaps or overlaps)"
+    return None
+
+
+def _numel(facts: TensorFacts) -> int:
+    n = 1
+    for size in facts.sizes:
+        n *= size
+    return n
+
+
+def _non_overlapping(facts: TensorFacts) -> bool:
+    """Whether no two elements share an address (dimensions by stride, each past the last's extent)."""
+    extent = 1
+    dims = sorted(((abs(st), sz) for sz, st in zip(facts.sizes, facts.strides) if sz != 1))
+    for stride, size in dims:
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
 
 
 def record(
@@ -127,6 +158,7 @@ def record(
         if buf is None:
             staged[i] = False
         static.append(buf if buf is not None else t)
+    staging_bytes = sum(t.untyped_storage().nbytes() for t, s in zip(static, staged) if s)
     C = native.C
     if C.probe(region_id, static) != C.probe(region_id, list(inputs)):
         staged = [False] * len(inputs)  # staging would change the specialization: pin everything
@@ -140,7 +172,7 @@ def record(
             )
     devices = {t.device for t in inputs}
     if all(d.type == "cpu" for d in devices) and emulate:
-        C.add_graph(region_id, static, staged, [], 0, 0, None)  # emulated: the host program reruns
+        C.add_graph(region_id, static, staged, [], 0, 0, staging_bytes, None)  # emulated: the host program reruns
         return None
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         return f"never: inputs on {sorted(map(str, devices))}; a graph needs every input on one CUDA device"
@@ -154,6 +186,7 @@ def record(
         # calls on that stream are ordered, so they may share it.
         C.reserve_gemm_workspace(device.index, user.cuda_stream)
         C.set_workspace_stream(user.cuda_stream)
+        reserved = torch.cuda.memory_reserved(device)  # the private pool's segments are new
         # capture_begin/end rather than torch.cuda.graph(): that also synchronizes the device,
         # collects garbage and empties the allocator's cache, none of which a capture that runs
         # nothing needs, and all of which would stall the caller's steady state.
@@ -171,17 +204,24 @@ def record(
                 graph.capture_end()
         finally:
             C.set_workspace_stream(0)
+        pool_bytes = torch.cuda.memory_reserved(device) - reserved
         user.wait_stream(cap)
     held = {t.untyped_storage().data_ptr() for t in static}
     for k, o in enumerate(outs):
         if o is not None and o.untyped_storage().data_ptr() in held:
             return f"never: output {k} shares memory with an input; a replay returns copies"
-    C.add_graph(region_id, static, staged, outs, graph.raw_cuda_graph_exec(), user.cuda_stream, graph)
+    C.add_graph(
+        region_id, static, staged, outs, graph.raw_cuda_graph_exec(), user.cuda_stream, staging_bytes + pool_bytes, graph
+    )
     return None
 
 
 def describe(
-    region_id: int, input_names: Sequence[str], static_reason: Optional[str], devices: Sequence[torch.device] = ()
+    region_id: int,
+    program: RegionProgram,
+    input_names: Sequence[str],
+    static_reason: Optional[str],
+    devices: Sequence[torch.device] = (),
 ) -> list[str]:
     """Lines for trident.explain; `devices`: where the region's specializations run."""
     if static_reason:
@@ -195,9 +235,47 @@ def describe(
         lines.append(f"graphs: off after recording was refused: {st['off_reason']}")
     if not st["graphs"] and not st["off_reason"]:
         lines.append(f"graphs: none recorded yet ({mode}; recorded after {RECORD_AFTER} calls with equal shapes)")
+    n = len(input_names)
     for k, g in enumerate(st["graphs"]):
-        staged = ", ".join(input_names[i] for i in g["staged"]) or "none"
-        lines.append(f"graph {k} ({mode}): {g['replays']} replay(s); staged inputs: {staged}; every other input pinned")
+        if g["retired"]:
+            lines.append(
+                f"graph {k} ({mode}): retired after {g['replays']} replay(s), superseded by a later graph that "
+                "stages more inputs (Note [Graph lifetimes])"
+            )
+            continue
+        staged = ", ".join(input_names[i] + (" (written back)" if i in g["written_back"] else "") for i in g["staged"])
+        lines.append(
+            f"graph {k} ({mode}): {g['replays']} replay(s), {_mib(g['bytes'])} held; staged: {staged or 'none'}; "
+            f"pinned: the other {n - len(g['staged'])} input(s)"
+        )
+    written_limit = st["stage_written_limit"]
+    for i in st["moving"]:
+        why = why_not_staged(program.captured_inputs[i], program.inputs[i].mutated, written_limit)
+        if why:
+            lines.append(f"graphs: input {input_names[i]!r} moves between calls but is pinned: {why}")
+    if st["moving"]:
+        lines.append("graphs: inputs seen moving between calls: " + ", ".join(input_names[i] for i in st["moving"]))
     if st["declined"]:
         lines.append(f"graphs: {st['declined']} call(s) matched no recorded graph (ordinary path)")
+    why, i = st["last_ordinary"]
+    name = input_names[i] if 0 <= i < n else "?"
+    text = {
+        "no_graph": "no graph recorded (yet)",
+        "capturing": "the caller's stream was being captured (the caller's own CUDA graph records ordinary launches)",
+        "stream": "no graph for this stream and device (a graph replays on the stream it was recorded for)",
+        "facts": f"input {name!r} has another dtype, rank, sizes or strides than in every graph",
+        "pinned_moved": f"input {name!r} is pinned in the graphs and came at another address",
+        "aliased": f"staged input {name!r} shares memory with an input the region writes (or is written and shares "
+        "memory with another input)",
+        "unstageable": f"input {name!r} moves between calls and cannot be staged, so no graph is recorded while it moves",
+    }.get(why)
+    if text:
+        lines.append(f"graphs: the last ordinary call replayed no graph: {text}")
     return lines
+
+
+def _mib(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

@@ -115,7 +115,8 @@ class SCMRuntime:
         enabled, emulate, self.graph_reason = graphs.policy(program)
         native.C.set_graph_policy(
             self.region_id, enabled, emulate, knobs.graph_limit(), graphs.RECORD_AFTER,
-            [i.mutated for i in program.inputs], functools.partial(
+            [i.mutated for i in program.inputs], graphs.STAGING_LIMIT, knobs.graph_stage_written_bytes(),
+            functools.partial(
                 graphs.record, emulate=emulate, program=program, min_saving_us=knobs.graph_min_saving_us()
             ),
         )
@@ -231,13 +232,18 @@ class SCMRuntime:
     # -- inspection -----------------------------------------------------------------------
     def stats(self) -> dict:
         hits, misses, last = native.C.region_stats(self.region_id)
+        graph = native.C.graph_stats(self.region_id)
+        replays = sum(g["replays"] for g in graph["graphs"])
         return {
             "hits": hits,
             "misses": misses,
             "specializations": len(self.scm.specializations),
             "last_specialization": last,
             "last_miss_reason": self.last_miss_reason,
-            "graph_replays": sum(g["replays"] for g in native.C.graph_stats(self.region_id)["graphs"]),
+            "graph_replays": replays,
+            # calls that ran the host program: misses, and hits that replayed no graph
+            "ordinary_calls": hits + misses - replays,
+            "graph_bytes": graph["bytes"],
         }
 
     def probe(self, inputs: Sequence[torch.Tensor]) -> int:
