@@ -3,8 +3,10 @@ and graph replay (emulated on the CPU) give each thread its own, eager-equal res
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+import time
 
 import pytest
 import torch
@@ -40,6 +42,10 @@ def _run_threads(n: int, body) -> list:
 
 
 def test_threads_hitting_one_specialization(device):
+    _threads_hitting_one_specialization(device)
+
+
+def _threads_hitting_one_specialization(device):
     opt = trident.optimize(trident.capture(K.axpy, torch.randn(1000, device=device), torch.randn(1000, device=device)))
 
     def body(i):
@@ -58,6 +64,10 @@ def test_threads_hitting_one_specialization(device):
 def test_concurrent_misses_build_each_specialization_once():
     """Threads arrive together with new dtypes and alignments: every call is right, and each
     distinct set of facts is specialized exactly once (a miss re-checks after taking the lock)."""
+    _concurrent_misses()
+
+
+def _concurrent_misses():
     opt = trident.optimize(trident.capture(K.axpy, torch.randn(1000), torch.randn(1000)))
     dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -81,6 +91,10 @@ def test_concurrent_misses_build_each_specialization_once():
 def test_threads_with_their_own_decode_state_and_graphs(device):
     """Each thread decodes with its own caches (pinned, written) and fresh tokens (staged);
     graphs are recorded per set of addresses, up to the limit, and the rest run ordinarily."""
+    _threads_with_their_own_decode_state(device)
+
+
+def _threads_with_their_own_decode_state(device):
     cfg = Config(layers=1)
     weights, cos, sin = make_weights(cfg, device)
     step = functools.partial(decode_step, cfg)
@@ -107,6 +121,84 @@ def test_threads_with_their_own_decode_state_and_graphs(device):
     assert all(_run_threads(4, body))
     (stats,) = trident.cache_info(opt).values()
     assert stats["hits"] + stats["misses"] == 24
+
+
+@contextlib.contextmanager
+def _cpu_load():
+    """A background thread keeping the CPU busy (matmuls, which release the GIL, and Python
+    work, which holds it), so that thread interleavings differ from an idle machine's."""
+    stop = threading.Event()
+
+    def load():
+        a = torch.randn(192, 192)
+        while not stop.is_set():
+            a = torch.tanh(a @ a)
+            sum(i * i for i in range(2000))
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_concurrency_twenty_rounds_in_a_row_under_cpu_load():
+    """The concurrency tests above, 20 rounds each on fresh modules, while the CPU is loaded: a
+    race that needs an unlucky interleaving gets 20 chances (it once failed 1 run in several)."""
+    with _cpu_load():
+        for _ in range(20):
+            _concurrent_misses()
+            _threads_hitting_one_specialization("cpu")
+            _threads_with_their_own_decode_state("cpu")
+
+
+def test_a_miss_waits_for_an_interpreted_launch_in_another_thread(monkeypatch, tmp_path):
+    """Deterministic form of the miss-versus-interpreter race (Note [Triton's interpreter
+    state]): thread A is stopped inside an interpreted CPU launch, triton.language patched; thread
+    B misses and must compile. B waits for A's launch to end and compiles correctly (before the
+    fix it compiled against the patched language and failed with a CompilationError)."""
+    from triton.runtime import interpreter as interp
+
+    from trident import triton_state
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # B's compile really generates code
+    opt = trident.optimize(trident.capture(K.axpy, torch.randn(1000), torch.randn(1000)))
+    inside, resume = threading.Event(), threading.Event()
+    original = interp.interpreter_builder.set_grid_idx
+
+    def set_grid_idx(x, y, z):
+        if threading.current_thread().name == "launcher" and not inside.is_set():
+            inside.set()  # triton.language is patched now
+            assert resume.wait(120)
+        return original(x, y, z)
+
+    monkeypatch.setattr(interp.interpreter_builder, "set_grid_idx", set_grid_idx)
+    results: dict = {}
+
+    def call(name, dtype):
+        try:
+            x, y = torch.randn(1000, dtype=dtype), torch.randn(1000, dtype=dtype)
+            torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+            results[name] = "ok"
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results[name] = f"{type(e).__name__}: {e}"
+
+    a = threading.Thread(target=call, args=("launcher", torch.float32), name="launcher")
+    a.start()
+    assert inside.wait(120)
+    b = threading.Thread(target=call, args=("misser", torch.float64), name="misser")
+    b.start()
+    deadline = time.monotonic() + 120
+    while b.is_alive() and triton_state.waiting() == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)  # until B blocks on Triton's state, or finishes (the bug: it compiled)
+    resume.set()
+    a.join(120)
+    b.join(120)
+    assert results == {"launcher": "ok", "misser": "ok"}, results
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["specializations"] == 2
 
 
 @pytest.mark.cuda

@@ -3,11 +3,15 @@
 Triton picks its driver from the backends that report an active device; on a CPU-only machine
 there is none, so nothing can be compiled or traced. This host-only driver answers the questions
 compilation and tracing ask (target, device, stream) for an sm_90 CUDA target, so Triton emits
-real cubins on the CPU and make_fx/Dynamo can capture launches. It never launches anything:
-kernels run on the CPU through Trident's interpreter launcher (trident/runtime/cpu_launcher.py).
+real cubins on the CPU and make_fx/Dynamo can capture launches. It never runs a binary: Trident's
+regions run kernels on the CPU through its interpreter launcher (trident/runtime/cpu_launcher.py),
+and a user's own `kernel[grid](...)` on CPU tensors goes through Triton's interpreter as under
+TRITON_INTERPRET=1 (`launcher_cls`), so importing Trident never breaks eager Triton on the CPU.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import triton
@@ -17,10 +21,38 @@ from triton.backends.driver import DriverBase
 HOST_TARGET = GPUTarget("cuda", 90, 32)
 
 
+def _wall_clock_bench(fn, warmup=0, rep=1, quantiles=None, return_mode="mean", **_):
+    t0 = time.perf_counter()
+    fn()
+    ms = (time.perf_counter() - t0) * 1e3
+    return [ms] * len(quantiles) if quantiles else ms
+
+
+class _HostUtils:
+    """driver.utils: what CompiledKernel asks before its first launch."""
+
+    # sm_90 limits (H100/H200): 227 KiB of shared memory per block, 1024 threads.
+    @staticmethod
+    def get_device_properties(device: int) -> dict:
+        return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32,
+                "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 5120}
+
+    @staticmethod
+    def load_binary(name, kernel, shared, device):
+        return None, None, 0, 0, 1024  # module, function, registers, spills, max threads
+
+
 class HostOnlyDriver(DriverBase):
+    utils = _HostUtils()
     @classmethod
     def is_active(cls) -> bool:
         return False
+
+    @property
+    def launcher_cls(self):
+        from ..runtime.cpu_launcher import InterpretingLauncher  # the runtime stage, loaded on first use
+
+        return InterpretingLauncher
 
     def map_python_to_cpp_type(self, ty: str) -> str:
         raise NotImplementedError("the host-only driver builds no launchers")
@@ -32,7 +64,9 @@ class HostOnlyDriver(DriverBase):
         return torch.device("cpu")
 
     def get_benchmarker(self):
-        raise NotImplementedError("the host-only driver cannot time kernels")
+        """Wall-clock timing of interpreted launches, for a user's eager @triton.autotune on the
+        CPU (its choice then reflects the interpreter, as under TRITON_INTERPRET=1)."""
+        return _wall_clock_bench
 
     def get_current_device(self) -> int:
         return 0

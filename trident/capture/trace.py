@@ -10,13 +10,18 @@ ATen ops around it become ATen nodes. Nothing runs on a device during capture.
 from __future__ import annotations
 
 import contextlib
+import copy
+import types
+import weakref
 from typing import Any, Callable
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from triton.runtime.autotuner import Heuristics
+from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
+from .. import triton_state
 from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
 from .host_driver import ensure_triton_driver
@@ -32,15 +37,79 @@ def _launches_as_hops(log: list):
     original = KernelInterface.__getitem__
 
     def traced_getitem(self, grid):
-        if isinstance(self, Heuristics):
-            return _heuristics_launcher(self, grid, traced_getitem, log)
-        return torch.library.wrap_triton(self)[grid]
+        kernel = compilable(self)
+        if isinstance(kernel, Heuristics):
+            return _heuristics_launcher(kernel, grid, traced_getitem, log)
+        wrapped = torch.library.wrap_triton(kernel)
+        if wrapped is kernel:  # wrap_triton declined it (an interpreted autotuner, say)
+            raise CaptureError(f"cannot trace {_kernel_name(kernel)}: torch.library.wrap_triton does not take a {type(kernel).__name__}")
+        return wrapped[grid]
 
     KernelInterface.__getitem__ = traced_getitem
     try:
         yield
     finally:
         KernelInterface.__getitem__ = original
+
+
+# Note [Capture under TRITON_INTERPRET=1]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# With TRITON_INTERPRET=1 set when a kernel is defined, @triton.jit returns an
+# InterpretedFunction: no binder, no compiler, nothing wrap_triton can trace (it hands the object
+# back, whose __getitem__ is then the traced one again: endless recursion). Trident needs what a
+# JITFunction has (Triton's own specialization and compilation), so a launch of such a kernel is
+# traced as a launch of its JITFunction twin: the same Python function and decorator options,
+# with @triton.jit helpers it calls (also InterpretedFunctions) twinned in a copy of its globals.
+# Autotuners and heuristics over one are copied with the twin inside (their cache shared).
+# The user's own objects are left as they are: eager calls keep running interpreted.
+_twins: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_scopes: dict[int, tuple[dict, dict]] = {}  # id(module globals) -> (those globals, the twins' copy)
+
+
+def compilable(kernel):
+    """`kernel`, or its JITFunction twin when TRITON_INTERPRET=1 made it interpreted."""
+    if isinstance(kernel, InterpretedFunction):
+        twin = _twins.get(kernel)
+        if twin is None:
+            fn = kernel.fn
+            scope = _twin_scope(fn.__globals__)
+            body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+            body.__kwdefaults__ = fn.__kwdefaults__
+            body.__annotations__ = dict(fn.__annotations__)
+            body.__qualname__, body.__module__, body.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+            twin = _twins[kernel] = JITFunction(body, **kernel.kwargs)
+            # helpers it calls, twinned in the shared copy (registered first: cycles end)
+            for name in _names(fn.__code__):
+                if isinstance(scope.get(name), InterpretedFunction):
+                    scope[name] = compilable(scope[name])
+        return twin
+    if isinstance(kernel, (Autotuner, Heuristics)):
+        inner = compilable(kernel.fn)
+        if inner is kernel.fn:
+            return kernel
+        twin = _twins.get(kernel)
+        if twin is None:
+            twin = copy.copy(kernel)
+            twin.fn = inner
+            _twins[kernel] = twin
+        return twin
+    return kernel
+
+
+def _twin_scope(module_globals: dict) -> dict:
+    """One copy of a module's globals shared by the twins of its kernels."""
+    entry = _scopes.get(id(module_globals))
+    if entry is None or entry[0] is not module_globals:
+        entry = _scopes[id(module_globals)] = (module_globals, dict(module_globals))
+    return entry[1]
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def _heuristics_launcher(h, grid, getitem, log: list):
@@ -94,7 +163,8 @@ def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModul
         raise CaptureError(f"capture expected a callable, got {type(fn).__name__}")
     log: list = []
     try:
-        with _launches_as_hops(log):
+        # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
+        with triton_state.exclusive(), _launches_as_hops(log):
             gm = make_fx(fn, tracing_mode="fake")(*example_inputs)
             if has_triton_ops(gm):
                 log.clear()  # the graph of the second trace is the one kept

@@ -7,21 +7,26 @@ with raw-pointer arguments. Constexprs are passed the way GridExecutor passes th
 `tl.constexpr` parameters as tl.constexpr values, parameters the specializer folded (None, the
 integer 1) through the interpreter's own implicit conversion.
 
-Triton's interpreter is process-global state: `_patch_lang` swaps triton.language's builtins
-and `interpreter_builder` holds the current grid index. Interpreted launches are therefore
-serialized by one lock (they run under the GIL anyway); without it two threads' launches
-clobber each other's patches and grid indices (tests/runtime/test_concurrency.py).
+Triton's interpreter is process-global state (Note [Triton's interpreter state] in
+trident/triton_state.py): every interpreted launch holds `triton_state.exclusive()`, so no other
+launch and no compilation of Trident's sees the patched `triton.language`.
+
+The same executor serves users' own `kernel[grid](...)` calls on CPU tensors once Trident's
+host-only driver is active (`InterpretingLauncher`: the driver's launcher_cls), so eager Triton
+keeps working on a machine without a GPU after `import trident`.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter as interp
 from triton.runtime.jit import JITFunction
+
+from .. import triton_state
 
 
 def _arg(ty: str, value: Any):
@@ -56,7 +61,6 @@ def _cast_impl(self, src, dst_type):
         wide = _tl_cast(self, src, tl.float32)
         return _tl_cast(self, interp.TensorHandle(wide.data, tl.float32), dst_type)
     return _tl_cast(self, src, dst_type)
-_INTERPRETER_LOCK = threading.RLock()  # see the module's docstring
 
 
 def _call_interpreted(self, *args, **kwargs):
@@ -75,6 +79,31 @@ def _call_interpreted(self, *args, **kwargs):
         scope.restore()
 
 
+@contextlib.contextmanager
+def _interpreting(jit_fn):
+    """triton.language interpreted for `jit_fn` (device functions too, and right bfloat16
+    casts), holding Triton's language state (Note [Triton's interpreter state])."""
+    with triton_state.exclusive():
+        patch_scope = interp._patch_lang(jit_fn.fn)
+        patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
+        patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
+        try:
+            yield
+        finally:
+            patch_scope.restore()
+
+
+def _run_grid(jit_fn, grid: tuple[int, int, int], run_program: Callable[[], None]) -> None:
+    """Runs `run_program` once per program id of `grid`, interpreted."""
+    with _interpreting(jit_fn):
+        interp.interpreter_builder.set_grid_dim(*grid)
+        for x in range(grid[0]):
+            for y in range(grid[1]):
+                for z in range(grid[2]):
+                    interp.interpreter_builder.set_grid_idx(x, y, z)
+                    run_program()
+
+
 def make_cpu_runner(
     jit_fn, param_names: Sequence[str], param_types: Sequence[str], constexprs: dict[str, Any]
 ) -> Callable[[tuple[int, int, int], list], None]:
@@ -83,22 +112,44 @@ def make_cpu_runner(
     const_args = {k: (tl.constexpr(v) if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
 
     def run(grid: tuple[int, int, int], values: list) -> None:
-        with _INTERPRETER_LOCK:
-            fn = interpreted.rewrite()
-            args = dict(const_args)
-            for name, ty, value in zip(param_names, param_types, values):
-                args[name] = _arg(ty, value)
-            patch_scope = interp._patch_lang(jit_fn.fn)
-            patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
-            patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
-            try:
-                interp.interpreter_builder.set_grid_dim(*grid)
-                for x in range(grid[0]):
-                    for y in range(grid[1]):
-                        for z in range(grid[2]):
-                            interp.interpreter_builder.set_grid_idx(x, y, z)
-                            fn(**args)
-            finally:
-                patch_scope.restore()
+        fn = interpreted.rewrite()
+        args = dict(const_args)
+        for name, ty, value in zip(param_names, param_types, values):
+            args[name] = _arg(ty, value)
+        _run_grid(jit_fn, grid, lambda: fn(**args))
 
     return run
+
+
+class InterpretingLauncher:
+    """Triton's launcher interface (driver.launcher_cls) for the host-only driver: a compiled
+    kernel launched eagerly on CPU tensors runs through Triton's interpreter instead, as it would
+    under TRITON_INTERPRET=1 (the sm_90 binary Triton compiled for it is not used)."""
+
+    def __init__(self, src, metadata):
+        self.jit_fn = getattr(src, "fn", None)
+        if not isinstance(self.jit_fn, JITFunction):
+            raise RuntimeError(
+                "Trident's host-only Triton driver (no GPU on this machine) runs only @triton.jit kernels, "
+                f"through Triton's interpreter; got {type(src).__name__}"
+            )
+
+    def __call__(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
+        jit_fn = self.jit_fn
+        names = jit_fn.arg_names
+        for name, value in zip(names, args):
+            device = getattr(value, "device", None)
+            if device is not None and getattr(device, "type", "cpu") != "cpu":
+                raise RuntimeError(
+                    f"{jit_fn.__name__}: argument {name!r} is on {device}, but this machine has no GPU driver for "
+                    "Triton; Trident's host-only driver runs kernels on CPU tensors through Triton's interpreter."
+                )
+        if enter_hook is not None:
+            enter_hook(launch_metadata)
+        # Triton's own executor (tensor arguments, constexprs, copies back), inside the patches
+        # and the lock it does not know of.
+        executor = interp.GridExecutor(interp.InterpretedFunction(jit_fn.fn).rewrite(), names, (gx, gy, gz))
+        with _interpreting(jit_fn):
+            executor(*args)
+        if exit_hook is not None:
+            exit_hook(launch_metadata)

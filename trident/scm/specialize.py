@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import knobs
+from .. import knobs, triton_state
 from . import tuning
 from ..errors import UnsupportedError
 from .ir import (
@@ -190,6 +190,19 @@ def build_specialization(
     residues: Sequence[int],
     index: int,
     compile_kernels: bool = True,
+) -> Specialization:
+    # Triton's binder, compiler and autotuner read triton.language: not while an interpreted
+    # launch has it patched (Note [Triton's interpreter state]).
+    with triton_state.exclusive():
+        return _build_specialization(program, inputs, residues, index, compile_kernels)
+
+
+def _build_specialization(
+    program: RegionProgram,
+    inputs: Sequence[TensorFacts],
+    residues: Sequence[int],
+    index: int,
+    compile_kernels: bool,
 ) -> Specialization:
     value_facts, value_residues, roots, value_offsets, escaping, storage_ids = propagate_values(
         program, inputs, residues

@@ -1,0 +1,48 @@
+"""Importing Trident leaves a user's own Triton code working on the CPU (Triton's interpreter,
+TRITON_INTERPRET=1 set before or after the import, or not at all), and Trident captures such
+code. Each case runs tests/capture/triton_user_program.py in a fresh process, since
+TRITON_INTERPRET takes effect when kernels are defined."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.capture.triton_user_program", mode],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host-only driver is for machines without a GPU")
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_interpreted_triton_before_and_after_capture(mode):
+    r = _run(mode)
+    assert r["kernel_type"] == "InterpretedFunction"
+    assert r["eager_untuned_before"] == "ok"  # Triton's interpreter, untouched by the import
+    assert r["trident"] == "ok" and r["scm_nodes"] == 1  # captured through JITFunction twins
+    assert r["eager_after"] == "ok" and r["eager_untuned_after"] == "ok"  # autotune too, once a driver exists
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host-only driver is for machines without a GPU")
+def test_compiled_triton_runs_interpreted_on_the_cpu_after_capture():
+    """Without TRITON_INTERPRET, kernels are JITFunctions: before Trident sets up its host-only
+    driver Triton has none (its own error); afterwards eager launches on CPU tensors run through
+    Triton's interpreter instead of failing on the driver."""
+    r = _run("unset")
+    assert r["kernel_type"] == "JITFunction"
+    assert "0 active drivers" in r["eager_before"]
+    assert r["trident"] == "ok" and r["eager_after"] == "ok" and r["eager_untuned_after"] == "ok"
