@@ -8,8 +8,13 @@ trident_* variants turn off one native path each, graphs off too so the path's c
 
     python tools/bench_decode.py --out results/bench_decode.json [--models llama,qwen] [--batches 1,8]
 
-µs/step = wall time of `steps` consecutive decode steps (position advancing each step, the
-device synchronized before and after) / steps; median over repetitions, after warm-up.
+µs/step = wall time of `steps` consecutive decode steps (the device synchronized before and
+after) / steps; median over repetitions, after warm-up. Inputs are made the way a caller's loop
+makes them, inside the timed loop, the same for every variant (`--inputs`): the hidden state is
+the previous step's output ("feedback", default) or an embedding lookup of a new token tensor
+("embedding"); the position is a new tensor every step (`pos + 1` on the device). Extra Trident
+variants: trident_embedding (embedding inputs), trident_inplace (a step that writes the hidden
+state in place, embedding inputs: Note [Staging written inputs]).
 Outputs of every variant are checked against eager (bf16 tolerance) from identical caches.
 """
 
@@ -44,21 +49,60 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def per_step_us(step_fn, make_args, steps: int, reps: int, device: str = "cuda") -> float:
+class CallerLoop:
+    """How a decode loop makes each step's inputs: `first()` and `next(out, x, pos)`."""
+
+    VOCAB = 1024
+
+    def __init__(self, cfg: Config, batch: int, dev: str, dt, mode: str):
+        self.cfg, self.batch, self.dev, self.dt, self.mode = cfg, batch, dev, dt, mode
+        g = torch.Generator().manual_seed(1)
+        self.embed = (torch.randn(self.VOCAB, cfg.hidden, generator=g) * 0.5).to(dev, dt)
+
+    def first(self, position: int = START):
+        tok = torch.arange(self.batch, device=self.dev) % self.VOCAB
+        return self.embed[tok], torch.tensor([position], device=self.dev), tok
+
+    def next(self, out, x, pos, tok):
+        pos = pos + 1  # a new position tensor, as HF's cache_position[-1:] + 1
+        if self.mode == "feedback":
+            return out, pos, tok
+        tok = (tok + 7) % self.VOCAB  # a new token tensor, then its embedding: a fresh hidden state
+        return torch.nn.functional.embedding(tok, self.embed), pos, tok
+
+
+def run_steps(step_fn, loop: CallerLoop, rest, steps: int, position: int = START) -> list:
+    """`steps` decode steps from `position`, inputs made as the loop does; the outputs."""
+    x, pos, tok = loop.first(position)
+    outs = []
+    for _ in range(steps):
+        out = step_fn(x, pos, *rest)
+        outs.append(out)
+        x, pos, tok = loop.next(out, x, pos, tok)
+    return outs
+
+
+def per_step_us(step_fn, loop: CallerLoop, rest, steps: int, reps: int, device: str = "cuda") -> float:
     samples = []
     for _ in range(reps):
-        args = [make_args(START + i) for i in range(steps)]
         _sync(device)
         t0 = time.perf_counter_ns()
-        for a in args:
-            step_fn(*a)
+        run_steps(step_fn, loop, rest, steps)
         _sync(device)
         samples.append((time.perf_counter_ns() - t0) / steps / 1e3)
     return statistics.median(samples)
 
 
+def decode_step_inplace(cfg: Config, x, *rest):
+    """The decode step writing its result into the hidden state (a residual stream updated in
+    place), returning it."""
+    x.copy_(decode_step(cfg, x, *rest))
+    return x
+
+
 def run_case(
-    name: str, cfg: Config, batch: int, steps: int, reps: int, deadline: float, dev: str = "cuda", only=()
+    name: str, cfg: Config, batch: int, steps: int, reps: int, deadline: float, dev: str = "cuda", only=(),
+    inputs: str = "feedback",
 ) -> dict:
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
     weights, cos, sin = make_weights(cfg, dev, dt)
@@ -67,26 +111,31 @@ def run_case(
     # Without a GPU, Triton kernels cannot run eagerly: CPU smoke runs take the same math in
     # plain PyTorch as "eager" (the reference of every check); Trident still captures `step`.
     eager = step if dev == "cuda" else functools.partial(decode_step_reference, cfg)
-    xs = [torch.randn(batch, cfg.hidden, device=dev, dtype=dt) for _ in range(4)]
-    positions = [torch.tensor([p], device=dev) for p in range(cfg.max_seq)]
+    rest = (cos, sin, *caches, *weights)
+    loops = {mode: CallerLoop(cfg, batch, dev, dt, mode) for mode in ("feedback", "embedding")}
 
-    def make_args(p):
-        return (xs[p % 4], positions[p], cos, sin, *caches, *weights)
+    def make_args(p):  # capture-time examples
+        x, pos, _ = loops[inputs].first(p)
+        return (x, pos, *rest)
 
-    res: dict = {"config": cfg.__dict__ | {"batch": batch, "dtype": str(dt), "start_position": START}}
+    res: dict = {
+        "config": cfg.__dict__ | {"batch": batch, "dtype": str(dt), "start_position": START},
+        "inputs": inputs,
+    }
 
-    def check(fn) -> float:
+    def check(fn, loop) -> float:
         """Max relative difference (max |out - eager| / max |eager|) over 3 steps from identical caches."""
         saved = [c.clone() for c in caches]
-        outs = [fn(*make_args(START + i)).float() for i in range(3)]
+        outs = [o.float() for o in run_steps(fn, loop, rest, 3)]
         for c, s in zip(caches, saved):
             c.copy_(s)
-        refs = [eager(*make_args(START + i)).float() for i in range(3)]
+        refs = [o.float() for o in run_steps(eager, loop, rest, 3)]
         for c, s in zip(caches, saved):
             c.copy_(s)
         return max(((o - r).abs().max() / r.abs().max()).item() for o, r in zip(outs, refs))
 
-    def variant(key, build, force=False):
+    def variant(key, build, force=False, mode=None):
+        loop = loops[mode or inputs]
         if only and key not in only and key != "eager" and not force:  # eager is the reference of every check
             res[key] = {"skipped": "not selected (--variants)"}
             return None
@@ -96,15 +145,15 @@ def run_case(
         try:
             t0 = time.time()
             fn = build()
-            for i in range(3):
-                fn(*make_args(START + i))
+            run_steps(fn, loop, rest, 3)
             _sync(dev)
             setup = time.time() - t0
             res[key] = {
-                "us_per_step": per_step_us(fn, make_args, steps, reps, dev),
+                "inputs": loop.mode,
+                "us_per_step": per_step_us(fn, loop, rest, steps, reps, dev),
                 "setup_s": round(setup, 1),
                 # The graph replays position START with its own inputs: no comparison.
-                "max_rel_diff_vs_eager": None if key == "graph_floor" else check(fn),
+                "max_rel_diff_vs_eager": None if key == "graph_floor" else check(fn, loop),
             }
             return fn
         except Exception as e:  # a baseline that cannot run is reported, not fatal
@@ -112,13 +161,16 @@ def run_case(
             return None
 
     variant("eager", lambda: eager)
-    def describe(key: str, opt) -> None:
+    def describe(key: str, opt, mode=None) -> None:
         """Region facts, a native loop and where the host time goes (trident.profile, no
         synchronization inside) for one optimized variant."""
         if opt is None:
             return
         info = trident.cache_info(opt)
-        res[key]["cache_info"] = {k: {kk: v[kk] for kk in ("hits", "misses", "specializations", "graph_replays")} for k, v in info.items()}
+        res[key]["cache_info"] = {
+            k: {kk: v[kk] for kk in ("hits", "misses", "specializations", "graph_replays", "ordinary_calls", "graph_bytes")}
+            for k, v in info.items()
+        }
         res[key]["scm_nodes"] = sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes)
         if len(opt.meta["trident_regions"]) != 1:
             return
@@ -126,18 +178,18 @@ def run_case(
         node = next(n for n in opt.graph.nodes if n.target is torch.ops.trident.scm.default)
         placeholders = [n.name for n in opt.graph.nodes if n.op == "placeholder"]
         args = dict(zip(placeholders, make_args(START)))
-        inputs = [args[a.name] for a in node.args[1]] + [args[a.name] for a in node.args[2]]
+        scm_inputs = [args[a.name] for a in node.args[1]] + [args[a.name] for a in node.args[2]]
         _sync(dev)
-        ns = C.run_loop(rid, inputs, steps)
+        ns = C.run_loop(rid, scm_inputs, steps)
         _sync(dev)
         res[key]["native_loop_us_per_step"] = ns / steps / 1e3
         with trident.profile() as prof:
-            for i in range(steps):
-                opt(*make_args(START + i))
+            run_steps(opt, loops[mode or inputs], rest, steps)
         _sync(dev)
         res[key]["host_profile"] = prof.as_json()[:40]
         print(f"{key}:\n{prof.table()}", flush=True)
         res[key]["graphs"] = C.graph_stats(rid)
+        res[key]["explain_graph_lines"] = [ln.strip() for ln in trident.explain(opt).splitlines() if "graph" in ln]
         rt = trident.runtime.SCMRuntime.get(rid)
         res[key]["region"] = {
             "launches": len(rt.program.launches),
@@ -148,6 +200,22 @@ def run_case(
     describe("trident", variant("trident", lambda: trident.optimize(trident.capture(step, *make_args(START)))))
     if dev == "cuda":
         variant("graph_floor", lambda: _graph_replay(step, make_args))
+    # Trident with the other way of making inputs, and with a step that writes the hidden state
+    # in place (staged both ways: Note [Staging written inputs]); both on embedding inputs.
+    other = "embedding" if inputs == "feedback" else "feedback"
+    describe(
+        f"trident_{other}",
+        variant(f"trident_{other}", lambda: trident.optimize(trident.capture(step, *make_args(START))), mode=other),
+        mode=other,
+    )
+    inplace = functools.partial(decode_step_inplace, cfg)
+    describe(
+        "trident_inplace",
+        variant(
+            "trident_inplace", lambda: trident.optimize(trident.capture(inplace, *make_args(START))), mode="embedding"
+        ),
+        mode="embedding",
+    )
 
     def trident_with(**knob_values):
         # A/B: the same step optimized with other knob values (trident.knobs.scope).
@@ -217,20 +285,24 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", default="", help="comma list to run (default all)")
+    ap.add_argument("--inputs", default="feedback", choices=("feedback", "embedding"),
+                    help="how the loop makes the hidden state: the previous output, or an embedding lookup")
     args = ap.parse_args()
     deadline = time.time() + args.budget_s
     result = {
         "commit": os.environ.get("TRIDENT_COMMIT", "unknown"),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
-        "method": "us/step: wall time of `steps` decode steps (position advancing), synchronized, / steps; median of reps",
+        "method": "us/step: wall time of `steps` decode steps, inputs made in the loop as a caller does "
+        "(hidden state: previous output or embedding lookup; a new position tensor each step), synchronized, / steps; "
+        "median of reps",
         "cases": {},
     }
     for model in args.models.split(","):
         for batch in map(int, args.batches.split(",")):
             result["cases"][f"{model}_b{batch}"] = run_case(
                 model, MODELS[model], batch, args.steps, args.reps, deadline, args.device,
-                tuple(v for v in args.variants.split(",") if v),
+                tuple(v for v in args.variants.split(",") if v), args.inputs,
             )
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:

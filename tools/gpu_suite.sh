@@ -3,7 +3,7 @@
 # build the extension in place, run the benchmarks, then every test (CUDA ones included).
 # Writes logs and JSON under $OUT (or ./out). Benchmarks run before the tests so that a crash
 # in a test cannot cost the measurements.
-#   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/RUN_TESTS (1/0), DECODE_MODELS, DECODE_BATCHES,
+#   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/RUN_TESTS (1/0), DECODE_MODELS, DECODE_BATCHES,
 #        DECODE_VARIANTS, DECODE_BUDGET_S, TRIDENT_COMMIT
 # Pass TRIDENT_COMMIT as a literal sha from the developer machine: the device copy's git metadata
 # can be stale, so $(git rev-parse HEAD) evaluated there may name an older commit.
@@ -35,6 +35,9 @@ if [[ "${BENCH_DECODE:-1}" == 1 ]]; then
 fi
 if [[ "${BENCH_GEMM:-1}" == 1 ]]; then
   timeout 120 python3 tools/bench_gemm.py --out "$OUT/bench_gemm.json" 2>&1 | grep -v "^W1" > "$OUT/bench_gemm.log"; tail -3 "$OUT/bench_gemm.log" | cut -c1-300
+fi
+if [[ "${BENCH_STAGING:-0}" == 1 ]]; then
+  python3 tools/bench_staging.py --out "$OUT/bench_staging.json" 2>&1 | tee "$OUT/bench_staging.log" | tail -10
 fi
 if [[ "${BENCH_LAUNCH:-0}" == 1 ]]; then
   python3 tools/bench_launch.py --out "$OUT/bench_launch.json" 2>&1 | tee "$OUT/bench_launch.log" | tail -20

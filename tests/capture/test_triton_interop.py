@@ -46,3 +46,20 @@ def test_compiled_triton_runs_interpreted_on_the_cpu_after_capture():
     assert r["kernel_type"] == "JITFunction"
     assert "0 active drivers" in r["eager_before"]
     assert r["trident"] == "ok" and r["eager_after"] == "ok" and r["eager_untuned_after"] == "ok"
+
+
+@pytest.mark.cuda
+def test_users_triton_on_the_gpu_before_and_after_capture():
+    """On a GPU Triton's own driver stays active: the user's kernels run eagerly before and after
+    Trident captures and runs them."""
+    import trident
+    from tests.kernels import axpy, axpy_ref
+
+    x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
+    torch.testing.assert_close(axpy(x, y), axpy_ref(x, y))
+    opt = trident.optimize(trident.capture(axpy, x, y))
+    torch.testing.assert_close(opt(x, y), axpy_ref(x, y))
+    import triton
+
+    assert type(triton.runtime.driver.active).__name__ != "HostOnlyDriver"
+    torch.testing.assert_close(axpy(x, y), axpy_ref(x, y))

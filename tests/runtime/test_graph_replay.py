@@ -258,6 +258,28 @@ def test_user_capture_sees_ordinary_launches():
 
 
 @pytest.mark.cuda
+def test_user_capture_of_a_region_with_a_written_staged_input():
+    """The region's graph stages x both ways (x moved); inside the caller's own capture the
+    region still launches ordinarily on the caller's x, and the caller's graph replays right."""
+    opt = _optimized_inplace("cuda")
+    for _ in range(4):
+        opt(torch.randn(256, device="cuda"), torch.randn(256, device="cuda"))  # fresh x: staged, written back
+    (g,) = C.graph_stats(_region(opt))["graphs"]
+    assert g["written_back"] == [0] and g["replays"] == 2
+    x, a = torch.zeros(256, device="cuda"), torch.ones(256, device="cuda")
+    graph, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=s):
+        opt(x, a)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(x, torch.full_like(x, 1.75))
+    st = C.graph_stats(_region(opt))
+    assert st["graphs"][0]["replays"] == 2 and st["last_ordinary"][0] == "capturing"
+
+
+@pytest.mark.cuda
 def test_replay_on_another_stream_uses_the_ordinary_path_or_its_own_graph():
     opt = _optimized_inplace("cuda")
     x = torch.zeros(256, device="cuda")
