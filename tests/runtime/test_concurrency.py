@@ -201,6 +201,39 @@ def test_a_miss_waits_for_an_interpreted_launch_in_another_thread(monkeypatch, t
     assert stats["specializations"] == 2
 
 
+def test_a_call_that_waited_for_another_threads_miss_counts_as_a_hit():
+    """Thread A misses on float64 and compiles (held here inside Triton's state); thread B
+    arrives with the same facts, finds no specialization, waits for A's miss and then runs A's
+    specialization. B compiled nothing: a hit. Every call is counted once (hits + misses)."""
+    from trident import triton_state
+
+    opt = trident.optimize(trident.capture(K.axpy, torch.randn(1000), torch.randn(1000)))
+    results: dict = {}
+
+    def call(name):
+        try:
+            x, y = torch.randn(1000, dtype=torch.float64), torch.randn(1000, dtype=torch.float64)
+            torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+            results[name] = "ok"
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results[name] = f"{type(e).__name__}: {e}"
+
+    with triton_state.exclusive():  # A's compile waits here, holding the region's miss lock
+        a = threading.Thread(target=call, args=("a",))
+        a.start()
+        deadline = time.monotonic() + 120
+        while triton_state.waiting() == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        b = threading.Thread(target=call, args=("b",))
+        b.start()
+        time.sleep(0.3)  # B reaches the miss lock (if it came later it simply hits)
+    a.join(120)
+    b.join(120)
+    assert results == {"a": "ok", "b": "ok"}, results
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["misses"] == 1 and stats["hits"] == 1 and stats["specializations"] == 2, stats
+
+
 @pytest.mark.cuda
 def test_threads_on_their_own_streams():
     """Per-thread streams: each stream's calls are ordered on it; results equal eager's."""

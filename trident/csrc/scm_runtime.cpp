@@ -574,12 +574,15 @@ std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::ve
       // GIL first, then the region's lock, waited for without the GIL (Note [Locks and the GIL]).
       py::gil_scoped_acquire gil;
       auto lock = lock_releasing_gil(r.miss_mutex);
-      // Another thread may have specialized for these facts while this one waited.
+      // Another thread may have specialized for these facts while this one waited: then this
+      // call compiled nothing and counts as a hit.
       if (select_specialization(r, ctx) < 0) {
         if (count) r.misses.fetch_add(1, std::memory_order_relaxed);
         py::list py_inputs;
         for (const at::Tensor& t : inputs) py_inputs.append(py::cast(t));
         r.miss_handler(region_id, py_inputs);  // raises TridentError when it cannot specialize
+      } else if (count) {
+        r.hits.fetch_add(1, std::memory_order_relaxed);
       }
     }
     prepare(r, inputs, ctx, guard);
