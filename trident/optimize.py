@@ -198,7 +198,7 @@ def explain(gm: torch.fx.GraphModule) -> str:
                 )
         devices = [g.facts.device for spec in rt.scm.specializations for g in spec.guards]
         names = [i.name for i in rt.program.inputs]
-        lines.extend("  " + line for line in graphs.describe(rt.region_id, rt.program, names, rt.graph_reason, devices))
+        lines.extend("  " + line for line in graphs.describe(rt.region_id, names, rt.graph_reason, devices))
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
     removed = gm.meta.get("trident_cse_removed", 0)

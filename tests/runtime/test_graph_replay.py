@@ -158,7 +158,15 @@ def test_graph_limit_and_off_switch(device):
     for i in range(8):
         opt(x if i < 4 else moved[i - 4], fresh[i])  # x (written, pinned) moves after 4 calls
     st = C.graph_stats(_region(opt))
-    assert len(st["graphs"]) == 1 and st["declined"] == 4
+    # at the limit, a graph staging x may still replace the one that pinned it (Note [Graph lifetimes])
+    assert [(g["staged"], g["retired"]) for g in st["graphs"]] == [([1], True), ([0, 1], False)]
+    assert st["declined"] == 2 and st["graphs"][1]["replays"] == 2
+    # ... but not a graph that serves other calls: float64 gets none
+    x64 = torch.zeros(256, device=device, dtype=torch.float64)
+    for _ in range(4):
+        opt(x64, torch.randn(256, device=device, dtype=torch.float64))
+    st = C.graph_stats(_region(opt))
+    assert len(st["graphs"]) == 2 and st["declined"] == 6
     with knobs.scope(graphs=""):
         x, a = torch.zeros(256, device=device), torch.zeros(256, device=device)
         off = trident.optimize(trident.capture(_inplace_scaled_add, x, a))
@@ -245,16 +253,20 @@ def test_user_capture_sees_ordinary_launches():
         opt(x, a_i)
     replays = C.graph_stats(_region(opt))["graphs"][0]["replays"]
     x.zero_()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
+    _replay_in_a_user_capture(opt, x, a)
+    assert C.graph_stats(_region(opt))["graphs"][0]["replays"] == replays
+
+
+def _replay_in_a_user_capture(opt, x, a):
+    """The caller captures one call of `opt` into its own CUDA graph and replays it 3 times."""
+    graph, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(g, stream=s):
+    with torch.cuda.graph(graph, stream=s):
         opt(x, a)
     for _ in range(3):
-        g.replay()
+        graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(x, torch.full_like(x, 1.75))  # x = (x + 2a) / 2 three times from 0
-    assert C.graph_stats(_region(opt))["graphs"][0]["replays"] == replays
+    torch.testing.assert_close(x, torch.full_like(x, 1.75))  # x = (x + 2a) / 2 three times from 0, a = 1
 
 
 @pytest.mark.cuda
@@ -267,15 +279,7 @@ def test_user_capture_of_a_region_with_a_written_staged_input():
         opt(x, a)
     (g,) = C.graph_stats(_region(opt))["graphs"]
     assert g["written_back"] == [0] and g["replays"] == 2
-    x, a = torch.zeros(256, device="cuda"), torch.ones(256, device="cuda")
-    graph, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=s):
-        opt(x, a)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(x, torch.full_like(x, 1.75))
+    _replay_in_a_user_capture(opt, torch.zeros(256, device="cuda"), torch.ones(256, device="cuda"))
     st = C.graph_stats(_region(opt))
     assert st["graphs"][0]["replays"] == 2 and st["last_ordinary"][0] == "capturing"
 
@@ -609,3 +613,25 @@ def test_an_input_pinned_by_chance_is_staged_by_the_next_graph(device):
     assert f"graph 0 ({mode}): retired after 0 replay(s)" in trident.explain(opt)
     (stats,) = trident.cache_info(opt).values()
     assert stats["graph_replays"] == 6 and stats["ordinary_calls"] == 4
+
+
+def test_a_graph_serving_aliased_calls_is_not_retired_by_one_that_stages(device):
+    """Graph 0 serves opt(x, x) (a pinned, sharing x's storage); then `a` moves and graph 1
+    stages it. Graph 1 cannot serve opt(x, x) (a staged copy would hide the write to x), so
+    graph 0 stays live and keeps serving those calls (Note [Graph lifetimes])."""
+    opt = _optimized_inplace(device)
+    x = torch.randn(256, device=device)
+    x_ref = x.clone()
+    for _ in range(3):
+        opt(x, x)
+        _inplace_reference(x_ref, x_ref)
+    for a in [torch.randn(256, device=device) for _ in range(4)]:
+        opt(x, a)
+        _inplace_reference(x_ref, a)
+    for _ in range(2):
+        opt(x, x)
+        _inplace_reference(x_ref, x_ref)
+    torch.testing.assert_close(x, x_ref)
+    st = C.graph_stats(_region(opt))
+    assert [(g["staged"], g["retired"]) for g in st["graphs"]] == [([], False), ([1], False)]
+    assert [g["replays"] for g in st["graphs"]] == [1 + 2, 2]

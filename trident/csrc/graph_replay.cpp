@@ -74,7 +74,10 @@ namespace trident::graphs {
 // equal facts but address, or pinned in both with equal facts), the older one is retired: its
 // pending work is waited for, its pool, buffers and outputs are released, it never replays
 // again. So a graph that pinned a transient input by the allocator's chance is replaced by one
-// that stages it, instead of holding memory with no replay to come.
+// that stages it, instead of holding memory with no replay to come; at TRIDENT_GRAPH_LIMIT such a
+// replacement is still recorded, another graph is not. An older graph whose calls brought a pinned
+// input sharing storage with a written one is not replaced by a graph staging that input (it
+// would decline those calls).
 
 namespace {
 
@@ -102,16 +105,17 @@ int64_t staged_conflict(const State& s, const Entry& e, const std::vector<at::Te
   return -1;
 }
 
-// Whether a moving input can be staged at all: its residue mod 16 is a whole number of
-// elements (so a buffer with the same residue exists), it spans few enough bytes, and when
-// written it is non-overlapping and dense (Note [Staging written inputs]).
-bool stageable(const State& s, const at::Tensor& t, bool written) {
-  if (!t.defined()) return false;
+// Whether a moving input can be staged at all (Pinned::kNone), else why not: its residue mod 16
+// must be a whole number of elements (so a buffer with the same residue exists), it must span few
+// enough bytes, and when written be non-overlapping and dense (Note [Staging written inputs]).
+Pinned why_pinned(const State& s, const at::Tensor& t, bool written) {
+  if (!t.defined()) return Pinned::kUndefined;
   const int64_t item = static_cast<int64_t>(t.element_size());
-  if ((reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) % item) return false;
+  if ((reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) % item) return Pinned::kResidue;
   const int64_t span = span_bytes(t);
-  if (!written) return span <= s.stage_read_limit;
-  return span <= s.stage_written_limit && t.is_non_overlapping_and_dense();
+  if (!written) return span <= s.stage_read_limit ? Pinned::kNone : Pinned::kReadTooLarge;
+  if (span > s.stage_written_limit) return Pinned::kWrittenTooLarge;
+  return t.is_non_overlapping_and_dense() ? Pinned::kNone : Pinned::kWrittenNotDense;
 }
 
 // Compares one facts row with an entry's: 0 equal, 1 only the address differs, 2 more differs.
@@ -177,6 +181,48 @@ std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outs, void* stre
   return fresh;
 }
 
+// The live entries a graph with these facts and staged inputs would serve every call of (Note
+// [Graph lifetimes]): same stream and device, and every input either staged in the new graph with
+// equal facts but address, or pinned in both with equal facts. A pinned input that shared storage
+// with a written input in the older graph's calls keeps it (the new graph, staging it, would
+// decline those calls).
+std::vector<Entry*> superseded_by(const State& s, const int64_t* facts, const std::vector<uint8_t>& staged,
+                                  void* stream, int64_t device, int64_t n, int64_t stride) {
+  std::vector<Entry*> out;
+  const int64_t count = s.count.load(std::memory_order_acquire);
+  for (int64_t k = 0; k < count; ++k) {
+    Entry& older = *s.entries[k];
+    if (older.retired.load() || older.stream != stream || older.device != device) continue;
+    bool serves = true;
+    for (int64_t i = 0; serves && i < n; ++i) {
+      const int d = row_diff(older.facts.data() + i * stride, facts + i * stride, stride);
+      serves = d != 2 && (staged[i] ? !older.pinned_aliased[i] : (!older.staged[i] && d == 0));
+    }
+    if (serves) out.push_back(&older);
+  }
+  return out;
+}
+
+// Waits for the entry's pending work and releases what it holds (GIL held: the keeper is a
+// Python object). Never throws: a failed wait is reported in the region's stats.
+void retire(State& s, Entry& e) {
+  auto lock = lock_releasing_gil(e.replay_mutex);  // no replay of it in flight on the host
+  if (e.retired.exchange(true)) return;
+  if (e.exec) {
+    // Its private pool returns to the allocator: the GPU must be done with it first.
+    std::string error;
+    c10::OptionalDeviceGuard device_guard;
+    device_guard.reset_device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(e.device)));
+    if (cuda::stream_synchronize(e.stream, &error) != 0) s.retire_error = error;
+  }
+  e.static_inputs.clear();
+  e.static_outputs.clear();
+  e.exec = nullptr;
+  e.keeper = py::none();
+  e.bytes = 0;
+  s.live.fetch_sub(1);
+}
+
 }  // namespace
 
 bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx,
@@ -219,7 +265,10 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
   const bool profiling = g_profiling.load(std::memory_order_relaxed);
   const auto t0 = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   auto lock = lock_releasing_gil(e->replay_mutex);  // Note [Locks and the GIL]
-  if (e->retired.load(std::memory_order_relaxed)) return false;  // retired while this call waited
+  if (e->retired.load(std::memory_order_relaxed)) {  // retired while this call waited
+    note_ordinary(s, Ordinary::kNoGraph, -1);
+    return false;
+  }
   std::string error;
   auto copy = [&](void* dst, const void* src, int64_t bytes, int64_t i, const char* what) {
     if (dst == src) return;
@@ -255,9 +304,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
 
 void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx) {
   State& s = *r.graphs;
-  if (s.off.load(std::memory_order_relaxed) || s.live.load(std::memory_order_relaxed) >= s.max_graphs ||
-      s.count.load(std::memory_order_relaxed) >= kMaxRecorded)
-    return;
+  if (s.off.load(std::memory_order_relaxed) || s.count.load(std::memory_order_relaxed) >= kMaxRecorded) return;
   const bool on_cuda = ctx.device_index >= 0;
   if (!on_cuda && !s.emulate) return;
   const int64_t n = static_cast<int64_t>(inputs.size());
@@ -269,39 +316,49 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
     bool same = static_cast<int64_t>(s.prev_facts.size()) == n * stride && s.prev_stream == ctx.stream;
     for (int64_t i = 0; same && i < n; ++i)
       same = row_diff(ctx.facts + i * stride, s.prev_facts.data() + i * stride, stride) < 2;
-    if (s.moving.size() != static_cast<size_t>(n)) s.moving.assign(n, 0);
+    if (s.moving.size() != static_cast<size_t>(n)) {
+      s.moving.assign(n, 0);
+      s.pinned.assign(n, 0);
+      s.pinned_span.assign(n, 0);
+    }
     int64_t pinned_moving = -1;
-    Ordinary why = Ordinary::kUnstageable;
-    for (int64_t i = 0; same && i < n && pinned_moving < 0; ++i) {
+    for (int64_t i = 0; same && i < n; ++i) {
       if (ctx.facts[i * stride] == s.prev_facts[i * stride]) continue;
       s.moving[i] = 1;  // Note [Graph lifetimes]
-      if (!stageable(s, inputs[i], s.written[i])) {
-        pinned_moving = i;
-      } else if (staging_conflicts(s.written, inputs, i)) {
-        pinned_moving = i;
-        why = Ordinary::kAliased;
-      }
+      Pinned why = why_pinned(s, inputs[i], s.written[i]);
+      if (why == Pinned::kNone && staging_conflicts(s.written, inputs, i)) why = Pinned::kAliased;
+      s.pinned[i] = static_cast<uint8_t>(why);
+      s.pinned_span[i] = span_bytes(inputs[i]);
+      if (why != Pinned::kNone && pinned_moving < 0) pinned_moving = i;
     }
     s.prev_facts.assign(ctx.facts, ctx.facts + n * stride);
     s.prev_stream = ctx.stream;
     if (pinned_moving >= 0) {
       // A graph would pin it, and it moves: no replay to expect (Note [Graph lifetimes]).
       s.streak = 0;
-      note_ordinary(s, why, pinned_moving);
+      note_ordinary(s, s.pinned[pinned_moving] == static_cast<uint8_t>(Pinned::kAliased) ? Ordinary::kAliased
+                                                                                          : Ordinary::kUnstageable,
+                    pinned_moving);
       return;
     }
     s.streak = same ? s.streak + 1 : 1;
     if (s.streak < s.record_after) return;
     if (on_cuda && cuda::stream_capturing(ctx.stream)) return;
-    s.streak = 0;
-    staged.resize(n);
+    std::vector<uint8_t> stage(n);
     for (int64_t i = 0; i < n; ++i)
-      staged[i] = s.moving[i] && stageable(s, inputs[i], s.written[i]) && !staging_conflicts(s.written, inputs, i);
+      stage[i] = s.moving[i] && why_pinned(s, inputs[i], s.written[i]) == Pinned::kNone &&
+                 !staging_conflicts(s.written, inputs, i);
+    // At the limit, only a graph that would replace a live one is worth recording.
+    if (s.live.load() - superseded_by(s, ctx.facts, stage, ctx.stream, ctx.device_index, n, stride).size() >=
+        static_cast<size_t>(s.max_graphs))
+      return;
+    s.streak = 0;
+    staged.assign(stage.begin(), stage.end());
   }
   // The recorder runs Python (and captures this region, re-entering run_region_native).
   py::gil_scoped_acquire gil;
   auto lock = lock_releasing_gil(s.record_mutex);  // not miss_mutex: the capture may take the miss path
-  if (s.off.load() || s.live.load() >= s.max_graphs || s.count.load() >= kMaxRecorded) return;
+  if (s.off.load() || s.count.load() >= kMaxRecorded) return;
   std::string why;
   try {
     py::list py_inputs;
@@ -320,38 +377,6 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
   s.off.store(true);
 }
 
-namespace {
-
-// Whether `newer` serves every call `older` serves (Note [Graph lifetimes]).
-bool subsumes(const Entry& newer, const Entry& older, int64_t n, int64_t stride) {
-  if (newer.stream != older.stream || newer.device != older.device) return false;
-  for (int64_t i = 0; i < n; ++i) {
-    const int d = row_diff(older.facts.data() + i * stride, newer.facts.data() + i * stride, stride);
-    if (d == 2 || (!newer.staged[i] && (older.staged[i] || d != 0))) return false;
-  }
-  return true;
-}
-
-// Waits for the entry's pending work and releases what it holds (GIL held: the keeper is a
-// Python object).
-void retire(State& s, Entry& e) {
-  auto lock = lock_releasing_gil(e.replay_mutex);  // no replay of it in flight on the host
-  if (e.retired.exchange(true)) return;
-  if (e.exec) {
-    std::string error;
-    // Its private pool returns to the allocator: the GPU must be done with it first.
-    TORCH_CHECK(cuda::stream_synchronize(e.stream, &error) == 0, "trident: retiring a graph failed: ", error);
-  }
-  e.static_inputs.clear();
-  e.static_outputs.clear();
-  e.exec = nullptr;
-  e.keeper = py::none();
-  e.bytes = 0;
-  s.live.fetch_sub(1);
-}
-
-}  // namespace
-
 void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, const std::vector<bool>& staged,
                const std::vector<at::Tensor>& static_outputs, int64_t exec, int64_t stream, int64_t bytes,
                py::object keeper) {
@@ -366,6 +391,7 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
   e->facts.assign(n * stride, 0);
   e->staged.assign(n, 0);
   e->written_back.assign(n, 0);
+  e->pinned_aliased.assign(n, 0);
   e->span_bytes.assign(n, 0);
   e->static_inputs.resize(n);
   e->device = -1;
@@ -373,7 +399,10 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
     fill_tensor_facts(static_inputs[i], r.max_rank, e->facts.data() + i * stride);
     e->staged[i] = staged[i];
     if (static_inputs[i].defined() && static_inputs[i].is_cuda()) e->device = static_inputs[i].device().index();
-    if (!staged[i]) continue;  // Note [Pinned inputs are not held]
+    if (!staged[i]) {  // Note [Pinned inputs are not held]
+      e->pinned_aliased[i] = staging_conflicts(s.written, static_inputs, i);
+      continue;
+    }
     e->span_bytes[i] = span_bytes(static_inputs[i]);
     e->written_back[i] = s.written[i];
     e->static_inputs[i] = static_inputs[i];
@@ -388,10 +417,9 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     const int64_t k = s.count.load();
-    TORCH_CHECK(k < kMaxRecorded && s.live.load() < s.max_graphs, "trident: region '", r.name, "' has its ",
-                s.live.load(), " graphs already");
-    for (int64_t j = 0; j < k; ++j)
-      if (!s.entries[j]->retired.load() && subsumes(*e, *s.entries[j], n, stride)) superseded.push_back(s.entries[j].get());
+    superseded = superseded_by(s, e->facts.data(), e->staged, e->stream, e->device, n, stride);
+    TORCH_CHECK(k < kMaxRecorded && s.live.load() - static_cast<int64_t>(superseded.size()) < s.max_graphs,
+                "trident: region '", r.name, "' has its ", s.live.load(), " graphs already");
     s.entries[k] = std::move(e);
     s.live.fetch_add(1);
     s.count.store(k + 1, std::memory_order_release);
@@ -412,13 +440,20 @@ py::dict stats(int64_t region_id) {
   static const char* kWhy[] = {"none", "no_graph", "capturing", "stream", "facts", "pinned_moved", "aliased",
                                "unstageable"};
   d["last_ordinary"] = py::make_tuple(kWhy[s.ordinary_why.load()], s.ordinary_input.load());
-  py::list moving;
+  static const char* kPinned[] = {"none", "undefined", "residue", "read_too_large", "written_too_large",
+                                   "written_not_dense", "aliased"};
+  py::list moving, pinned_moving;  // pinned_moving: (input, why, bytes spanned) as last observed
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    for (size_t i = 0; i < s.moving.size(); ++i)
-      if (s.moving[i]) moving.append(py::int_(i));
+    for (size_t i = 0; i < s.moving.size(); ++i) {
+      if (!s.moving[i]) continue;
+      moving.append(py::int_(i));
+      if (s.pinned[i]) pinned_moving.append(py::make_tuple(i, kPinned[s.pinned[i]], s.pinned_span[i]));
+    }
   }
   d["moving"] = moving;
+  d["pinned_moving"] = pinned_moving;
+  d["retire_error"] = s.retire_error.empty() ? py::object(py::none()) : py::object(py::str(s.retire_error));
   py::list entries;
   int64_t bytes = 0;
   for (int64_t k = 0; k < s.count.load(); ++k) {

@@ -22,6 +22,7 @@ struct Entry {
   std::vector<int64_t> facts;             // the facts of the recorded call (Note [Host ABI] layout)
   std::vector<uint8_t> staged;            // per input: copied into static_inputs[i] before each replay
   std::vector<uint8_t> written_back;      // per staged input the region writes: copied back after it
+  std::vector<uint8_t> pinned_aliased;    // per pinned input: shared storage with a written input
   std::vector<int64_t> span_bytes;        // per staged input: the bytes its elements span
   // Per staged input: the graph's buffer; undefined for pinned inputs, which the entry does not
   // hold (Note [Pinned inputs are not held]).
@@ -43,6 +44,17 @@ struct Entry {
 
 constexpr int64_t kMaxGraphs = 16;  // graphs alive per region at most (TRIDENT_GRAPH_LIMIT <= this)
 constexpr int64_t kMaxRecorded = 64;  // graphs ever recorded per region (retired ones included)
+
+// Why an input that moves is not staged (graph_stats' pinned_moving; explain()).
+enum class Pinned : uint8_t {
+  kNone = 0,          // stageable
+  kUndefined,         // not a tensor (an absent optional)
+  kResidue,           // address % 16 not a whole number of elements: no buffer can match it
+  kReadTooLarge,      // read-only, spans more than stage_read_limit
+  kWrittenTooLarge,   // written, spans more than stage_written_limit (TRIDENT_GRAPH_STAGE_WRITTEN_BYTES)
+  kWrittenNotDense,   // written, its elements do not cover its span exactly
+  kAliased,           // shares storage with an input the region writes (or, written, with any input)
+};
 
 // Why the last ordinary call of a region did not replay a graph (graph_stats, explain()).
 enum class Ordinary : int64_t {
@@ -85,6 +97,9 @@ struct State {
   void* prev_stream = nullptr;
   int64_t streak = 0;
   std::vector<uint8_t> moving;  // per input: seen at two addresses with equal other facts, ever
+  std::vector<uint8_t> pinned;  // per moving input: Pinned, as last observed
+  std::vector<int64_t> pinned_span;  // ... and the bytes its elements spanned then
+  std::string retire_error;     // a failed wait while retiring a graph (under the GIL)
 };
 
 // Replays a recorded graph matching this call, if any; true when it did (outputs filled).

@@ -93,15 +93,17 @@ def _interpreting(jit_fn):
             patch_scope.restore()
 
 
-def _run_grid(jit_fn, grid: tuple[int, int, int], run_program: Callable[[], None]) -> None:
-    """Runs `run_program` once per program id of `grid`, interpreted."""
+def _run_grid(jit_fn, interpreted, grid: tuple[int, int, int], args: dict) -> None:
+    """Runs the kernel once per program id of `grid`, interpreted. (Rewriting it adds names to
+    its module's globals, which _patch_lang iterates: inside the lock too.)"""
     with _interpreting(jit_fn):
+        run_program = interpreted.rewrite()
         interp.interpreter_builder.set_grid_dim(*grid)
         for x in range(grid[0]):
             for y in range(grid[1]):
                 for z in range(grid[2]):
                     interp.interpreter_builder.set_grid_idx(x, y, z)
-                    run_program()
+                    run_program(**args)
 
 
 def make_cpu_runner(
@@ -112,11 +114,10 @@ def make_cpu_runner(
     const_args = {k: (tl.constexpr(v) if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
 
     def run(grid: tuple[int, int, int], values: list) -> None:
-        fn = interpreted.rewrite()
         args = dict(const_args)
         for name, ty, value in zip(param_names, param_types, values):
             args[name] = _arg(ty, value)
-        _run_grid(jit_fn, grid, lambda: fn(**args))
+        _run_grid(jit_fn, interpreted, grid, args)
 
     return run
 
@@ -148,8 +149,8 @@ class InterpretingLauncher:
             enter_hook(launch_metadata)
         # Triton's own executor (tensor arguments, constexprs, copies back), inside the patches
         # and the lock it does not know of.
-        executor = interp.GridExecutor(interp.InterpretedFunction(jit_fn.fn).rewrite(), names, (gx, gy, gz))
         with _interpreting(jit_fn):
+            executor = interp.GridExecutor(interp.InterpretedFunction(jit_fn.fn).rewrite(), names, (gx, gy, gz))
             executor(*args)
         if exit_hook is not None:
             exit_hook(launch_metadata)

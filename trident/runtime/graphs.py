@@ -107,37 +107,6 @@ def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
     return TensorFacts.of(t).allocate(residue)
 
 
-def why_not_staged(facts: TensorFacts, written: bool, written_limit: int) -> Optional[str]:
-    """Python twin of the native `stageable` for explain(): why an input that moves between
-    calls stays pinned, from its captured facts (None: it can be staged)."""
-    span = facts.span() * facts.dtype.itemsize
-    if not written:
-        return f"it spans {span} bytes > {STAGING_LIMIT}" if span > STAGING_LIMIT else None
-    if span > written_limit:
-        return f"it is written and spans {span} bytes > TRIDENT_GRAPH_STAGE_WRITTEN_BYTES={written_limit}"
-    if span != _numel(facts) * facts.dtype.itemsize or not _non_overlapping(facts):
-        return "it is written and its elements do not cover its span exactly (a view with gaps or overlaps)"
-    return None
-
-
-def _numel(facts: TensorFacts) -> int:
-    n = 1
-    for size in facts.sizes:
-        n *= size
-    return n
-
-
-def _non_overlapping(facts: TensorFacts) -> bool:
-    """Whether no two elements share an address (dimensions by stride, each past the last's extent)."""
-    extent = 1
-    dims = sorted(((abs(st), sz) for sz, st in zip(facts.sizes, facts.strides) if sz != 1))
-    for stride, size in dims:
-        if stride < extent:
-            return False
-        extent = stride * size
-    return True
-
-
 def record(
     region_id: int,
     inputs: Sequence[torch.Tensor],
@@ -158,11 +127,12 @@ def record(
         if buf is None:
             staged[i] = False
         static.append(buf if buf is not None else t)
-    staging_bytes = sum(t.untyped_storage().nbytes() for t, s in zip(static, staged) if s)
     C = native.C
     if C.probe(region_id, static) != C.probe(region_id, list(inputs)):
-        staged = [False] * len(inputs)  # staging would change the specialization: pin everything
-        static = list(inputs)
+        # A buffer keeps its input's layout and residue, so this should not happen; pinning the
+        # moving inputs instead would record a graph that never replays.
+        return "never: a staging buffer would select another specialization than its input"
+    staging_bytes = sum(t.untyped_storage().nbytes() for t, s in zip(static, staged) if s)
     if program is not None:
         ordinary, replay = ordinary_cost_us(program), replay_cost_us(program, sum(staged))
         if ordinary - replay <= min_saving_us:
@@ -204,21 +174,22 @@ def record(
                 graph.capture_end()
         finally:
             C.set_workspace_stream(0)
-        pool_bytes = torch.cuda.memory_reserved(device) - reserved
+        pool_bytes = torch.cuda.memory_reserved(device) - reserved  # an estimate: other threads allocate too
         user.wait_stream(cap)
-    held = {t.untyped_storage().data_ptr() for t in static}
-    for k, o in enumerate(outs):
-        if o is not None and o.untyped_storage().data_ptr() in held:
-            return f"never: output {k} shares memory with an input; a replay returns copies"
-    C.add_graph(
-        region_id, static, staged, outs, graph.raw_cuda_graph_exec(), user.cuda_stream, staging_bytes + pool_bytes, graph
-    )
+        held = {t.untyped_storage().data_ptr() for t in static}
+        for k, o in enumerate(outs):
+            if o is not None and o.untyped_storage().data_ptr() in held:
+                return f"never: output {k} shares memory with an input; a replay returns copies"
+        # (on its device: retiring a graph it supersedes waits for that device's stream)
+        C.add_graph(
+            region_id, static, staged, outs, graph.raw_cuda_graph_exec(), user.cuda_stream,
+            staging_bytes + pool_bytes, graph,
+        )
     return None
 
 
 def describe(
     region_id: int,
-    program: RegionProgram,
     input_names: Sequence[str],
     static_reason: Optional[str],
     devices: Sequence[torch.device] = (),
@@ -248,11 +219,21 @@ def describe(
             f"graph {k} ({mode}): {g['replays']} replay(s), {_mib(g['bytes'])} held; staged: {staged or 'none'}; "
             f"pinned: the other {n - len(g['staged'])} input(s)"
         )
-    written_limit = st["stage_written_limit"]
-    for i in st["moving"]:
-        why = why_not_staged(program.captured_inputs[i], program.inputs[i].mutated, written_limit)
-        if why:
-            lines.append(f"graphs: input {input_names[i]!r} moves between calls but is pinned: {why}")
+    for i, code, span in st["pinned_moving"]:
+        why = {
+            "undefined": "it is not a tensor",
+            "residue": "its address % 16 is not a whole number of elements",
+            "read_too_large": f"it spans {span} bytes > {st['stage_read_limit']}",
+            "written_too_large": f"it is written and spans {span} bytes > "
+            f"TRIDENT_GRAPH_STAGE_WRITTEN_BYTES={st['stage_written_limit']}",
+            "written_not_dense": "it is written and its elements do not cover its span exactly (a view with gaps "
+            "or overlaps)",
+            "aliased": "it shares memory with an input the region writes (or is written and shares memory with "
+            "another input)",
+        }[code]
+        lines.append(f"graphs: input {input_names[i]!r} moves between calls but is pinned: {why}")
+    if st["retire_error"]:
+        lines.append(f"graphs: waiting for a retired graph's work failed: {st['retire_error']}")
     if st["moving"]:
         lines.append("graphs: inputs seen moving between calls: " + ", ".join(input_names[i] for i in st["moving"]))
     if st["declined"]:
