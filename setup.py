@@ -23,6 +23,9 @@ setup(
     version="0.1.0",
     description="Specialization Cache Modules: native host programs for PyTorch graphs of Triton kernels",
     packages=find_packages(include=["trident", "trident.*"]),
+    py_modules=["trident_scm_backend"],
+    # torch.compile(backend="trident") without `import trident` (Dynamo's plugin mechanism)
+    entry_points={"torch_dynamo_backends": ["trident = trident_scm_backend:backend"]},
     package_data={"trident": ["csrc/*.h", "csrc/*.cpp"]},
     ext_modules=[
         CppExtension(

@@ -3,6 +3,7 @@
     gm = trident.capture(fn, *example_inputs)   # FX graph: ATen ops + Triton launches
     opt = trident.optimize(gm)                   # each region -> one torch.ops.trident.scm call
     opt(*inputs)                                 # hits never enter Python
+    torch.compile(fn, backend="trident")         # or through Dynamo: each graph optimized
     trident.cache_info(opt), trident.explain(opt)
     with trident.profile() as p: opt(*inputs)  # host time per runtime service; p.table()
 """
@@ -20,6 +21,12 @@ from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
 from .optimize import cache_info, explain, optimize, scm_text
 from .runtime.profile import profile
+from .capture import dynamo as _dynamo
+from .capture.host_driver import install_without_gpu as _install_without_gpu
+
+_install_without_gpu()
+
+_dynamo.register()  # torch.compile(..., backend="trident")
 
 __all__ = [
     "CaptureError",

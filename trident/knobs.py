@@ -47,6 +47,12 @@ _KNOBS = {
         "stage a moving input the region writes (copied in before a replay, back after it) when it spans at most this "
         "many bytes; larger ones (KV caches) stay pinned (Note [Staging written inputs]; 0: never)",
     ),
+    "dynamo_captures": _Knob(
+        "TRIDENT_DYNAMO_CAPTURES",
+        "8",
+        "torch.compile(backend='trident'): static captures per Dynamo graph (one per input signature) before calls "
+        "run the graph eagerly (Note [Dynamo graphs and static capture])",
+    ),
     "graph_min_saving_us": _Knob(
         "TRIDENT_GRAPH_MIN_SAVING_US",
         "0",
@@ -110,6 +116,13 @@ def graph_limit() -> int:
     if not 0 <= value <= 16:
         raise ValueError(f"TRIDENT_GRAPH_LIMIT={value}: expected 0..16")
     return value
+
+
+def dynamo_captures() -> int:
+    raw = _KNOBS["dynamo_captures"].get()
+    if not raw.isdigit():
+        raise ValueError(f"TRIDENT_DYNAMO_CAPTURES={raw!r}: expected a count >= 0")
+    return int(raw)
 
 
 def graph_stage_written_bytes() -> int:

@@ -90,3 +90,11 @@ def ensure_triton_driver() -> None:
     if not torch_triton.has_triton():
         torch_triton.has_triton.cache_clear()
         torch_triton.has_triton = lambda: True  # type: ignore[assignment]
+
+
+def install_without_gpu() -> None:
+    """At `import trident`: on a machine without a GPU, Trident's driver from the start, so that
+    Dynamo traces Triton launches in torch.compile(backend="trident") from its first frame and
+    eager kernels run interpreted. With a GPU, Triton's own driver is left alone."""
+    if not torch.cuda.is_available():
+        ensure_triton_driver()

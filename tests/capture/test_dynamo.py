@@ -1,0 +1,166 @@
+"""torch.compile(fn, backend="trident"): Dynamo captures, each graph is optimized by Trident
+(Note [Dynamo graphs and static capture])."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+
+import trident
+from tests import kernels as K
+from trident import knobs
+from trident.capture.dynamo import compiled_graphs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _program(x, y):
+    out = torch.empty_like(x)
+    n = x.numel()
+    K.axpy_kernel[(triton.cdiv(n, 64),)](x, y, out, n, 2.0, BLOCK=64)
+    return torch.relu(out) + 1
+
+
+def _reference(x, y):
+    return torch.relu(2.0 * x + y) + 1
+
+
+def _graphs_since(start: int):
+    return compiled_graphs()[start:]
+
+
+def _scm_nodes(opt) -> int:
+    return sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("dynamic", [False, None])
+def test_compile_with_the_trident_backend(device, fullgraph, dynamic):
+    start = len(compiled_graphs())
+    compiled = torch.compile(_program, backend="trident", fullgraph=fullgraph, dynamic=dynamic)
+    for n in (1000, 1000, 1000, 777, 777, 2048):  # new sizes: new captures, never an error
+        x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+        torch.testing.assert_close(compiled(x, y), _reference(x, y))
+    graphs = _graphs_since(start)
+    assert graphs and all(g.eager_calls == 0 for g in graphs)
+    captures = [opt for g in graphs for opt in g.captures.values()]
+    assert sum(map(_scm_nodes, captures)) >= 1
+    # each input signature is captured once; the launch and the ATen ops after it share a region
+    assert len(captures) == len({(id(g), k) for g in graphs for k in g.captures})
+    for opt in captures:
+        assert all(v["misses"] == 0 for v in trident.cache_info(opt).values())
+
+
+def test_graph_breaks_give_several_graphs_each_optimized(device):
+    def broken(x, y):
+        out = _program(x, y)
+        if out.sum().item() > 0:  # data-dependent control flow: a graph break
+            out = out * 2
+        z = torch.empty_like(out)
+        K.axpy_kernel[(triton.cdiv(out.numel(), 64),)](out, y, z, out.numel(), 0.5, BLOCK=64)
+        return z
+
+    def reference(x, y):
+        out = _reference(x, y)
+        if out.sum().item() > 0:
+            out = out * 2
+        return 0.5 * out + y
+
+    start = len(compiled_graphs())
+    compiled = torch.compile(broken, backend="trident")
+    for _ in range(3):
+        x, y = torch.randn(500, device=device), torch.randn(500, device=device)
+        torch.testing.assert_close(compiled(x, y), reference(x, y))
+    graphs = _graphs_since(start)
+    assert len(graphs) >= 2
+    assert sum(_scm_nodes(opt) for g in graphs for opt in g.captures.values()) >= 2
+
+
+class _Scaled(torch.nn.Module):
+    """A module with parameters and a buffer around a Triton kernel."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.proj = torch.nn.Linear(n, n)
+        self.register_buffer("shift", torch.linspace(-1, 1, n))
+
+    def forward(self, x):
+        h = self.proj(x)
+        out = torch.empty_like(h)
+        K.axpy_kernel[(triton.cdiv(h.numel(), 64),)](h, self.shift.expand_as(h).contiguous(), out, h.numel(), 3.0, BLOCK=64)
+        return out
+
+
+def _module_reference(m, x):
+    return 3.0 * m.proj(x) + m.shift
+
+
+def test_module_parameters_and_in_place_updates(device):
+    m = _Scaled(32).to(device).eval()
+    compiled = torch.compile(m, backend="trident")
+    x = torch.randn(4, 32, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), _module_reference(m, x))
+        m.proj.weight.mul_(-2.0)  # in place: the graph reads the parameter as an input
+        m.shift.add_(5.0)
+        torch.testing.assert_close(compiled(x), _module_reference(m, x))
+
+
+def test_grad_enabled_calls_run_the_graph_eagerly(device):
+    """Trident is inference only: with grad enabled and parameters requiring grad, Dynamo's graph
+    runs eagerly, so gradients are those of eager."""
+    m = _Scaled(16).to(device)
+    compiled = torch.compile(lambda x: m(x) + m.proj(x), backend="trident")  # a Triton launch has no gradient
+    x = torch.randn(2, 16, device=device)
+    compiled(x).sum().backward()
+    want = m.proj.weight.grad.clone()
+    m.zero_grad()
+    (m(x) + m.proj(x)).sum().backward()  # eager (Triton's interpreter on the CPU)
+    torch.testing.assert_close(want, m.proj.weight.grad)
+    assert any(g.eager_calls and "inference only" in g.eager_reason for g in compiled_graphs())
+
+
+def test_captures_per_graph_are_bounded():
+    start = len(compiled_graphs())
+    with knobs.scope(dynamo_captures="2"):
+        compiled = torch.compile(_program, backend="trident", dynamic=True)
+        for n in (100, 200, 300, 400):
+            x, y = torch.randn(n), torch.randn(n)
+            torch.testing.assert_close(compiled(x, y), _reference(x, y))
+    (g,) = _graphs_since(start)
+    assert len(g.captures) == 2 and g.eager_calls == 2 and "TRIDENT_DYNAMO_CAPTURES=2" in g.eager_reason
+
+
+def test_backend_through_the_entry_point_without_importing_trident():
+    """The trident-scm distribution names the backend in torch_dynamo_backends: torch.compile
+    finds it in a process that never imports trident itself."""
+    code = (
+        "import torch, triton, sys\n"
+        "from tests import kernels as K\n"
+        "assert 'trident' not in sys.modules\n"
+        "def f(x, y):\n"
+        "    out = torch.empty_like(x)\n"
+        "    K.axpy_kernel[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), 2.0, BLOCK=64)\n"
+        "    return out\n"
+        "c = torch.compile(f, backend='trident', fullgraph=True)\n"
+        "x, y = torch.randn(300), torch.randn(300)\n"
+        "torch.testing.assert_close(c(x, y), 2 * x + y)\n"
+        "from trident.capture.dynamo import compiled_graphs\n"
+        "print(len(compiled_graphs()), sum(len(g.captures) for g in compiled_graphs()))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "1"]
