@@ -21,10 +21,12 @@ from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
 from .optimize import cache_info, explain, optimize, scm_text
 from .runtime.profile import profile
+from . import logs as _logs
 from .capture import dynamo as _dynamo
 from .capture.host_driver import install_without_gpu as _install_without_gpu
 
 _install_without_gpu()
+_logs.configure()  # TRIDENT_LOG
 
 _dynamo.register()  # torch.compile(..., backend="trident")
 

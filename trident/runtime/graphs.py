@@ -9,11 +9,12 @@ and the checks that would make a replay differ from the ordinary call.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 import torch
 
-from .. import knobs
+from .. import knobs, logs
 from ..scm.ir import DEFAULT, AtenStep, LaunchStep, RegionProgram, TensorFacts
 from . import native
 
@@ -107,7 +108,28 @@ def staging_buffer(t: torch.Tensor) -> Optional[torch.Tensor]:
     return TensorFacts.of(t).allocate(residue)
 
 
-def record(
+def record(region_id: int, inputs: Sequence[torch.Tensor], staged: Sequence[bool], **kwargs) -> Optional[str]:
+    """Records one graph of the region (`_record`), logging the outcome (TRIDENT_LOG=graphs)."""
+    why = _record(region_id, inputs, staged, **kwargs)
+    if logs.graphs.isEnabledFor(logging.DEBUG):
+        st = native.C.graph_stats(region_id)
+        program = kwargs.get("program")
+        name = program.name if program is not None else f"region {region_id}"
+        if why:
+            logs.graphs.debug("%s: no graph: %s", name, why)
+        elif st["graphs"]:
+            g = st["graphs"][-1]
+            retired = sum(x["retired"] for x in st["graphs"])
+            logs.graphs.debug(
+                "%s: recorded graph %d (%s): staged inputs %s (written back %s), %d pinned, %s held; "
+                "%d retired so far",
+                name, len(st["graphs"]) - 1, "emulated" if st["emulated"] else "CUDA", g["staged"],
+                g["written_back"], len(inputs) - len(g["staged"]), _mib(g["bytes"]), retired,
+            )
+    return why
+
+
+def _record(
     region_id: int,
     inputs: Sequence[torch.Tensor],
     staged: Sequence[bool],

@@ -9,17 +9,19 @@ program over all specializations and swaps it in.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
+import time
 from typing import Optional, Sequence
 
 import torch
 
-from .. import knobs
+from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
 from ..lowering import compile_host, emit_host_module, import_region
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
-from ..scm.printer import format_dtype, format_scm
+from ..scm.printer import format_dtype, format_guard, format_scm
 from ..scm.specialize import build_specialization
 from . import graphs, native
 
@@ -154,6 +156,11 @@ class SCMRuntime:
             plan.global_handle = native.register_launch(plan)
             plan.handle = bind(self.region_id, "kernel", plan.global_handle)
         self.scm.specializations.append(spec)
+        if logs.guards.isEnabledFor(logging.DEBUG):
+            logs.guards.debug(
+                "%s: specialization %d guards:\n%s", self.program.name, spec.index,
+                "\n".join(f"  {format_guard(g)}" for g in spec.guards),
+            )
         self.rebuild()
         return spec
 
@@ -165,6 +172,7 @@ class SCMRuntime:
     def rebuild(self) -> None:
         from torch_mlir import ir
 
+        t0 = time.perf_counter()
         ctx = ir.Context()
         torch_module = import_region(self.program, ctx)
         host = emit_host_module(self.scm, torch_module)
@@ -173,6 +181,10 @@ class SCMRuntime:
         binary = compile_host(host, self.program.name)
         self.binaries.append(binary)
         native.C.set_host(self.region_id, binary.address, binary.select_address)
+        logs.lowering.debug(
+            "%s: host program for %d specialization(s): %d lines of host MLIR, built in %.2f s",
+            self.program.name, len(self.scm.specializations), self.host_mlir.count("\n"), time.perf_counter() - t0,
+        )
         self._dump()
 
     def _dump(self) -> None:
@@ -219,8 +231,13 @@ class SCMRuntime:
             self._check_servable(inputs)
             facts = [TensorFacts.of(t) for t in inputs]
             residues = [t.data_ptr() % 16 for t in inputs]
+            t0 = time.perf_counter()
             try:
-                self.add_specialization(facts, residues)
+                spec = self.add_specialization(facts, residues)
+                logs.misses.debug(
+                    "%s: miss (%s): compiled specialization %d in %.2f s",
+                    self.program.name, self.last_miss_reason, spec.index, time.perf_counter() - t0,
+                )
             except TridentError:
                 raise
             except Exception as e:

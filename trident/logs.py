@@ -1,0 +1,61 @@
+"""TRIDENT_LOG: what Trident does off the hit path, through `logging`.
+
+    TRIDENT_LOG=misses,guards,graphs,lowering python my_program.py
+
+Each name is a logger under "trident" (`logging.getLogger("trident.misses")`, ...); TRIDENT_LOG
+turns the named ones on at DEBUG with a handler writing to stderr, as TORCH_LOGS does for torch.
+Without it the loggers stay quiet and follow the program's own logging configuration. Nothing
+is logged on the hit path.
+  misses    a miss: the region, why no specialization matched, the one compiled, how long it took
+  guards    the guards of each new specialization
+  graphs    graph recordings: staged and pinned inputs, memory held, refusals and their reasons
+  lowering  each host-program build: specializations, MLIR size, time
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+NAMES = ("misses", "guards", "graphs", "lowering")
+
+misses = logging.getLogger("trident.misses")
+guards = logging.getLogger("trident.guards")
+graphs = logging.getLogger("trident.graphs")
+lowering = logging.getLogger("trident.lowering")
+
+_handler: "logging.Handler | None" = None
+
+
+def configure(value: "str | None" = None) -> None:
+    """Applies TRIDENT_LOG (or `value`): the named loggers at DEBUG on stderr, the others back
+    to the program's configuration. Raises ValueError for an unknown name."""
+    global _handler
+    raw = os.environ.get("TRIDENT_LOG", "") if value is None else value
+    wanted = {n.strip() for n in raw.split(",") if n.strip()}
+    if "all" in wanted:
+        wanted = set(NAMES)
+    unknown = wanted - set(NAMES)
+    if unknown:
+        raise ValueError(f"TRIDENT_LOG={raw!r}: unknown {sorted(unknown)}; expected a comma list of {', '.join(NAMES)} or all")
+    if _handler is None:
+        _handler = logging.StreamHandler()
+        _handler.setFormatter(logging.Formatter("[trident.%(short)s] %(message)s"))
+        _handler.addFilter(_short_name)
+    for name in NAMES:
+        logger = logging.getLogger(f"trident.{name}")
+        if name in wanted:
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False  # written once, by our handler (as TORCH_LOGS does)
+            if _handler not in logger.handlers:
+                logger.addHandler(_handler)
+        else:
+            logger.setLevel(logging.NOTSET)
+            logger.propagate = True
+            if _handler in logger.handlers:
+                logger.removeHandler(_handler)
+
+
+def _short_name(record: logging.LogRecord) -> bool:
+    record.short = record.name.split(".", 1)[-1]
+    return True
