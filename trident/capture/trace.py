@@ -151,6 +151,17 @@ def _tag_heuristics(gm: torch.fx.GraphModule, log: list) -> None:
             pending.pop(0)
 
 
+# Note [Closed-over tensors]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A forward method reads tensors it is not passed: parameters, buffers, a KV cache held by a
+# cache object, constants. make_fx (with non-fake inputs allowed) records each as a constant of
+# the graph (`_param_constantN` / `_tensor_constantN`) holding that very tensor, and optimize
+# passes it to the regions as an input like any other: in-place updates of it (an optimizer step
+# under no_grad, a cache write inside the program) are seen and made, every call. Rebinding the
+# name to another tensor (assigning a new Parameter) is not: the graph keeps the tensor it
+# captured; capture again after such a change.
+
+
 def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModule:
     """Trace `fn(*example_inputs)` into an FX GraphModule of ATen ops and Triton launches.
 
@@ -165,7 +176,9 @@ def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModul
     try:
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
         with triton_state.exclusive(), _launches_as_hops(log):
-            gm = make_fx(fn, tracing_mode="fake")(*example_inputs)
+            # Tensors the function closes over (module parameters and buffers, a KV cache) become
+            # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
+            gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
             if has_triton_ops(gm):
                 log.clear()  # the graph of the second trace is the one kept
                 gm = inline_triton_ops(gm, example_inputs)
