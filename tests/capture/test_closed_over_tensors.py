@@ -63,3 +63,22 @@ def test_a_closed_over_cache_written_in_place_every_step(device):
             torch.testing.assert_close(cache, ref_cache)
     (stats,) = trident.cache_info(opt).values()
     assert stats["misses"] == 0 and stats["graph_replays"] == 6
+
+
+def test_capture_changes_no_closed_over_state_and_bakes_none_in():
+    """A closed-over scalar counter advanced in place and read through `counter + 1`: capture
+    leaves it as it was, and every call advances it and reads its current value."""
+    counter = torch.tensor(3.0)
+    buf = torch.zeros(4)
+
+    def f(x):
+        counter.add_(1)
+        buf.index_copy_(0, torch.tensor([0]), x[:1])
+        return x * (counter + 1)
+
+    opt = trident.optimize(trident.capture(f, torch.ones(4)))
+    assert counter.item() == 3.0 and torch.equal(buf, torch.zeros(4))  # capture ran nothing
+    for step in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(opt(x), x * (3.0 + step + 1 + 1))
+        assert counter.item() == 3.0 + step + 1 and buf[0].item() == x[0].item()

@@ -32,6 +32,8 @@ def _run(mode: str) -> dict:
 def test_interpreted_triton_before_and_after_capture(mode):
     r = _run(mode)
     assert r["kernel_type"] == "InterpretedFunction"
+    if mode == "before":  # see reduction() in triton_user_program.py for "after"
+        assert r["eager_reduction_first"] == "ok"
     assert r["eager_untuned_before"] == "ok"  # Triton's interpreter, untouched by the import
     assert r["trident"] == "ok" and r["scm_nodes"] == 1  # captured through JITFunction twins
     assert r["eager_after"] == "ok" and r["eager_untuned_after"] == "ok"  # autotune too, once a driver exists
@@ -44,6 +46,7 @@ def test_compiled_triton_runs_interpreted_on_the_cpu():
     launches on CPU tensors run through Triton's interpreter, before and after a capture."""
     r = _run("unset")
     assert r["kernel_type"] == "JITFunction"
+    assert r["eager_reduction_first"] == "ok"  # tl.sum hashed for the first time mid-launch
     assert r["eager_before"] == "ok" and r["eager_untuned_before"] == "ok"
     assert r["trident"] == "ok" and r["eager_after"] == "ok" and r["eager_untuned_after"] == "ok"
 

@@ -55,6 +55,12 @@ def negate(x_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
         tl.store(x_ptr + offs, -tl.load(x_ptr + offs, mask=mask), mask=mask)
 
 
+@triton.jit
+def total_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr, tl.sum(tl.load(x_ptr + offs, mask=offs < n, other=0.0), axis=0))
+
+
 def program(x):
     n = x.numel()
     y = torch.empty_like(x)
@@ -70,12 +76,21 @@ def reference(x):
 
 
 def untuned_program(x):
-    # Triton cannot autotune without a driver (TRITON_INTERPRET=1 or not): this part runs eagerly
-    # under the interpreter before Trident installed anything.
+    # Triton cannot autotune without a driver of its own (TRITON_INTERPRET=1 or not): this part
+    # runs eagerly under the interpreter first.
     y = torch.empty_like(x)
     scale_kernel[(triton.cdiv(x.numel(), 64),)](x, y, x.numel(), 3.0, BLOCK=64)
     negate[(triton.cdiv(x.numel(), 32),)](y, x.numel(), BLOCK=32)
     return y
+
+
+def reduction(x):
+    # tl.sum is a @triton.jit device function, never hashed before in this process (a launch
+    # once failed on that). Triton's own interpreter cannot run it when TRITON_INTERPRET=1 was
+    # set after `import triton` (tl.sum is then compiled, the kernel interpreted): "after" mode.
+    total = torch.empty(1, dtype=x.dtype)
+    total_kernel[(1,)](x, total, x.numel(), BLOCK=128)
+    return total
 
 
 def untuned_reference(x):
@@ -93,6 +108,7 @@ def phase(fn, ref=reference) -> str:
 
 result = {
     "kernel_type": type(scale_kernel).__name__,
+    "eager_reduction_first": phase(reduction, lambda x: x.sum().reshape(1)),
     "eager_untuned_before": phase(untuned_program, untuned_reference),
     "eager_before": phase(program),
 }

@@ -160,6 +160,23 @@ def _tag_heuristics(gm: torch.fx.GraphModule, log: list) -> None:
 # under no_grad, a cache write inside the program) are seen and made, every call. Rebinding the
 # name to another tensor (assigning a new Parameter) is not: the graph keeps the tensor it
 # captured; capture again after such a change.
+# One trap: FakeTensorMode runs an arithmetic op whose tensor arguments are all real for real
+# (it lets Python numbers bind to tensors), so `counter.add_(1)` on a closed-over scalar tensor
+# would advance the caller's counter at capture time, and `counter + 1` would be burnt in as a
+# constant. While capturing, that shortcut is off (`_no_real_compute`): such ops are traced on
+# fake copies like any other, and the optimized program performs them on every call.
+
+
+@contextlib.contextmanager
+def _no_real_compute():
+    from torch._subclasses import fake_tensor
+
+    original = fake_tensor.should_allow_numbers_as_tensors
+    fake_tensor.should_allow_numbers_as_tensors = lambda func: False
+    try:
+        yield
+    finally:
+        fake_tensor.should_allow_numbers_as_tensors = original
 
 
 def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModule:
@@ -175,7 +192,7 @@ def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModul
     log: list = []
     try:
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
-        with triton_state.exclusive(), _launches_as_hops(log):
+        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)

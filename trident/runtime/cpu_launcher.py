@@ -43,7 +43,7 @@ def _arg(ty: str, value: Any):
     return tl.tensor(handle, tl_ty)
 
 
-_interpreted: dict = {}
+_interpreted: dict = {}  # id(JITFunction) -> (it, its InterpretedFunction)
 
 _tl_cast = interp.InterpreterBuilder.cast_impl
 
@@ -66,9 +66,13 @@ def _cast_impl(self, src, dst_type):
 def _call_interpreted(self, *args, **kwargs):
     """JITFunction.__call__ while interpreting: device functions (tl.sum, user @jit helpers)
     run interpreted too, as they would had TRITON_INTERPRET=1 been set before import."""
-    fn = _interpreted.get(self)
-    if fn is None:
-        fn = _interpreted[self] = interp.InterpretedFunction(self.fn)
+    # Keyed by identity: JITFunction.__hash__ computes its cache key, walking the function's
+    # dependencies through triton.language -- patched right now, so that walk would fail
+    # ("Unsupported function referenced") for a device function never hashed before (tl.sum).
+    entry = _interpreted.get(id(self))
+    if entry is None or entry[0] is not self:
+        entry = _interpreted[id(self)] = (self, interp.InterpretedFunction(self.fn))
+    fn = entry[1]
     # InterpretedFunction.__call__ patches triton.language for good (fine under
     # TRITON_INTERPRET=1, where nothing is compiled); here the patch must end with the call,
     # or later compilations in this process would see the interpreter's builtins.
