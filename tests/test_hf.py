@@ -126,3 +126,22 @@ def test_decode_step_captured_without_dynamo(kind):
     (stats,) = trident.cache_info(opt).values()
     assert stats["hits"] == 64 and stats["misses"] == 0
     assert sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes) == 1
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_trident_compile_of_forward(kind):
+    """`model.forward = trident.compile(model.forward)`, called as HF documents for compiled
+    forwards (keyword arguments, the StaticCache passed each call). Each prefill runs eagerly
+    (its signature's first call: the StaticCache creates its tensors then), the decode step of
+    each cache is captured at its second call; 64 greedy tokens equal eager's, two prompts."""
+    cfg, model = _model(kind)
+    eager = model.forward
+    prompts = (torch.tensor([[5, 7, 9, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2]]))
+    want = [_greedy(cfg, eager, p, 64) for p in prompts]
+    model.forward = trident.compile(model.forward)
+    got = [_greedy(cfg, model, p, 64) for p in prompts]
+    assert got == want
+    # one decode capture per cache object (passed by identity); prefills ran eagerly
+    assert len(model.forward.captures) == 2 and model.forward.eager_calls == 4
+    for opt in model.forward.captures.values():
+        assert all(v["misses"] == 0 for v in trident.cache_info(opt).values())

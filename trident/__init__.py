@@ -19,6 +19,7 @@ from .errors import (
 from . import knobs  # noqa: F401  (TRIDENT_* settings, with knobs.scope for tests)
 from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
+from .capture.compile import compile  # noqa: A004 - trident.compile, like torch.compile
 from .optimize import cache_info, explain, optimize, scm_text
 from .runtime.profile import profile
 from . import logs as _logs
@@ -39,6 +40,7 @@ __all__ = [
     "UnsupportedError",
     "cache_info",
     "capture",
+    "compile",
     "explain",
     "optimize",
     "profile",

@@ -53,6 +53,9 @@ _KNOBS = {
         "torch.compile(backend='trident'): static captures per Dynamo graph (one per input signature) before calls "
         "run the graph eagerly (Note [Dynamo graphs and static capture])",
     ),
+    "compile_captures": _Knob(
+        "TRIDENT_COMPILE_CAPTURES", "8", "trident.compile: captures kept per function, the oldest dropped first"
+    ),
     "graph_min_saving_us": _Knob(
         "TRIDENT_GRAPH_MIN_SAVING_US",
         "0",
@@ -122,6 +125,13 @@ def dynamo_captures() -> int:
     raw = _KNOBS["dynamo_captures"].get()
     if not raw.isdigit():
         raise ValueError(f"TRIDENT_DYNAMO_CAPTURES={raw!r}: expected a count >= 0")
+    return int(raw)
+
+
+def compile_captures() -> int:
+    raw = _KNOBS["compile_captures"].get()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"TRIDENT_COMPILE_CAPTURES={raw!r}: expected a count >= 1")
     return int(raw)
 
 

@@ -1,0 +1,168 @@
+"""trident.compile(fn): the Dynamo-free front door.
+
+Note [What trident.compile guards]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The first call with a given input signature runs `fn` eagerly (state that programs create
+lazily on their first call, an HF StaticCache's tensors, then exists as real tensors); the second
+captures it (trident.capture, over the flattened tensor arguments) and optimizes it; later calls
+with that signature go straight into the optimized graph, whose guards on tensors are the SCM's
+native ones. The signature is what Python checks
+per call, and all it checks:
+  * the pytree structure of (args, kwargs): positional count, keyword names, nesting of tuples,
+    lists, dicts and registered pytree nodes;
+  * per tensor leaf: dtype, device, sizes and strides (a new shape is a new capture, cached);
+  * per other leaf: its value if it is an int, float, bool, str or None, else its identity (an
+    HF Cache object, a config; held while a capture keyed by it lives);
+  * a process-wide count of nn.Module parameter and buffer registrations: assigning a new
+    Parameter or buffer to any module (`m.weight = nn.Parameter(...)`, `register_buffer`)
+    makes the next call capture again (torch's registration hooks; nothing is walked per call).
+At most TRIDENT_COMPILE_CAPTURES (8) captures are kept per function, the oldest dropped first.
+NOT guarded: Python globals and module attributes other than registered parameters and buffers
+(a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor),
+and the values of non-tensor objects passed by identity. Non-tensor parts of the result (an HF
+output's Cache object, Python values) are those of the capture, returned again on every call. Tensors the function reads without being
+passed them are bound by identity (Note [Closed-over tensors]): their in-place updates are seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import knobs
+
+_VALUE_TYPES = (int, float, bool, str, type(None))
+_TENSOR = object()  # a tensor's place in an output template
+_generation = [0]  # bumped by torch's parameter/buffer registration hooks
+_hooks_installed = False
+_hooks_lock = threading.Lock()
+
+
+_tracing = threading.local()  # set while this thread captures: make_fx registers the graph's constants
+
+
+def _bump(module, *_args, **_kwargs):
+    if getattr(_tracing, "active", False) or isinstance(module, torch.fx.GraphModule):
+        return
+    _generation[0] += 1
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    with _hooks_lock:
+        if not _hooks_installed:
+            torch.nn.modules.module.register_module_parameter_registration_hook(_bump)
+            torch.nn.modules.module.register_module_buffer_registration_hook(_bump)
+            _hooks_installed = True
+
+
+class _Identity:
+    """A signature entry for an object matched by identity. It holds the object, so its id cannot
+    be reused by another object while a capture keyed by it exists (a capture binds the tensors
+    the object held: a new HF Cache must never hit the capture of a freed one)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+def signature(leaves) -> tuple:
+    key = []
+    for a in leaves:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.device, tuple(a.shape), tuple(a.stride())))
+        elif isinstance(a, _VALUE_TYPES):
+            key.append((type(a), a))
+        else:
+            key.append(_Identity(a))
+    return tuple(key)
+
+
+class CompiledFunction:
+    """What trident.compile returns (Note [What trident.compile guards])."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.captures: dict[tuple, torch.fx.GraphModule] = {}
+        self._outputs: dict[tuple, tuple] = {}  # per capture: output pytree spec, non-tensor leaves
+        self._seen: set = set()  # signatures called once (eagerly)
+        self.eager_calls = 0
+        self._generation = _generation[0]
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args, **kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if self._generation != _generation[0]:  # a parameter or buffer was (re)assigned somewhere
+            with self._lock:
+                self.captures.clear()
+                self._outputs.clear()
+                self._seen.clear()
+                self._generation = _generation[0]
+        key = (spec, signature(leaves))
+        opt = self.captures.get(key)
+        if opt is None:
+            with self._lock:
+                opt = self.captures.get(key)
+                first = opt is None and key not in self._seen
+                if first:
+                    self._seen.add(key)
+                    self.eager_calls += 1
+                elif opt is None:
+                    while len(self.captures) >= knobs.compile_captures():  # the oldest goes first
+                        old = next(iter(self.captures))
+                        del self.captures[old], self._outputs[old]
+                        self._seen.discard(old)
+                    opt = self.captures[key] = self._capture(key, spec, leaves)
+            if first:
+                return self.fn(*args, **kwargs)
+        tensors = opt(*[a for a in leaves if isinstance(a, torch.Tensor)])
+        out_spec, template = self._outputs[key]
+        it = iter(tensors)
+        return pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], out_spec)
+
+    def _capture(self, key, spec, leaves) -> torch.fx.GraphModule:
+        """Tensor leaves become the graph's inputs; every other leaf is a constant of this
+        capture (the signature keys it), so objects make_fx cannot take (an HF Cache) are fine."""
+        from .. import optimize  # the passes stage, after capture in the pipeline
+        from .trace import capture
+
+        fn = self.fn
+        positions = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
+
+        def flat(*tensors):
+            full = list(leaves)
+            for i, t in zip(positions, tensors):
+                full[i] = t
+            args, kwargs = pytree.tree_unflatten(full, spec)
+            # The graph returns the tensor leaves of the result; the rest of it (an HF output's
+            # Cache object, Python values) is put back around them on every call.
+            out_leaves, out_spec = pytree.tree_flatten(fn(*args, **kwargs))
+            template = [_TENSOR if isinstance(t, torch.Tensor) else t for t in out_leaves]
+            self._outputs[key] = (out_spec, template)
+            return tuple(t for t in out_leaves if isinstance(t, torch.Tensor))
+
+        flat.__name__ = getattr(fn, "__name__", "fn")
+        _tracing.active = True
+        try:
+            return optimize(capture(flat, *[leaves[i] for i in positions]))
+        finally:
+            _tracing.active = False
+
+
+def compile(fn: Callable[..., Any]) -> CompiledFunction:  # noqa: A001 - trident.compile, like torch.compile
+    """Trident without Dynamo: capture on the first call per input signature, then only native
+    guards (Note [What trident.compile guards]). `model.forward = trident.compile(model.forward)`."""
+    _install_hooks()
+    return CompiledFunction(fn)
