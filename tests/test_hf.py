@@ -7,25 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-import triton.language as tl
 
 transformers = pytest.importorskip("transformers")  # pinned in requirements-ci.txt
 
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, StaticCache  # noqa: E402
 
 import trident  # noqa: E402,F401  (registers the backend)
+from tests.decode_model import rmsnorm_kernel  # noqa: E402  (a user's Triton RMSNorm)
 from trident.capture.dynamo import compiled_graphs  # noqa: E402
-
-
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
-    tl.store(out_ptr + row * n + offs, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 class TritonRMSNorm(torch.nn.Module):
