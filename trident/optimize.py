@@ -167,12 +167,34 @@ def _call_mix(rt: SCMRuntime) -> str:
     )
 
 
-def cache_info(gm: torch.fx.GraphModule) -> dict[str, dict]:
-    """Per region: hits, misses, specializations (ints), and the last miss reason."""
+def _captures(obj) -> "list[tuple[str, torch.fx.GraphModule]] | None":
+    """The optimized graphs behind a front door (trident.compile's function, a torch.compile
+    graph of the trident backend), labelled by their signature; None for an optimized graph."""
+    captures = getattr(obj, "captures", None)
+    if not isinstance(captures, dict):
+        return None
+    return [(f"capture {i}", opt) for i, opt in enumerate(captures.values())]
+
+
+def cache_info(gm) -> dict[str, dict]:
+    """Per region: hits, misses, specializations (ints), and the last miss reason. For
+    trident.compile's function: per capture, its regions."""
+    captures = _captures(gm)
+    if captures is not None:
+        return {label: cache_info(opt) for label, opt in captures}
     return {rt.program.name: rt.stats() for rt in _regions(gm)}
 
 
-def explain(gm: torch.fx.GraphModule) -> str:
+def explain(gm) -> str:
+    """What each region does and why; for trident.compile's function (or a graph the
+    torch.compile backend made) every capture's, after how calls were served."""
+    captures = _captures(gm)
+    if captures is not None:
+        head = [f"{len(captures)} capture(s); {getattr(gm, 'eager_calls', 0)} call(s) ran eagerly"]
+        reason = getattr(gm, "eager_reason", None)
+        if reason:
+            head.append(f"last eager call: {reason}")
+        return "\n".join(head + [f"{label}:\n{explain(opt)}" for label, opt in captures]) + "\n"
     lines = []
     regions = _regions(gm)
     lines.append(f"{len(regions)} region(s)")

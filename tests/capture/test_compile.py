@@ -64,3 +64,15 @@ def test_module_state_updates_and_reassignment():
         for _ in range(2):
             torch.testing.assert_close(m(x), _net_reference(m, x))
     assert len(m.forward.captures) == 1 and m.forward.eager_calls == 3  # stale captures dropped
+
+
+def test_explain_and_cache_info_of_a_compiled_function():
+    compiled = trident.compile(lambda x, y: _axpy(x, y, 2.0))
+    x, y = torch.randn(64), torch.randn(64)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), 2.0 * x + y)
+    text = trident.explain(compiled)
+    assert text.startswith("1 capture(s); 1 call(s) ran eagerly\ncapture 0:\n1 region(s)")
+    (info,) = trident.cache_info(compiled).values()
+    (stats,) = info.values()
+    assert stats["hits"] == 2 and stats["misses"] == 0  # the second call captured, then ran it
