@@ -12,8 +12,8 @@ Note [Dynamo graphs and static capture]
 Trident's regions are static: sizes, strides and scalars are baked in. Dynamo may hand over a
 graph with symbolic sizes (after a recompile for a new size, or with dynamic=True); its
 arguments at run time are still concrete tensors and ints. So a compiled graph is a small cache
-keyed by the signature of its arguments (per tensor dtype, device, sizes and strides; every
-non-tensor's value), each entry one static capture: a new size is a new capture, never an error.
+keyed by the signature of its arguments (`compile.signature`: per tensor dtype, device, sizes and
+strides; every Python scalar's value), each entry one static capture: a new size is a new capture, never an error.
 The cache is bounded (TRIDENT_DYNAMO_CAPTURES, 8 per graph); past it calls run Dynamo's graph
 eagerly, and explain() says so. Trident is inference only (`trident.scm` has no derivative):
 a call with grad enabled and an input that requires grad runs Dynamo's graph eagerly, so
@@ -28,16 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import knobs
-
-
-def _signature(args) -> tuple:
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.device, tuple(a.shape), tuple(a.stride())))
-        else:
-            key.append((type(a), a))
-    return tuple(key)
+from .compile import signature
 
 
 class CompiledGraph:
@@ -51,7 +42,7 @@ class CompiledGraph:
         self._lock = threading.Lock()
 
     def __call__(self, *args):
-        key = _signature(args)
+        key = signature(args)
         opt = self.captures.get(key)
         if opt is None:
             if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
