@@ -1,20 +1,26 @@
-"""Hugging Face transformers through torch.compile(backend="trident"): 2-layer Llama and Qwen2
-built from configs (random weights, no hub), their RMSNorms replaced by a Triton kernel, a
-StaticCache, prefill then greedy decode: the tokens equal eager's (fp32)."""
+"""Hugging Face transformers through Trident's front doors: 2-layer Llama and Qwen2 built from
+configs (random weights, no hub), with Triton kernels patched in -- the user's own (RMSNorm,
+SwiGLU, rotary embedding) or Liger-Kernel's (`apply_liger_kernel_to_llama/qwen2`: rope, rms_norm,
+swiglu) -- a StaticCache, prefill then greedy decode: the tokens equal eager's (fp32)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 transformers = pytest.importorskip("transformers")  # pinned in requirements-ci.txt
 
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, StaticCache  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 import trident  # noqa: E402,F401  (registers the backend)
 from tests.decode_model import rmsnorm_kernel  # noqa: E402  (a user's Triton RMSNorm)
 from trident.capture.dynamo import compiled_graphs  # noqa: E402
+
+MODELING = {"llama": modeling_llama, "qwen2": modeling_qwen2}
 
 
 class TritonRMSNorm(torch.nn.Module):
@@ -33,17 +39,84 @@ class TritonRMSNorm(torch.nn.Module):
         return out.view(x.shape)
 
 
-def _patch_rmsnorms(model) -> int:
+@triton.jit
+def swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(gate_ptr + offs, mask=mask).to(tl.float32)
+    u = tl.load(up_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def swiglu_mlp_forward(self, x):
+    """LlamaMLP/Qwen2MLP.forward with silu(gate) * up in one Triton kernel."""
+    gate = self.gate_proj(x).contiguous()
+    up = self.up_proj(x).contiguous()
+    act = torch.empty_like(gate)
+    n = gate.numel()
+    swiglu_kernel[(triton.cdiv(n, 256),)](gate, up, act, n, BLOCK=256)
+    return self.down_proj(act)
+
+
+@triton.jit
+def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, heads, seq, HALF: tl.constexpr):
+    # One program per row (batch, head, position) of x [B, H, S, 2*HALF]; cos/sin are [B, S, 2*HALF].
+    row = tl.program_id(0)
+    pos = (row // heads // seq) * seq + row % seq
+    offs = tl.arange(0, HALF)
+    x1 = tl.load(x_ptr + row * 2 * HALF + offs).to(tl.float32)
+    x2 = tl.load(x_ptr + row * 2 * HALF + HALF + offs).to(tl.float32)
+    c1 = tl.load(cos_ptr + pos * 2 * HALF + offs).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * 2 * HALF + HALF + offs).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * 2 * HALF + offs).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * 2 * HALF + HALF + offs).to(tl.float32)
+    tl.store(out_ptr + row * 2 * HALF + offs, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + row * 2 * HALF + HALF + offs, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty))
+
+
+def _rope(x, cos, sin):
+    x = x.contiguous()
+    b, h, s, d = x.shape
+    out = torch.empty_like(x)
+    rope_kernel[(b * h * s,)](x, cos.contiguous(), sin.contiguous(), out, h, s, HALF=d // 2)
+    return out
+
+
+def triton_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """HF's apply_rotary_pos_emb (q, k [B, H, S, D]; cos, sin [B, S, D]) as a Triton kernel."""
+    assert unsqueeze_dim == 1
+    return _rope(q, cos, sin), _rope(k, cos, sin)
+
+
+def _patch_own_kernels(model, modeling, monkeypatch) -> int:
+    """The user's own Triton kernels in place of the model's RMSNorms, MLP activations and
+    rotary embedding (the rotary function is a module global of the modeling file, as Liger
+    patches it). Returns how many modules were replaced."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child).__name__.endswith("RMSNorm"):
                 setattr(parent, name, TritonRMSNorm(child))
                 count += 1
+            elif type(child).__name__.endswith("MLP"):
+                child.forward = swiglu_mlp_forward.__get__(child)
+                count += 1
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", triton_apply_rotary_pos_emb)
     return count
 
 
-def _model(kind):
+def _patch_liger(kind, model, modeling, monkeypatch) -> None:
+    liger = pytest.importorskip("liger_kernel.transformers")  # pinned in requirements-ci.txt
+    # Liger assigns module globals of the modeling file (rotary function, RMSNorm and MLP
+    # classes): monkeypatch puts them back after the test.
+    for name in ("apply_rotary_pos_emb", f"{'Llama' if kind == 'llama' else 'Qwen2'}RMSNorm",
+                 f"{'Llama' if kind == 'llama' else 'Qwen2'}MLP"):
+        monkeypatch.setattr(modeling, name, getattr(modeling, name))
+    apply = liger.apply_liger_kernel_to_llama if kind == "llama" else liger.apply_liger_kernel_to_qwen2
+    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
+
+
+def _model(kind, kernels="own", monkeypatch=None):
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     torch.manual_seed(0)
@@ -53,8 +126,14 @@ def _model(kind):
     else:
         cfg = Qwen2Config(**common)
         model = Qwen2ForCausalLM(cfg)
-    assert _patch_rmsnorms(model) == 2 * 2 + 1
+    if kernels == "own":
+        assert _patch_own_kernels(model, MODELING[kind], monkeypatch) == 2 * 3 + 1
+    else:
+        _patch_liger(kind, model, MODELING[kind], monkeypatch)
     return cfg, model.eval()
+
+
+KERNELS = ["own", "liger"]
 
 
 def _greedy(cfg, forward, prompt, steps):
@@ -69,10 +148,11 @@ def _greedy(cfg, forward, prompt, steps):
     return tokens
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_greedy_decode_equals_eager(kind):
+def test_greedy_decode_equals_eager(kind, kernels, monkeypatch):
     torch._dynamo.reset()
-    cfg, model = _model(kind)
+    cfg, model = _model(kind, kernels, monkeypatch)
     start = len(compiled_graphs())
     compiled = torch.compile(model.forward, backend="trident")
     for prompt in (torch.tensor([[5, 7, 9, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2]])):  # a new prompt length
@@ -90,12 +170,13 @@ def test_greedy_decode_equals_eager(kind):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_decode_step_captured_without_dynamo(kind):
+def test_decode_step_captured_without_dynamo(kind, kernels, monkeypatch):
     """The decode step as a closure over the model and its StaticCache, through trident.capture:
     parameters and cache tensors are bound by identity (Note [Closed-over tensors]), the cache is
     written in place each step by the optimized program; 64 greedy tokens equal eager's."""
-    cfg, model = _model(kind)
+    cfg, model = _model(kind, kernels, monkeypatch)
     prompt = torch.tensor([[5, 7, 9, 11]])
     want = _greedy(cfg, model.forward, prompt, 64)
     cache = StaticCache(config=cfg, max_cache_len=96)
@@ -117,13 +198,14 @@ def test_decode_step_captured_without_dynamo(kind):
     assert sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes) == 1
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_trident_compile_of_forward(kind):
+def test_trident_compile_of_forward(kind, kernels, monkeypatch):
     """`model.forward = trident.compile(model.forward)`, called as HF documents for compiled
     forwards (keyword arguments, the StaticCache passed each call). Each prefill runs eagerly
     (its signature's first call: the StaticCache creates its tensors then), the decode step of
     each cache is captured at its second call; 64 greedy tokens equal eager's, two prompts."""
-    cfg, model = _model(kind)
+    cfg, model = _model(kind, kernels, monkeypatch)
     eager = model.forward
     prompts = (torch.tensor([[5, 7, 9, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2]]))
     want = [_greedy(cfg, eager, p, 64) for p in prompts]

@@ -63,6 +63,91 @@ def _cast_impl(self, src, dst_type):
     return _tl_cast(self, src, dst_type)
 
 
+def _is_libdevice(module_name: str) -> bool:
+    return module_name.startswith("triton.language.extra") and module_name.endswith("libdevice")
+
+
+def _numpy_twin(name: str, np_fn):
+    def twin(*args, **kwargs):
+        kwargs.pop("_semantic", None)
+        first = next((a for a in args if isinstance(a, tl.tensor)), None)
+        if first is None or first.dtype not in (tl.float16, tl.float32, tl.float64):
+            got = "no tensor" if first is None else str(first.dtype)
+            raise NotImplementedError(
+                f"libdevice.{name} under Trident's CPU interpreter takes fp16/fp32/fp64 tensors; got {got}: "
+                "cast the argument to tl.float32 first (as compiled kernels usually do), or run on the GPU"
+            )
+        datas = [a.handle.data if isinstance(a, tl.tensor) else np.asarray(getattr(a, "value", a)) for a in args]
+        out = np.asarray(np_fn(*datas)).astype(first.handle.data.dtype)
+        block = any(isinstance(a, tl.tensor) and a.type.is_block() for a in args)
+        ty = tl.block_type(first.dtype, list(out.shape)) if block else first.dtype
+        return tl.tensor(interp.TensorHandle(out, first.dtype.scalar), ty)
+
+    return twin
+
+
+def _math_twin(name: str):
+    def twin(*args, **kwargs):  # tl.math's function, patched for the interpreter at call time
+        kwargs.pop("_semantic", None)
+        return getattr(tl.math, name)(*args, **kwargs)
+
+    return twin
+
+
+def _missing_twin(name: str):
+    def twin(*args, **kwargs):
+        raise NotImplementedError(
+            f"libdevice.{name} has no twin under Trident's CPU interpreter (Triton's interpreter cannot call "
+            "libdevice); run this kernel on the GPU, or use a triton.language function instead"
+        )
+
+    return twin
+
+
+# Note [libdevice under the interpreter]: Triton's interpreter cannot call libdevice (its
+# functions are stubs the compiler dispatches; interpreted, `rsqrt(x)` returns None), yet
+# third-party kernels import them (Liger-Kernel's RMSNorm: `from triton.language.extra.libdevice
+# import rsqrt`). While interpreting, libdevice names -- module attributes and names a kernel's
+# module imported -- are replaced by twins: tl.math's own function where it has one, numpy
+# otherwise, an error naming the function for the rest.
+_LIBDEVICE_TWINS: dict[str, Callable] = {
+    **{n: _math_twin(n) for n in ("abs", "ceil", "cos", "erf", "exp", "exp2", "floor", "fma", "log", "log2",
+                                   "rsqrt", "sin", "sqrt", "sqrt_rn", "div_rn")},
+    **{n: _numpy_twin(n, f) for n, f in {
+        "tanh": np.tanh, "sinh": np.sinh, "cosh": np.cosh, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+        "atan": np.arctan, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "log1p": np.log1p,
+        "expm1": np.expm1, "log10": np.log10, "exp10": lambda x: np.power(10.0, x), "trunc": np.trunc,
+        "round": np.round, "rint": np.rint, "nearbyint": np.rint, "cbrt": np.cbrt, "pow": np.power,
+        "atan2": np.arctan2, "fmod": np.fmod, "hypot": np.hypot, "isnan": np.isnan, "isinf": np.isinf,
+        "signbit": np.signbit, "copysign": np.copysign,
+    }.items()},
+}
+
+
+def _patch_libdevice(fn, scope) -> list:
+    """Twins for libdevice in `fn`'s module (Note [libdevice under the interpreter]); returns the
+    globals to restore (module attributes go through `scope`)."""
+    import sys
+
+    for module_name, module in list(sys.modules.items()):
+        if module is not None and _is_libdevice(module_name):
+            for name, value in list(vars(module).items()):
+                if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", "")):
+                    scope.set_attr(module, name, _LIBDEVICE_TWINS.get(name) or _missing_twin(name))
+    replaced = []
+    g = fn.__globals__
+    for name, value in list(g.items()):
+        if callable(value) and _is_libdevice(getattr(value, "__module__", "") or ""):
+            replaced.append((name, value))
+            g[name] = _LIBDEVICE_TWINS.get(value.__name__) or _missing_twin(value.__name__)
+    return replaced
+
+
+def _restore_globals(fn, replaced: list) -> None:
+    for name, value in reversed(replaced):
+        fn.__globals__[name] = value
+
+
 def _call_interpreted(self, *args, **kwargs):
     """JITFunction.__call__ while interpreting: device functions (tl.sum, user @jit helpers)
     run interpreted too, as they would had TRITON_INTERPRET=1 been set before import."""
@@ -77,9 +162,11 @@ def _call_interpreted(self, *args, **kwargs):
     # TRITON_INTERPRET=1, where nothing is compiled); here the patch must end with the call,
     # or later compilations in this process would see the interpreter's builtins.
     scope = interp._patch_lang(self.fn)
+    replaced = _patch_libdevice(self.fn, scope)
     try:
         return fn.rewrite()(*args, **kwargs)
     finally:
+        _restore_globals(self.fn, replaced)
         scope.restore()
 
 
@@ -91,9 +178,11 @@ def _interpreting(jit_fn):
         patch_scope = interp._patch_lang(jit_fn.fn)
         patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
         patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
+        replaced = _patch_libdevice(jit_fn.fn, patch_scope)
         try:
             yield
         finally:
+            _restore_globals(jit_fn.fn, replaced)
             patch_scope.restore()
 
 
@@ -153,6 +242,9 @@ class InterpretingLauncher:
             enter_hook(launch_metadata)
         # Triton's own executor (tensor arguments, constexprs, copies back), inside the patches
         # and the lock it does not know of.
+        # A float argument is an fp32 scalar in the compiled kernel (`eps.to(tl.float32)` works
+        # there: Liger-Kernel's RMSNorm does it); Triton's executor would pass a bare Python float.
+        args = tuple(_arg("fp32", a) if type(a) is float else a for a in args)
         with _interpreting(jit_fn):
             executor = interp.GridExecutor(interp.InterpretedFunction(jit_fn.fn).rewrite(), names, (gx, gy, gz))
             executor(*args)
