@@ -37,5 +37,5 @@ setup(
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.10",
-    install_requires=["torch>=2.11", "triton>=3.6", "torch-mlir"],
+    install_requires=["torch>=2.11", "triton>=3.6", "torch-mlir", "tqdm"],
 )

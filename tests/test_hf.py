@@ -116,7 +116,7 @@ def _patch_liger(kind, model, modeling, monkeypatch) -> None:
     apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
 
 
-def _model(kind, kernels="own", monkeypatch=None):
+def _model(kind, kernels="own", monkeypatch=None, device="cpu"):
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     torch.manual_seed(0)
@@ -128,12 +128,16 @@ def _model(kind, kernels="own", monkeypatch=None):
         model = Qwen2ForCausalLM(cfg)
     if kernels == "own":
         assert _patch_own_kernels(model, MODELING[kind], monkeypatch) == 2 * 3 + 1
-    else:
+    elif kernels == "liger":
         _patch_liger(kind, model, MODELING[kind], monkeypatch)
-    return cfg, model.eval()
+    return cfg, model.to(device).eval()
 
 
 KERNELS = ["own", "liger"]
+
+
+def _prompts(device):
+    return [torch.tensor([p], device=device) for p in ([5, 7, 9, 11], [3, 1, 4, 1, 5, 9, 2])]  # two lengths
 
 
 def _greedy(cfg, forward, prompt, steps):
@@ -150,12 +154,14 @@ def _greedy(cfg, forward, prompt, steps):
 
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_greedy_decode_equals_eager(kind, kernels, monkeypatch):
+def test_greedy_decode_equals_eager(kind, kernels, monkeypatch, device):
+    """torch.compile(model.forward, backend="trident"), prefill and decode through it (fp32, on
+    the CPU and on CUDA); a new prompt length is served."""
     torch._dynamo.reset()
-    cfg, model = _model(kind, kernels, monkeypatch)
+    cfg, model = _model(kind, kernels, monkeypatch, device)
     start = len(compiled_graphs())
     compiled = torch.compile(model.forward, backend="trident")
-    for prompt in (torch.tensor([[5, 7, 9, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2]])):  # a new prompt length
+    for prompt in _prompts(device):
         want = _greedy(cfg, model.forward, prompt, 64)
         got = _greedy(cfg, compiled, prompt, 64)
         assert got == want
@@ -198,16 +204,17 @@ def test_decode_step_captured_without_dynamo(kind, kernels, monkeypatch):
     assert sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes) == 1
 
 
-@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("kernels", KERNELS + ["plain"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_trident_compile_of_forward(kind, kernels, monkeypatch):
+def test_trident_compile_of_forward(kind, kernels, monkeypatch, device):
     """`model.forward = trident.compile(model.forward)`, called as HF documents for compiled
     forwards (keyword arguments, the StaticCache passed each call). Each prefill runs eagerly
     (its signature's first call: the StaticCache creates its tensors then), the decode step of
-    each cache is captured at its second call; 64 greedy tokens equal eager's, two prompts."""
-    cfg, model = _model(kind, kernels, monkeypatch)
+    each cache is captured at its second call; 64 greedy tokens equal eager's, two prompts.
+    "plain": the model as HF ships it, no Triton kernel: its ATen ops alone make the region."""
+    cfg, model = _model(kind, kernels, monkeypatch, device)
     eager = model.forward
-    prompts = (torch.tensor([[5, 7, 9, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2]]))
+    prompts = _prompts(device)
     want = [_greedy(cfg, eager, p, 64) for p in prompts]
     model.forward = trident.compile(model.forward)
     got = [_greedy(cfg, model, p, 64) for p in prompts]
@@ -215,4 +222,5 @@ def test_trident_compile_of_forward(kind, kernels, monkeypatch):
     # one decode capture per cache object (passed by identity); prefills ran eagerly
     assert len(model.forward.captures) == 2 and model.forward.eager_calls == 4
     for opt in model.forward.captures.values():
-        assert all(v["misses"] == 0 for v in trident.cache_info(opt).values())
+        info = trident.cache_info(opt)
+        assert info and all(v["misses"] == 0 and v["hits"] >= 63 for v in info.values())

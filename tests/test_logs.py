@@ -68,3 +68,30 @@ class TestLogs(expecttest.TestCase):
 def test_unknown_log_names_are_refused():
     with pytest.raises(ValueError, match="expected a comma list of misses, guards, graphs, lowering"):
         logs.configure("misses,everything")
+
+
+def test_progress_bar_while_a_miss_compiles_kernels(capsys):
+    """TRIDENT_PROGRESS=1: a tqdm bar on stderr over the kernels a miss compiles, gone after
+    (leave=False); '0' and the default off a terminal: nothing written."""
+    from tests.decode_model import Config, decode_step, make_caches, make_weights
+
+    cfg = Config(layers=2)
+    weights, cos, sin = make_weights(cfg, "cpu", torch.float32)
+    caches = make_caches(cfg, "cpu", torch.float32)
+    x, pos = torch.randn(1, cfg.hidden), torch.tensor([3])
+
+    def step(x, pos):
+        return decode_step(cfg, x, pos, cos, sin, *caches, *weights)
+
+    for value, shown in (("1", True), ("0", False), ("auto", False)):  # pytest's stderr is no terminal
+        capsys.readouterr()
+        with knobs.scope(progress=value):
+            opt = trident.optimize(trident.capture(step, x, pos))
+            opt(x, pos)  # the miss
+        err = capsys.readouterr().err
+        assert ("compiling kernels" in err) == shown, (value, err)
+        if shown:
+            launches = len(trident.runtime.SCMRuntime.get(opt.meta["trident_regions"][0]).program.launches)
+            assert launches >= logs.PROGRESS_MIN_ITEMS and f"/{launches} " in err, err
+    with knobs.scope(progress="sometimes"), pytest.raises(ValueError, match="TRIDENT_PROGRESS"):
+        knobs.progress()

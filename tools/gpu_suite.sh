@@ -3,8 +3,12 @@
 # build the extension in place, run the benchmarks, then every test (CUDA ones included).
 # Writes logs and JSON under $OUT (or ./out). Benchmarks run before the tests so that a crash
 # in a test cannot cost the measurements.
-#   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/RUN_TESTS (1/0), DECODE_MODELS, DECODE_BATCHES,
-#        DECODE_VARIANTS, DECODE_BUDGET_S, TRIDENT_COMMIT
+#   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/RUN_TESTS/SANITIZE (1/0), DECODE_MODELS,
+#        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
+#        TESTS (pytest arguments, default: every test), SANITIZE_TESTS (pytest arguments run under
+#        compute-sanitizer --tool memcheck), TRIDENT_COMMIT
+# Hugging Face decode (issue 10), one call per model: BENCH_HF=1 BENCH_DECODE=0 BENCH_GEMM=0 RUN_TESTS=0 HF_MODELS=llama
+# (then qwen2); the wheels of liger-kernel and expecttest travel in .whl.
 # Pass TRIDENT_COMMIT as a literal sha from the developer machine: the device copy's git metadata
 # can be stale, so $(git rev-parse HEAD) evaluated there may name an older commit.
 # One device call is at most 600 s; the whole suite needs three (measured 2026-11-30: build ~50 s,
@@ -42,10 +46,26 @@ fi
 if [[ "${BENCH_LAUNCH:-0}" == 1 ]]; then
   python3 tools/bench_launch.py --out "$OUT/bench_launch.json" 2>&1 | tee "$OUT/bench_launch.log" | tail -20
 fi
+if [[ "${BENCH_HF:-0}" == 1 ]]; then
+  python3 tools/bench_hf.py --out "$OUT/bench_hf.json" --models "${HF_MODELS:-llama,qwen2}" \
+    --kernels "${HF_KERNELS:-plain,liger}" --variants "${HF_VARIANTS:-}" --case-budget-s "${HF_CASE_BUDGET_S:-250}" 2>&1 \
+    | grep -v "^W1\|Warning\|warn\|^ \|^$\|originates\|Backend impl" | tee "$OUT/bench_hf.log" | grep -v "ms_per_token_samples" | cut -c1-400
+fi
 if [[ "${RUN_TESTS:-1}" == 1 ]]; then
-  # test_gemm in its own process: a fault there must not hide the other tests' results
-  python3 -X faulthandler -m pytest -q -p no:cacheprovider tests --ignore=tests/runtime/test_gemm.py > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?"; tail -3 "$OUT/pytest.log"
-  python3 -X faulthandler -m pytest -q -p no:cacheprovider -s tests/runtime/test_gemm.py > "$OUT/pytest_gemm.log" 2>&1
-  echo "pytest gemm rc=$?"; grep -v "^  File \"/opt\|^  File \"/usr" "$OUT/pytest_gemm.log" | tail -25 | cut -c1-300
+  if [[ -n "${TESTS:-}" ]]; then
+    python3 -X faulthandler -m pytest -q -p no:cacheprovider $TESTS > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?"; tail -3 "$OUT/pytest.log"
+  else
+    # test_gemm in its own process: a fault there must not hide the other tests' results
+    python3 -X faulthandler -m pytest -q -p no:cacheprovider tests --ignore=tests/runtime/test_gemm.py > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?"; tail -3 "$OUT/pytest.log"
+    python3 -X faulthandler -m pytest -q -p no:cacheprovider -s tests/runtime/test_gemm.py > "$OUT/pytest_gemm.log" 2>&1
+    echo "pytest gemm rc=$?"; grep -v "^  File \"/opt\|^  File \"/usr" "$OUT/pytest_gemm.log" | tail -25 | cut -c1-300
+  fi
+fi
+if [[ "${SANITIZE:-0}" == 1 ]]; then
+  # memcheck over CUDA tests (Triton and the caching allocator: leak checks off, as torch's own CI does)
+  compute-sanitizer --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider ${SANITIZE_TESTS:-tests -k cuda} > "$OUT/sanitizer.log" 2>&1
+  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -5
 fi

@@ -56,6 +56,11 @@ _KNOBS = {
     "compile_captures": _Knob(
         "TRIDENT_COMPILE_CAPTURES", "8", "trident.compile: captures kept per function, the oldest dropped first"
     ),
+    "progress": _Knob(
+        "TRIDENT_PROGRESS",
+        "auto",
+        "a tqdm progress bar while a miss compiles kernels: 'auto' (on a terminal, 8 kernels or more), '1' (always), '0'",
+    ),
     "graph_min_saving_us": _Knob(
         "TRIDENT_GRAPH_MIN_SAVING_US",
         "0",
@@ -144,6 +149,18 @@ def graph_stage_written_bytes() -> int:
     if value < 0:
         raise ValueError(f"TRIDENT_GRAPH_STAGE_WRITTEN_BYTES={raw!r}: expected a number of bytes >= 0")
     return value
+
+
+def progress() -> str:
+    """"auto", "always" or "never" (TRIDENT_PROGRESS)."""
+    raw = _KNOBS["progress"].get().strip().lower()
+    if raw in ("auto", ""):
+        return "auto"
+    if raw in ("1", "on", "true", "always"):
+        return "always"
+    if raw in ("0", "off", "false", "never"):
+        return "never"
+    raise ValueError(f"TRIDENT_PROGRESS={raw!r}: expected 'auto', '1' (always) or '0' (never)")
 
 
 @contextlib.contextmanager

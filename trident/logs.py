@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from typing import Iterable, TypeVar
+
+T = TypeVar("T")
 
 NAMES = ("misses", "guards", "graphs", "lowering")
 
@@ -59,3 +63,24 @@ def configure(value: "str | None" = None) -> None:
 def _short_name(record: logging.LogRecord) -> bool:
     record.short = record.name.split(".", 1)[-1]
     return True
+
+
+PROGRESS_MIN_ITEMS = 8  # TRIDENT_PROGRESS=auto: a bar from this many kernels on
+
+
+def progress(items: "list[T]", desc: str) -> "Iterable[T]":
+    """`items`, with a tqdm bar on stderr while they are worked through (a miss compiling a
+    region's kernels: a 24-layer model has hundreds). TRIDENT_PROGRESS: 'auto' shows it on a
+    terminal from PROGRESS_MIN_ITEMS items, '1' always, '0' never."""
+    from . import knobs
+
+    mode = knobs.progress()
+    if mode == "never" or not items:
+        return items
+    if mode == "auto" and (len(items) < PROGRESS_MIN_ITEMS or not sys.stderr.isatty()):
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is a dependency; a stripped environment still runs, without a bar
+        return items
+    return tqdm(items, desc=desc, unit="kernel", leave=False, file=sys.stderr, dynamic_ncols=True)

@@ -88,8 +88,10 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
 
     def close(reason_node: torch.fx.Node | None, reason: str | None):
         nonlocal current
-        # Leading/trailing allocations without a launch stay outside.
-        if any(is_launch(n) for n in current):
+        # A run of operator calls is a region with or without launches (a model of ATen ops
+        # alone -- Hugging Face's plain Llama -- gets its host work native too); allocations
+        # or one operator alone stay outside.
+        if any(is_launch(n) for n in current) or sum(not is_allocation(n) for n in current) >= 2:
             part.regions.append(Region(f"region{len(part.regions)}", current))
         # Every node kept out of regions is listed, also where no region precedes it.
         if reason_node is not None and reason is not None:

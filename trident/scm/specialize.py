@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import knobs, triton_state
+from .. import knobs, logs, triton_state
 from . import tuning
 from ..errors import UnsupportedError
 from .ir import (
@@ -223,9 +223,11 @@ def _build_specialization(
             f"region {program.name} mixes devices {sorted(map(str, devices))}; one region runs on one device"
         )
     device = devices.pop() if devices else torch.device("cpu")
+    steps = program.launches
+    if compile_kernels:
+        steps = logs.progress(steps, f"trident {program.name}: compiling kernels")
     launches = [
-        _launch_plan(step, inputs, residues, value_facts, value_residues, device, compile_kernels)
-        for step in program.launches
+        _launch_plan(step, inputs, residues, value_facts, value_residues, device, compile_kernels) for step in steps
     ]
     # A guard pins an input's alignment when some launch specializes on it: as aligned or not
     # when the input itself is passed, exactly (address % 16) when a view of it is. (Triton's
