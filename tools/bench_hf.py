@@ -237,6 +237,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
             finally:
                 fwd = None
                 torch._dynamo.reset()
+                with open(args.out, "w") as f:  # what is done so far survives a kill of the run
+                    json.dump(res, f, indent=2, default=str)
     ms = {k: v["ms_per_token"] for k, v in res.items() if isinstance(v, dict) and "ms_per_token" in v}
     ratios = {}
     floor = ms.get("graph_floor")
