@@ -131,6 +131,28 @@ def graph_floor(loop: Loop, cache, tok, pos):
     written in place by the graph, as by eager); each call copies its inputs in and replays."""
     model = loop.model
     static_tok, static_pos = tok.clone(), pos.clone()
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    saved = [t.clone() for t in tensors]
+
+    def eager_logits():
+        for t, v in zip(tensors, saved):
+            t.copy_(v)
+        out = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
+        return out.logits[:, -1].float()
+
+    # Self-check: the first replay must give the eager step's logits from the same cache state
+    # (HF takes other code paths under capture: transformers' is_tracing() is true then).
+    want = eager_logits()
+    import transformers.masking_utils as masking
+
+    plain_is_tracing = masking.is_tracing
+    masking.is_tracing = lambda *a, **k: True
+    try:
+        want_tracing = eager_logits()
+    finally:
+        masking.is_tracing = plain_is_tracing
+    for t, v in zip(tensors, saved):
+        t.copy_(v)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up (Triton compiles, cuBLAS picks) outside the capture
@@ -138,8 +160,18 @@ def graph_floor(loop: Loop, cache, tok, pos):
             model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
+    for t, v in zip(tensors, saved):
+        t.copy_(v)
     with torch.cuda.graph(graph):
         logits = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True).logits
+    graph.replay()
+    got = logits[:, -1].float()
+    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
+    self_check = {"replay_vs_eager": rel(got, want), "replay_vs_eager_with_hf_tracing_paths": rel(got, want_tracing),
+                  "eager_vs_eager_with_hf_tracing_paths": rel(want_tracing, want)}
+    print("graph_floor self-check", self_check, flush=True)
+    for t, v in zip(tensors, saved):
+        t.copy_(v)
 
     def forward(input_ids, past_key_values, cache_position, use_cache=True):
         assert past_key_values is cache
@@ -148,6 +180,7 @@ def graph_floor(loop: Loop, cache, tok, pos):
         graph.replay()
         return _Out(logits)
 
+    forward.self_check = self_check
     return forward
 
 
@@ -227,6 +260,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
                     samples.append((time.perf_counter_ns() - t1) / args.steps / 1e6)
                 entry["ms_per_token"] = statistics.median(samples)
                 entry["ms_per_token_samples"] = samples
+                if key == "graph_floor":
+                    entry["self_check"] = fwd.self_check
                 if key.startswith("trident"):
                     entry["trident"] = _trident_facts(trident, fwd, compiled_graphs()[n_graphs:], key)
                 res[key] = entry
