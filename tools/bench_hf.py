@@ -140,35 +140,47 @@ def graph_floor(loop: Loop, cache, tok, pos):
         out = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
         return out.logits[:, -1].float()
 
-    # Self-check: the first replay must give the eager step's logits from the same cache state
-    # (HF takes other code paths under capture: transformers' is_tracing() is true then).
+    # HF takes other code paths while a CUDA stream captures (transformers' is_tracing() is true
+    # then: the causal mask is built where eager skips it). The floor is the EAGER step, so it is
+    # captured with that answer as eager gets it; the self-check below compares the first replay
+    # with the eager step from the same cache state.
     want = eager_logits()
-    import transformers.masking_utils as masking
+    for t, v in zip(tensors, saved):
+        t.copy_(v)
+    import transformers.utils.import_utils as hf_imports
 
-    plain_is_tracing = masking.is_tracing
-    masking.is_tracing = lambda *a, **k: True
+    capturing = hf_imports.is_cuda_stream_capturing
+
+    def capture(eager_paths: bool):
+        if eager_paths:
+            hf_imports.is_cuda_stream_capturing = lambda: False
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # warm-up (Triton compiles, cuBLAS picks) outside the capture
+                for _ in range(2):
+                    model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
+            torch.cuda.current_stream().wait_stream(s)
+            for t, v in zip(tensors, saved):
+                t.copy_(v)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
+            return graph, out.logits
+        finally:
+            hf_imports.is_cuda_stream_capturing = capturing
+
     try:
-        want_tracing = eager_logits()
-    finally:
-        masking.is_tracing = plain_is_tracing
-    for t, v in zip(tensors, saved):
-        t.copy_(v)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up (Triton compiles, cuBLAS picks) outside the capture
-        for _ in range(2):
-            model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    for t, v in zip(tensors, saved):
-        t.copy_(v)
-    with torch.cuda.graph(graph):
-        logits = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True).logits
+        graph, logits = capture(eager_paths=True)
+        paths = "eager's (is_cuda_stream_capturing answered False while capturing)"
+    except Exception as e:  # eager's path cannot be captured: HF's capture path, reported
+        torch.cuda.synchronize()
+        graph, logits = capture(eager_paths=False)
+        paths = f"HF's capture-time paths (eager's failed to capture: {type(e).__name__}: {str(e)[:200]})"
     graph.replay()
     got = logits[:, -1].float()
-    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
-    self_check = {"replay_vs_eager": rel(got, want), "replay_vs_eager_with_hf_tracing_paths": rel(got, want_tracing),
-                  "eager_vs_eager_with_hf_tracing_paths": rel(want_tracing, want)}
+    self_check = {"hf_code_paths": paths,
+                  "first_replay_vs_eager_rel_diff": ((got - want).abs().max() / want.abs().max()).item()}
     print("graph_floor self-check", self_check, flush=True)
     for t, v in zip(tensors, saved):
         t.copy_(v)
