@@ -131,7 +131,11 @@ def graph_floor(loop: Loop, cache, tok, pos):
     written in place by the graph, as by eager); each call copies its inputs in and replays."""
     model = loop.model
     static_tok, static_pos = tok.clone(), pos.clone()
-    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    # The cache's whole state: keys, values and the length counter HF 5's StaticLayer keeps on
+    # the device (`cumulative_length`, advanced in place by every step: it decides where a
+    # step writes and which positions it attends to). The warm-up and the self-check's eager
+    # step advance it; restoring keys and values alone would capture the graph positions later.
+    tensors = [t for layer in cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     saved = [t.clone() for t in tensors]
 
     def eager_logits():
