@@ -27,6 +27,7 @@ passed them are bound by identity (Note [Closed-over tensors]): their in-place u
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import knobs
+from .trace import _roots
 
 _VALUE_TYPES = (int, float, bool, str, type(None))
 _TENSOR = object()  # a tensor's place in an output template
@@ -154,11 +156,37 @@ class CompiledFunction:
             return tuple(t for t in out_leaves if isinstance(t, torch.Tensor))
 
         flat.__name__ = getattr(fn, "__name__", "fn")
+        # The caller's names for the graph's inputs and for the tensors fn holds (Note [The
+        # caller's names]): `input_ids`, `self_model_layers_0_mlp_up_proj_weight`,
+        # `past_key_values_layers_0_keys`.
+        names = _leaf_names(fn, *pytree.tree_unflatten(list(leaves), spec))
+        flat.__trident_roots__ = _roots(fn, leaves, names)
         _tracing.active = True
         try:
-            return optimize(capture(flat, *[leaves[i] for i in positions]))
+            return optimize(capture(flat, *[leaves[i] for i in positions], input_names=[names[i] for i in positions]))
         finally:
             _tracing.active = False
+
+
+def _leaf_names(fn, args, kwargs) -> list[str]:
+    """Per leaf of pytree.tree_flatten((args, kwargs)): fn's parameter name (or the keyword)
+    and the path inside it (`inputs.1`, `batch.attention_mask`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        positional = []
+    names = []
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        side, first, rest = path[0], path[1], path[2:]
+        if getattr(side, "idx", 0) == 0:
+            i = first.idx
+            base = positional[i] if i < len(positional) else f"args_{i}"
+        else:
+            base = str(first.key)
+        parts = [base] + [str(getattr(k, "idx", getattr(k, "key", getattr(k, "name", k)))) for k in rest]
+        names.append(".".join(parts))
+    return names
 
 
 def compile(fn: Callable[..., Any]) -> CompiledFunction:  # noqa: A001 - trident.compile, like torch.compile

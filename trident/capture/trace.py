@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
+import keyword
+import re
 import types
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -179,12 +183,15 @@ def _no_real_compute():
         fake_tensor.should_allow_numbers_as_tensors = original
 
 
-def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModule:
+def capture(fn: Callable[..., Any], *example_inputs: Any, input_names: Optional[Sequence[str]] = None) -> torch.fx.GraphModule:
     """Trace `fn(*example_inputs)` into an FX GraphModule of ATen ops and Triton launches.
 
     Tensor inputs become placeholders; sizes are those of the examples (static capture).
     Non-tensor inputs are captured as the constants they were: the optimized module checks
     them on every call and raises GuardError if they change.
+    Graph inputs carry the caller's names (Note [The caller's names]): `fn`'s parameter names,
+    or `input_names` (one per example input), and tensors `fn` closes over their paths
+    (`self.layers.0.mlp.up_proj.weight` -> `self_layers_0_mlp_up_proj_weight`).
     """
     ensure_triton_driver()
     if not callable(fn):
@@ -225,4 +232,137 @@ def capture(fn: Callable[..., Any], *example_inputs: Any) -> torch.fx.GraphModul
                 same.append((i, first))
     gm.meta["trident_same_inputs"] = same
     gm.meta["trident_num_inputs"] = len(example_inputs)
+    _name_inputs(gm, fn, example_inputs, input_names)
     return gm
+
+
+# Note [The caller's names]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# make_fx names a graph's inputs `arg0_1` or `x_1` and the tensors a function closes over
+# `_param_constant0` / `_tensor_constant3`; errors, explain() and the SCM IR print those names.
+# After tracing they are renamed to what the caller wrote: placeholders after fn's parameters
+# (`args_2` for the third of *args; trident.compile passes its arguments' names and pytree
+# paths), constants after the first path that reaches them from what fn holds -- the module of a
+# bound method (`self`), closure variables, globals the code names, functools.partial
+# arguments, non-tensor example inputs (a Cache) -- through modules' parameters and buffers,
+# attributes, lists and dicts, a few levels deep. Names are made identifiers (`.` -> `_`); FX
+# keeps them unique. Nothing but names changes.
+_SEARCH_DEPTH = 5
+_SEARCH_BUDGET = 20000  # objects visited at most, for very large object graphs
+
+
+def _identifier(name: str) -> str:
+    text = re.sub(r"\W+", "_", name).strip("_") or "input"
+    if text[0].isdigit() or keyword.iskeyword(text):
+        text = "_" + text
+    return text
+
+
+def _parameter_names(fn, n: int) -> list[str]:
+    target = fn
+    bound = 0
+    while isinstance(target, functools.partial):
+        bound += len(target.args)
+        target = target.func
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    names = []
+    for i in range(n):
+        if i < len(positional):
+            names.append(positional[i])
+        else:
+            names.append(f"{star or 'input'}_{i - len(positional)}")
+    return names
+
+
+def _roots(fn, example_inputs, names) -> list[tuple[str, Any]]:
+    roots: list[tuple[str, Any]] = []
+    while isinstance(fn, functools.partial):
+        roots += [(f"partial_{i}", a) for i, a in enumerate(fn.args)] + list(fn.keywords.items())
+        fn = fn.func
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        roots.append(("self", owner))
+    fn = getattr(fn, "__func__", fn)
+    if isinstance(fn, torch.nn.Module):
+        roots.append(("self", fn))
+        fn = getattr(type(fn).forward, "__func__", type(fn).forward)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        cells = getattr(fn, "__closure__", None) or ()
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                roots.append((name, cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        g = getattr(fn, "__globals__", {})
+        roots += [(name, g[name]) for name in _names(code) if name in g]
+    roots += [(n, a) for n, a in zip(names, example_inputs) if not isinstance(a, torch.Tensor)]
+    return roots
+
+
+def _tensor_paths(roots) -> dict[int, str]:
+    """id(tensor) -> the first (shortest) path reaching it from `roots`."""
+    found: dict[int, str] = {}
+    seen: set[int] = set()
+    level = list(roots)
+    budget = _SEARCH_BUDGET
+    for _ in range(_SEARCH_DEPTH):
+        nxt = []
+        for path, obj in level:
+            if isinstance(obj, torch.Tensor):
+                found.setdefault(id(obj), path)
+                continue
+            if id(obj) in seen or budget <= 0 or isinstance(
+                obj, (str, bytes, int, float, bool, complex, type(None), type, types.ModuleType, types.FunctionType,
+                      types.BuiltinFunctionType, types.MethodType, torch.dtype, torch.device)
+            ):
+                continue
+            seen.add(id(obj))
+            budget -= 1
+            if isinstance(obj, torch.nn.Module):
+                for n, t in obj.named_parameters(remove_duplicate=False):
+                    found.setdefault(id(t), f"{path}.{n}")
+                for n, t in obj.named_buffers(remove_duplicate=False):
+                    found.setdefault(id(t), f"{path}.{n}")
+                for n, m in obj.named_modules():
+                    seen.add(id(m))
+                    nxt += [(f"{path}.{n}.{k}" if n else f"{path}.{k}", v) for k, v in vars(m).items()
+                            if not k.startswith("_") and not isinstance(v, torch.nn.Module)]
+            elif isinstance(obj, dict):
+                nxt += [(f"{path}.{k}", v) for k, v in obj.items() if isinstance(k, (str, int))]
+            elif isinstance(obj, (list, tuple)):
+                nxt += [(f"{path}.{i}", v) for i, v in enumerate(obj)]
+            elif hasattr(obj, "__dict__"):
+                nxt += [(f"{path}.{k}", v) for k, v in vars(obj).items() if not k.startswith("_")]
+        level = nxt
+    return found
+
+
+def _name_inputs(gm: torch.fx.GraphModule, fn, example_inputs, input_names) -> None:
+    """Note [The caller's names]."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if input_names is not None and len(input_names) != len(example_inputs):
+        raise CaptureError(
+            f"capture: input_names has {len(input_names)} name(s) for {len(example_inputs)} example input(s); "
+            "give one name per example input"
+        )
+    names = list(input_names) if input_names is not None else _parameter_names(fn, len(example_inputs))
+    if len(placeholders) == len(names):
+        for node, name in zip(placeholders, names):
+            node._rename(_identifier(name))
+            node.target = node.name
+    constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    if constants:
+        roots = getattr(fn, "__trident_roots__", None)  # trident.compile names its function's owners
+        paths = _tensor_paths(roots if roots is not None else _roots(fn, example_inputs, names))
+        for node in constants:
+            value = getattr(gm, node.target, None)
+            path = paths.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if path is not None:
+                node._rename(_identifier(path))
+    gm.recompile()
