@@ -54,33 +54,33 @@ class TestDecodeGoldens(expecttest.TestCase):
 
     def test_optimized_graph(self):
         self.assertExpectedInline(normalize(self._opt().code.strip()), """\
-def forward(self, arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1):
-    scm_default = torch.ops.trident.scm.default(REGION, [arg4_1, arg5_1], [arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1]);  arg4_1 = arg5_1 = arg2_1 = arg1_1 = arg3_1 = arg0_1 = arg6_1 = arg7_1 = arg8_1 = arg9_1 = arg10_1 = arg11_1 = arg12_1 = arg13_1 = None
+def forward(self, x, pos, cos_table, sin_table, caches_and_weights_0, caches_and_weights_1, caches_and_weights_2, caches_and_weights_3, caches_and_weights_4, caches_and_weights_5, caches_and_weights_6, caches_and_weights_7, caches_and_weights_8, caches_and_weights_9):
+    scm_default = torch.ops.trident.scm.default(REGION, [caches_and_weights_0, caches_and_weights_1], [cos_table, pos, sin_table, x, caches_and_weights_2, caches_and_weights_3, caches_and_weights_4, caches_and_weights_5, caches_and_weights_6, caches_and_weights_7, caches_and_weights_8, caches_and_weights_9]);  caches_and_weights_0 = caches_and_weights_1 = cos_table = pos = sin_table = x = caches_and_weights_2 = caches_and_weights_3 = caches_and_weights_4 = caches_and_weights_5 = caches_and_weights_6 = caches_and_weights_7 = caches_and_weights_8 = caches_and_weights_9 = None
     getitem_2 = scm_default[0];  scm_default = None
     return getitem_2""")
 
     def test_scm_ir(self):
         self.assertExpectedInline(trident.scm_text(self._opt()), """\
-scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, arg8_1, arg9_1, arg10_1, arg11_1, arg12_1, arg13_1) -> (empty_like_3)
-  index_select = aten.index_select.default(arg2_1, 0, arg1_1)
-  index_select_1 = aten.index_select.default(arg3_1, 0, arg1_1)
+scm region0(caches_and_weights_0!, caches_and_weights_1!, cos_table, pos, sin_table, x, caches_and_weights_2, caches_and_weights_3, caches_and_weights_4, caches_and_weights_5, caches_and_weights_6, caches_and_weights_7, caches_and_weights_8, caches_and_weights_9) -> (empty_like_3)
+  index_select = aten.index_select.default(cos_table, 0, pos)
+  index_select_1 = aten.index_select.default(sin_table, 0, pos)
   arange = aten.arange.default(32, DEFAULT, DEFAULT, device(type='cpu'), False)  # constant: computed once per device
-  le = aten.le.Tensor(arange, arg1_1)
+  le = aten.le.Tensor(arange, pos)
   view = aten.view.default(le, [1, 1, 1, 32])
   empty_like = aten.empty_like.default  # value 5
-  launch rmsnorm_kernel[1, 1, 1](x_ptr=arg0_1, w_ptr=arg6_1, out_ptr=empty_like, n=64, eps=1e-05, BLOCK=64) writes(out_ptr)
-  t = aten.t.default(arg7_1)
+  launch rmsnorm_kernel[1, 1, 1](x_ptr=x, w_ptr=caches_and_weights_2, out_ptr=empty_like, n=64, eps=1e-05, BLOCK=64) writes(out_ptr)
+  t = aten.t.default(caches_and_weights_3)
   mm = aten.mm.default(empty_like, t)
-  t_1 = aten.t.default(arg8_1)
+  t_1 = aten.t.default(caches_and_weights_4)
   mm_1 = aten.mm.default(empty_like, t_1)
-  t_2 = aten.t.default(arg9_1)
+  t_2 = aten.t.default(caches_and_weights_5)
   mm_2 = aten.mm.default(empty_like, t_2)
   launch rotary_kernel[4, 1, 1](x_ptr=mm, cos_ptr=index_select, sin_ptr=index_select_1, HALF=8) writes(x_ptr)
   launch rotary_kernel[2, 1, 1](x_ptr=mm_1, cos_ptr=index_select, sin_ptr=index_select_1, HALF=8) writes(x_ptr)
   view_1 = aten.view.default(mm_1, [1, 2, 1, 16])
-  index_copy_ = aten.index_copy_.default(arg4_1, 2, arg1_1, view_1)
+  index_copy_ = aten.index_copy_.default(caches_and_weights_0, 2, pos, view_1)
   view_2 = aten.view.default(mm_2, [1, 2, 1, 16])
-  index_copy__1 = aten.index_copy_.default(arg5_1, 2, arg1_1, view_2)
+  index_copy__1 = aten.index_copy_.default(caches_and_weights_1, 2, pos, view_2)
   unsqueeze = aten.unsqueeze.default(index_copy_, 2)
   expand = aten.expand.default(unsqueeze, [1, 2, 2, 32, 16], DEFAULT)
   clone = aten.clone.default(expand, torch.contiguous_format)
@@ -95,36 +95,36 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
   where = aten.where.self(view, scalar_tensor_1, scalar_tensor)
   _scaled_dot_product_flash_attention_for_cpu[0], _scaled_dot_product_flash_attention_for_cpu[1] = aten._scaled_dot_product_flash_attention_for_cpu.default(view_3, _unsafe_view, _unsafe_view_1, DEFAULT, DEFAULT, where, DEFAULT)
   view_4 = aten.view.default(_scaled_dot_product_flash_attention_for_cpu[0], [1, 64])
-  t_3 = aten.t.default(arg10_1)
+  t_3 = aten.t.default(caches_and_weights_6)
   mm_3 = aten.mm.default(view_4, t_3)
   empty_like_1 = aten.empty_like.default  # value 33
-  launch residual_add_kernel[1, 1, 1](x_ptr=arg0_1, y_ptr=mm_3, out_ptr=empty_like_1, n=64, BLOCK=256) writes(out_ptr)
+  launch residual_add_kernel[1, 1, 1](x_ptr=x, y_ptr=mm_3, out_ptr=empty_like_1, n=64, BLOCK=256) writes(out_ptr)
   empty_like_2 = aten.empty_like.default  # value 34
-  launch rmsnorm_kernel[1, 1, 1](x_ptr=empty_like_1, w_ptr=arg11_1, out_ptr=empty_like_2, n=64, eps=1e-05, BLOCK=64) writes(out_ptr)
-  t_4 = aten.t.default(arg12_1)
+  launch rmsnorm_kernel[1, 1, 1](x_ptr=empty_like_1, w_ptr=caches_and_weights_7, out_ptr=empty_like_2, n=64, eps=1e-05, BLOCK=64) writes(out_ptr)
+  t_4 = aten.t.default(caches_and_weights_8)
   mm_4 = aten.mm.default(empty_like_2, t_4)
   empty = aten.empty.memory_format  # value 37
   launch silu_mul_kernel[1, 1, 1](gu_ptr=mm_4, out_ptr=empty, n=128, BLOCK=128) writes(out_ptr)
-  t_5 = aten.t.default(arg13_1)
+  t_5 = aten.t.default(caches_and_weights_9)
   mm_5 = aten.mm.default(empty, t_5)
   empty_like_3 = aten.empty_like.default  # value 40
   launch residual_add_kernel[1, 1, 1](x_ptr=empty_like_1, y_ptr=mm_5, out_ptr=empty_like_3, n=64, BLOCK=256) writes(out_ptr)
   specialization 0:
     guards:
-      arg4_1: f32[1, 2, 32, 16] strides=(1024, 512, 16, 1) cpu
-      arg5_1: f32[1, 2, 32, 16] strides=(1024, 512, 16, 1) cpu
-      arg2_1: f32[32, 8] strides=(8, 1) cpu
-      arg1_1: i64[1] strides=(1) cpu
-      arg3_1: f32[32, 8] strides=(8, 1) cpu
-      arg0_1: f32[1, 64] strides=(64, 1) cpu aligned16
-      arg6_1: f32[64] strides=(1) cpu aligned16
-      arg7_1: f32[64, 64] strides=(64, 1) cpu
-      arg8_1: f32[32, 64] strides=(64, 1) cpu
-      arg9_1: f32[32, 64] strides=(64, 1) cpu
-      arg10_1: f32[64, 64] strides=(64, 1) cpu
-      arg11_1: f32[64] strides=(1) cpu aligned16
-      arg12_1: f32[256, 64] strides=(64, 1) cpu
-      arg13_1: f32[64, 128] strides=(128, 1) cpu
+      caches_and_weights_0: f32[1, 2, 32, 16] strides=(1024, 512, 16, 1) cpu
+      caches_and_weights_1: f32[1, 2, 32, 16] strides=(1024, 512, 16, 1) cpu
+      cos_table: f32[32, 8] strides=(8, 1) cpu
+      pos: i64[1] strides=(1) cpu
+      sin_table: f32[32, 8] strides=(8, 1) cpu
+      x: f32[1, 64] strides=(64, 1) cpu aligned16
+      caches_and_weights_2: f32[64] strides=(1) cpu aligned16
+      caches_and_weights_3: f32[64, 64] strides=(64, 1) cpu
+      caches_and_weights_4: f32[32, 64] strides=(64, 1) cpu
+      caches_and_weights_5: f32[32, 64] strides=(64, 1) cpu
+      caches_and_weights_6: f32[64, 64] strides=(64, 1) cpu
+      caches_and_weights_7: f32[64] strides=(1) cpu aligned16
+      caches_and_weights_8: f32[256, 64] strides=(64, 1) cpu
+      caches_and_weights_9: f32[64, 128] strides=(128, 1) cpu
     plan:
       empty_like = alloc f32[1, 64] strides=(64, 1) cpu
       empty_like_1 = alloc f32[1, 64] strides=(64, 1) cpu
@@ -132,9 +132,9 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
       empty = alloc f32[1, 128] strides=(128, 1) cpu
       empty_like_3 = alloc f32[1, 64] strides=(64, 1) cpu
       view = native view: le +0 B, b8[1, 1, 1, 32] strides=(32, 32, 32, 1) cpu
-      t = native view: arg7_1 +0 B, f32[64, 64] strides=(1, 64) cpu
-      t_1 = native view: arg8_1 +0 B, f32[64, 32] strides=(1, 64) cpu
-      t_2 = native view: arg9_1 +0 B, f32[64, 32] strides=(1, 64) cpu
+      t = native view: caches_and_weights_3 +0 B, f32[64, 64] strides=(1, 64) cpu
+      t_1 = native view: caches_and_weights_4 +0 B, f32[64, 32] strides=(1, 64) cpu
+      t_2 = native view: caches_and_weights_5 +0 B, f32[64, 32] strides=(1, 64) cpu
       view_1 = native view: mm_1 +0 B, f32[1, 2, 1, 16] strides=(32, 16, 16, 1) cpu
       view_2 = native view: mm_2 +0 B, f32[1, 2, 1, 16] strides=(32, 16, 16, 1) cpu
       unsqueeze = native view: index_copy_ +0 B, f32[1, 2, 1, 32, 16] strides=(1024, 512, 512, 16, 1) cpu
@@ -145,11 +145,11 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
       _unsafe_view_1 = native view: clone_1 +0 B, f32[1, 4, 32, 16] strides=(2048, 512, 16, 1) cpu
       view_3 = native view: mm +0 B, f32[1, 4, 1, 16] strides=(64, 16, 16, 1) cpu
       view_4 = native view: _scaled_dot_product_flash_attention_for_cpu[0] +0 B, f32[1, 64] strides=(64, 1) cpu
-      t_3 = native view: arg10_1 +0 B, f32[64, 64] strides=(1, 64) cpu
-      t_4 = native view: arg12_1 +0 B, f32[64, 256] strides=(1, 64) cpu
-      t_5 = native view: arg13_1 +0 B, f32[128, 64] strides=(1, 128) cpu
+      t_3 = native view: caches_and_weights_6 +0 B, f32[64, 64] strides=(1, 64) cpu
+      t_4 = native view: caches_and_weights_8 +0 B, f32[64, 256] strides=(1, 64) cpu
+      t_5 = native view: caches_and_weights_9 +0 B, f32[128, 64] strides=(1, 128) cpu
       launch rmsnorm_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, fp32, constexpr=64) num_warps=4 shared=8
-        params: x_ptr=arg0_1:*fp32, w_ptr=arg6_1:*fp32, out_ptr=empty_like:*fp32, n=64:i32, eps=1e-05:fp32
+        params: x_ptr=x:*fp32, w_ptr=caches_and_weights_2:*fp32, out_ptr=empty_like:*fp32, n=64:i32, eps=1e-05:fp32
         runtime check: empty_like 16-byte aligned
       launch rotary_kernel[4, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, constexpr=8) num_warps=4 shared=0
         params: x_ptr=mm:*fp32, cos_ptr=index_select:*fp32, sin_ptr=index_select_1:*fp32
@@ -158,10 +158,10 @@ scm region0(arg4_1!, arg5_1!, arg2_1, arg1_1, arg3_1, arg0_1, arg6_1, arg7_1, ar
         params: x_ptr=mm_1:*fp32, cos_ptr=index_select:*fp32, sin_ptr=index_select_1:*fp32
         runtime check: index_select, index_select_1, mm_1 16-byte aligned
       launch residual_add_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, constexpr=256) num_warps=4 shared=0
-        params: x_ptr=arg0_1:*fp32, y_ptr=mm_3:*fp32, out_ptr=empty_like_1:*fp32, n=64:i32
+        params: x_ptr=x:*fp32, y_ptr=mm_3:*fp32, out_ptr=empty_like_1:*fp32, n=64:i32
         runtime check: mm_3, empty_like_1 16-byte aligned
       launch rmsnorm_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, *fp32:D, i32:D, fp32, constexpr=64) num_warps=4 shared=8
-        params: x_ptr=empty_like_1:*fp32, w_ptr=arg11_1:*fp32, out_ptr=empty_like_2:*fp32, n=64:i32, eps=1e-05:fp32
+        params: x_ptr=empty_like_1:*fp32, w_ptr=caches_and_weights_7:*fp32, out_ptr=empty_like_2:*fp32, n=64:i32, eps=1e-05:fp32
         runtime check: empty_like_1, empty_like_2 16-byte aligned
       launch silu_mul_kernel[1, 1, 1] key=(*fp32:D, *fp32:D, i32:D, constexpr=128) num_warps=4 shared=0
         params: gu_ptr=mm_4:*fp32, out_ptr=empty:*fp32, n=128:i32

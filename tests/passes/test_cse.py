@@ -83,8 +83,8 @@ class TestCSEGoldens(expecttest.TestCase):
         gm, removed = _cse(fn, *_xy())
         self.assertEqual(removed, 2)
         self.assertExpectedInline(normalize(gm.code.strip()), """\
-def forward(self, arg0_1, arg1_1):
-    sin = torch.ops.aten.sin.default(arg0_1);  arg0_1 = None
+def forward(self, args_0, args_1):
+    sin = torch.ops.aten.sin.default(args_0);  args_0 = None
     mul = torch.ops.aten.mul.Tensor(sin, 2);  sin = None
     empty_like = torch.ops.aten.empty_like.default(mul, pin_memory = False)
     triton_kernel_wrapper_mutation_proxy = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(8, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': mul, 'y_ptr': mul, 'out_ptr': empty_like, 'n': 1000, 'alpha': 2.5, 'BLOCK': 128});  mul = triton_kernel_wrapper_mutation_proxy = None
@@ -102,9 +102,9 @@ def forward(self, arg0_1, arg1_1):
         gm, removed = _cse(fn, *_xy())
         self.assertEqual(removed, 0)
         self.assertExpectedInline(normalize(gm.code.strip()), """\
-def forward(self, arg0_1, arg1_1):
-    sin = torch.ops.aten.sin.default(arg0_1)
-    add_ = torch.ops.aten.add_.Tensor(arg0_1, 1);  arg0_1 = None
+def forward(self, args_0, args_1):
+    sin = torch.ops.aten.sin.default(args_0)
+    add_ = torch.ops.aten.add_.Tensor(args_0, 1);  args_0 = None
     sin_1 = torch.ops.aten.sin.default(add_);  add_ = None
     empty_like = torch.ops.aten.empty_like.default(sin, pin_memory = False)
     triton_kernel_wrapper_mutation_proxy = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(8, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': sin, 'y_ptr': sin_1, 'out_ptr': empty_like, 'n': 1000, 'alpha': 2.5, 'BLOCK': 128});  sin = sin_1 = triton_kernel_wrapper_mutation_proxy = None

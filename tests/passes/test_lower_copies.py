@@ -456,9 +456,9 @@ class TestLoweredGraph(expecttest.TestCase):
         with knobs.scope(triton_copies="all"):
             self.assertEqual(lower_copies(gm), 2)
         self.assertExpectedInline(normalize(gm.code.strip()), """\
-def forward(self, cache_1, idx_1, k_1):
-    triton_kernel_wrapper_mutation = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(1, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'src_ptr': k_1, 'dst_ptr': cache_1, 'index_ptr': idx_1, 'size0': 1, 'size1': 1, 'size2': 1, 'size3': 2, 'size4': 3, 'src_stride0': 3, 'src_stride1': 1, 'src_stride2': 1, 'src_stride3': 3, 'src_stride4': 1, 'dst_stride0': 3, 'dst_stride1': 1, 'dst_stride2': 1, 'dst_stride3': 12, 'dst_stride4': 1, 'index_stride': 1, 'dim_size': 4, 'numel': 6, 'ATEN_RULES': True, 'WRAP_NEGATIVE': False, 'OFFSETS_64': False, 'BLOCK': 16});  k_1 = idx_1 = triton_kernel_wrapper_mutation = None
-    unsqueeze = torch.ops.aten.unsqueeze.default(cache_1, 1);  cache_1 = None
+def forward(self, cache, idx, k):
+    triton_kernel_wrapper_mutation = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(1, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'src_ptr': k, 'dst_ptr': cache, 'index_ptr': idx, 'size0': 1, 'size1': 1, 'size2': 1, 'size3': 2, 'size4': 3, 'src_stride0': 3, 'src_stride1': 1, 'src_stride2': 1, 'src_stride3': 3, 'src_stride4': 1, 'dst_stride0': 3, 'dst_stride1': 1, 'dst_stride2': 1, 'dst_stride3': 12, 'dst_stride4': 1, 'index_stride': 1, 'dim_size': 4, 'numel': 6, 'ATEN_RULES': True, 'WRAP_NEGATIVE': False, 'OFFSETS_64': False, 'BLOCK': 16});  k = idx = triton_kernel_wrapper_mutation = None
+    unsqueeze = torch.ops.aten.unsqueeze.default(cache, 1);  cache = None
     expand = torch.ops.aten.expand.default(unsqueeze, [2, 2, 4, 3]);  unsqueeze = None
     empty_like_default = torch.ops.aten.empty_like.default(expand, memory_format = torch.contiguous_format)
     triton_kernel_wrapper_mutation_1 = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(1, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'src_ptr': expand, 'dst_ptr': empty_like_default, 'size0': 1, 'size1': 1, 'size2': 2, 'size3': 2, 'size4': 12, 'src_stride0': 1, 'src_stride1': 1, 'src_stride2': 12, 'src_stride3': 0, 'src_stride4': 1, 'dst_stride0': 1, 'dst_stride1': 1, 'dst_stride2': 1, 'dst_stride3': 1, 'dst_stride4': 1, 'numel': 48, 'DST_CONTIGUOUS': True, 'OFFSETS_64': False, 'BLOCK': 64});  expand = triton_kernel_wrapper_mutation_1 = None

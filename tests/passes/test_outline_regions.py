@@ -13,24 +13,24 @@ class TestOptimizedGraph(expecttest.TestCase):
     def test_axpy_captured(self):
         gm, _ = axpy_graph()
         self.assertExpectedInline(normalize(gm.code.strip()), """\
-def forward(self, x_1, y_1):
-    empty_like = torch.ops.aten.empty_like.default(x_1, pin_memory = False)
-    triton_kernel_wrapper_mutation_proxy = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(8, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': x_1, 'y_ptr': y_1, 'out_ptr': empty_like, 'n': 1000, 'alpha': 2.5, 'BLOCK': 128});  x_1 = y_1 = triton_kernel_wrapper_mutation_proxy = None
+def forward(self, x, y):
+    empty_like = torch.ops.aten.empty_like.default(x, pin_memory = False)
+    triton_kernel_wrapper_mutation_proxy = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(8, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': x, 'y_ptr': y, 'out_ptr': empty_like, 'n': 1000, 'alpha': 2.5, 'BLOCK': 128});  x = y = triton_kernel_wrapper_mutation_proxy = None
     return empty_like""")
 
     def test_axpy_optimized(self):
         _, opt = axpy_graph()
         self.assertExpectedInline(normalize(opt.code.strip()), """\
-def forward(self, x_1, y_1):
-    scm_default = torch.ops.trident.scm.default(REGION, [], [x_1, y_1]);  x_1 = y_1 = None
+def forward(self, x, y):
+    scm_default = torch.ops.trident.scm.default(REGION, [], [x, y]);  x = y = None
     getitem = scm_default[0];  scm_default = None
     return getitem""")
 
     def test_mixed_optimized_two_regions(self):
         _, opt = mixed_graph()
         self.assertExpectedInline(normalize(opt.code.strip()), """\
-def forward(self, x_1, y_1):
-    scm_default = torch.ops.trident.scm.default(REGION, [], [x_1, y_1]);  x_1 = y_1 = None
+def forward(self, x, y):
+    scm_default = torch.ops.trident.scm.default(REGION, [], [x, y]);  x = y = None
     getitem = scm_default[0];  scm_default = None
     python_scale = tests_goldens_python_scale(getitem);  getitem = None
     scm_default_1 = torch.ops.trident.scm.default(REGION, [python_scale], []);  python_scale = None

@@ -63,7 +63,7 @@ def test_decode_loop_feeding_each_output_back_replays(device):
         torch.testing.assert_close(x, x_ref, rtol=1e-4, atol=1e-4)
     (g,) = C.graph_stats(_region(opt))["graphs"]
     names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
-    assert sorted(names[i] for i in g["staged"]) == ["arg0_1", "arg1_1"] and g["replays"] == 8
+    assert sorted(names[i] for i in g["staged"]) == ["pos", "x"] and g["replays"] == 8
 
 
 def test_decode_steps_replay_one_graph_with_moving_token_and_position(device):
@@ -76,7 +76,7 @@ def test_decode_steps_replay_one_graph_with_moving_token_and_position(device):
     assert st["off_reason"] is None
     (g,) = st["graphs"]
     names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
-    assert sorted(names[i] for i in g["staged"]) == ["arg0_1", "arg1_1"]  # x, pos
+    assert sorted(names[i] for i in g["staged"]) == ["pos", "x"]  # x, pos
     assert g["replays"] == 6  # recorded after 2 ordinary calls
     (stats,) = trident.cache_info(opt).values()
     assert stats["hits"] == 8 and stats["misses"] == 0 and stats["graph_replays"] == 6
@@ -183,7 +183,7 @@ def test_explain_lists_graphs(device):
     for a in [torch.randn(256, device=device) for _ in range(5)]:
         opt(x, a)
     mode = "emulated" if device == "cpu" else "CUDA"
-    assert f"graph 0 ({mode}): 3 replay(s), 1.0 KiB held; staged: a_1; pinned: the other 1 input(s)" in trident.explain(opt)
+    assert f"graph 0 ({mode}): 3 replay(s), 1.0 KiB held; staged: a; pinned: the other 1 input(s)" in trident.explain(opt)
 
 
 def test_random_operators_never_use_graphs():
@@ -375,7 +375,7 @@ def test_staged_inputs_of_any_layout(device, make):
         torch.testing.assert_close(out, 6.0 * x)
     (g,) = C.graph_stats(_region(opt))["graphs"]
     names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
-    assert [names[i] for i in g["staged"]] == ["x_1"] and g["replays"] == 3
+    assert [names[i] for i in g["staged"]] == ["x"] and g["replays"] == 3
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -445,8 +445,8 @@ def test_a_moving_read_input_spanning_more_than_the_limit_stays_pinned(monkeypat
     st = C.graph_stats(_region(opt))
     assert st["graphs"] == [] and st["last_ordinary"] == ("unstageable", 1)
     text = trident.explain(opt)
-    assert "input 'a_1' moves between calls but is pinned: it spans 1024 bytes > 512" in text
-    assert "the last ordinary call replayed no graph: input 'a_1' moves between calls and cannot be staged" in text
+    assert "input 'a' moves between calls but is pinned: it spans 1024 bytes > 512" in text
+    assert "the last ordinary call replayed no graph: input 'a' moves between calls and cannot be staged" in text
 
 
 class TestGraphExplainGolden(expecttest.TestCase):
@@ -459,10 +459,10 @@ class TestGraphExplainGolden(expecttest.TestCase):
         opt(x.clone(), fresh[0])  # x never moved while observed, so pinned: at a new address, no graph matches
         lines = [line.strip() for line in trident.explain(opt).splitlines() if "graph" in line]
         self.assertExpectedInline("\n".join(lines), """\
-graph 0 (emulated): 3 replay(s), 1.0 KiB held; staged: a_1; pinned: the other 1 input(s)
-graphs: inputs seen moving between calls: x_1, a_1
+graph 0 (emulated): 3 replay(s), 1.0 KiB held; staged: a; pinned: the other 1 input(s)
+graphs: inputs seen moving between calls: x, a
 graphs: 1 call(s) matched no recorded graph (ordinary path)
-graphs: the last ordinary call replayed no graph: input 'x_1' is pinned in the graphs and came at another address""")
+graphs: the last ordinary call replayed no graph: input 'x' is pinned in the graphs and came at another address""")
 
 
 # -- written inputs that move (Note [Staging written inputs]) --------------------------------
@@ -518,12 +518,12 @@ def test_written_hidden_state_fresh_every_step_is_staged_both_ways(device, fresh
     live = [g for g in st["graphs"] if not g["retired"]]
     assert len(live) == 1, st
     names = [i.name for i in SCMRuntime.get(_region(opt)).program.inputs]
-    assert [names[i] for i in live[0]["written_back"]] == ["arg0_1"]  # x: staged both ways
-    assert {names[i] for i in live[0]["staged"]} == {"arg0_1", "arg1_1"}  # x, pos
+    assert [names[i] for i in live[0]["written_back"]] == ["x"]  # staged both ways
+    assert {names[i] for i in live[0]["staged"]} == {"x", "rest_0"}  # the position is rest[0]
     (stats,) = trident.cache_info(opt).values()
     assert stats["graph_replays"] >= 7 and stats["ordinary_calls"] == 10 - stats["graph_replays"]
     assert st["graphs"][-1]["replays"] >= 7
-    assert "staged: arg0_1 (written back), arg1_1" in trident.explain(opt)
+    assert "staged: x (written back), rest_0" in trident.explain(opt)
 
 
 def test_written_inputs_above_the_threshold_stay_pinned(device):
