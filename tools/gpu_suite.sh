@@ -8,7 +8,11 @@
 #        TESTS (pytest arguments, default: every test), SANITIZE_TESTS (pytest arguments run under
 #        compute-sanitizer --tool memcheck), TRIDENT_COMMIT
 # Hugging Face decode (issue 10), one call per model: BENCH_HF=1 BENCH_DECODE=0 BENCH_GEMM=0 RUN_TESTS=0 HF_MODELS=llama
-# (then qwen2); the wheels of liger-kernel and expecttest travel in .whl.
+# (then qwen2); the wheels of liger-kernel and expecttest travel in .whl. Measured 2026-12-01: llama
+# plain+liger ~300 s; qwen2 ~555 s, where the 230 s case budget cut plain's reduce-overhead (a
+# 24-layer Trident capture takes 65-120 s): give qwen2 one call per kernels value (HF_KERNELS=plain).
+# CUDA tests alone: RUN_TESTS=1 TESTS="tests -k cuda" (~120 s). compute-sanitizer over the HF
+# tests needs more than 95 s (it got through 10 CUDA tests of tests/capture in that time).
 # Pass TRIDENT_COMMIT as a literal sha from the developer machine: the device copy's git metadata
 # can be stale, so $(git rev-parse HEAD) evaluated there may name an older commit.
 # One device call is at most 600 s; the whole suite needs three (measured 2026-11-30: build ~50 s,
