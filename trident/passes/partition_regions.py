@@ -82,6 +82,13 @@ def _region_reason(node: torch.fx.Node) -> str | None:
     return operator_call_reason(node) or import_reason(node)
 
 
+def _reads_a_tensor(nodes: list[torch.fx.Node]) -> bool:
+    inside = set(nodes)
+    return any(
+        a not in inside and isinstance(a.meta.get("val"), torch.Tensor) for n in nodes for a in n.all_input_nodes
+    )
+
+
 def partition_regions(gm: torch.fx.GraphModule) -> Partition:
     part = Partition()
     current: list[torch.fx.Node] = []
@@ -90,8 +97,11 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
         nonlocal current
         # A run of operator calls is a region with or without launches (a model of ATen ops
         # alone -- Hugging Face's plain Llama -- gets its host work native too); allocations
-        # or one operator alone stay outside.
-        if any(is_launch(n) for n in current) or sum(not is_allocation(n) for n in current) >= 2:
+        # or one operator alone stay outside, and so does a run of operator calls reading no
+        # tensor from outside (factories only: the dispatcher could not tell its device).
+        if any(is_launch(n) for n in current) or (
+            sum(not is_allocation(n) for n in current) >= 2 and _reads_a_tensor(current)
+        ):
             part.regions.append(Region(f"region{len(part.regions)}", current))
         # Every node kept out of regions is listed, also where no region precedes it.
         if reason_node is not None and reason is not None:
