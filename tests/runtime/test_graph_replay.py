@@ -560,9 +560,12 @@ def test_written_input_sharing_storage_with_another_input_is_not_staged(device):
     the graph read from a's old address. Such calls take the ordinary path; results exact."""
     opt = _optimized_inplace(device)
     fresh = [torch.randn(512, device=device) for _ in range(6)]
-    for buf in fresh:  # x moves every call: staged both ways
+    # a moves every call too; held, so that no read input can come at a freed one's address
+    # (the allocator may hand it back, and `a` would then look pinned: a race on allocation)
+    reads = [buf[256:].clone() for buf in fresh]
+    for buf, a in zip(fresh, reads):  # x moves every call: staged both ways
         x, x_ref = buf[:256], buf[:256].clone()
-        opt(x, buf[256:].clone())
+        opt(x, a)
         _inplace_reference(x_ref, buf[256:])
         torch.testing.assert_close(x, x_ref)
     (g,) = C.graph_stats(_region(opt))["graphs"]
