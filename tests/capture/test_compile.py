@@ -76,3 +76,53 @@ def test_explain_and_cache_info_of_a_compiled_function():
     (info,) = trident.cache_info(compiled).values()
     (stats,) = info.values()
     assert stats["hits"] == 2 and stats["misses"] == 0  # the second call captured, then ran it
+
+
+def test_hits_check_tensors_natively_only(monkeypatch):
+    """After a capture, a call's tensors are checked by native guards (torch's TensorGuards) and
+    the SCM's: Python computes no tensor facts on a hit; a new dtype, size or layout fails the
+    native guards and takes the miss path (a new signature: eager once, then its own capture)."""
+    from trident.capture import compile as compile_module
+
+    facts_calls = []
+    plain = compile_module.signature
+
+    def counting(leaves, tensor_facts=True):
+        if tensor_facts:
+            facts_calls.append(1)
+        return plain(leaves, tensor_facts)
+
+    monkeypatch.setattr(compile_module, "signature", counting)
+    compiled = trident.compile(_axpy)
+    x, y = torch.randn(200), torch.randn(200)
+    compiled(x, y, 2.0)
+    compiled(x, y, 2.0)  # captured
+    facts_calls.clear()
+    for _ in range(5):
+        x = torch.randn(200)
+        torch.testing.assert_close(compiled(x, y, 2.0), 2.0 * x + y)
+    assert facts_calls == []  # hits: no tensor facts computed in Python
+    (opt,) = compiled.captures.values()
+    assert trident.cache_info(opt)["region0"]["hits"] == 6
+    for other in (torch.randn(200, dtype=torch.float64), torch.randn(300), torch.randn(400)[::2]):
+        other_y = torch.randn(other.shape[0], dtype=other.dtype)
+        want = _axpy(other, other_y, 2.0)  # eager's (the kernel reads a strided x as dense memory)
+        for _ in range(3):  # eager, capture, hit
+            torch.testing.assert_close(compiled(other, other_y, 2.0), want)
+    assert len(compiled.captures) == 4 and compiled.eager_calls == 4
+    assert len(facts_calls) == 6  # the two calls of each new signature that missed
+
+
+def test_python_fallback_guards_agree_with_torchs_tensor_guards():
+    """_FactGuards (for torch builds without TensorGuards' interface) against TensorGuards on
+    tensors of other dtypes, sizes, strides, offsets and ranks."""
+    from trident.capture.compile import _FactGuards, _tensor_guards
+
+    base = torch.randn(4, 6)
+    variants = [base, base.clone(), base.double(), base.t(), base[:, ::2], base[1:], base.reshape(24),
+                torch.randn(4, 6).contiguous(), torch.randn(6, 4).t(), base.half(), base.unsqueeze(0)]
+    for captured in variants[:4]:
+        native, fallback = _tensor_guards([captured]), _FactGuards([captured])
+        assert not isinstance(native, _FactGuards)
+        for t in variants:
+            assert native.check(t) == fallback.check(t), (captured.shape, captured.stride(), t.shape, t.stride(), t.dtype)

@@ -5,12 +5,14 @@ Note [What trident.compile guards]
 The first call with a given input signature runs `fn` eagerly (state that programs create
 lazily on their first call, an HF StaticCache's tensors, then exists as real tensors); the second
 captures it (trident.capture, over the flattened tensor arguments) and optimizes it; later calls
-with that signature go straight into the optimized graph, whose guards on tensors are the SCM's
-native ones. The signature is what Python checks
-per call, and all it checks:
+with that signature go straight into the optimized graph, whose guards on tensors are native:
+torch's own TensorGuards (the C++ checks of Dynamo's frames: dtype, device, sizes, strides,
+dispatch keys; ~0.1 µs a tensor) pick the capture among those of one structure, then the SCM's
+guards run as always. Python computes per call only what is not a tensor:
   * the pytree structure of (args, kwargs): positional count, keyword names, nesting of tuples,
     lists, dicts and registered pytree nodes;
-  * per tensor leaf: dtype, device, sizes and strides (a new shape is a new capture, cached);
+  * per tensor leaf: its place only; dtype, device, sizes and strides are the native guards'
+    (a new shape is a new capture, cached; only then are they computed in Python, to key it);
   * per other leaf: its value if it is an int, float, bool, str or None, else its identity (an
     HF Cache object, a config; held while a capture keyed by it lives);
   * a process-wide count of nn.Module parameter and buffer registrations: assigning a new
@@ -79,11 +81,13 @@ class _Identity:
         return isinstance(other, _Identity) and other.obj is self.obj
 
 
-def signature(leaves) -> tuple:
+def signature(leaves, tensor_facts: bool = True) -> tuple:
+    """The key of a call: per tensor its dtype, device, sizes and strides (only its place, with
+    tensor_facts=False: native guards check the rest), per value its value, else identity."""
     key = []
     for a in leaves:
         if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.device, tuple(a.shape), tuple(a.stride())))
+            key.append((a.dtype, a.device, tuple(a.shape), tuple(a.stride())) if tensor_facts else _TENSOR)
         elif isinstance(a, _VALUE_TYPES):
             key.append((type(a), a))
         else:
@@ -98,6 +102,9 @@ class CompiledFunction:
         self.fn = fn
         self.captures: dict[tuple, torch.fx.GraphModule] = {}
         self._outputs: dict[tuple, tuple] = {}  # per capture: output pytree spec, non-tensor leaves
+        # per structure (signature without tensor facts): [(native tensor guards, capture key)],
+        # newest first; replaced, never mutated, so the hit path reads it without the lock
+        self._guarded: dict[tuple, list] = {}
         self._seen: set = set()  # signatures called once (eagerly)
         self.eager_calls = 0
         self._generation = _generation[0]
@@ -110,8 +117,18 @@ class CompiledFunction:
             with self._lock:
                 self.captures.clear()
                 self._outputs.clear()
+                self._guarded.clear()
                 self._seen.clear()
                 self._generation = _generation[0]
+        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+        structure = (spec, signature(leaves, tensor_facts=False))
+        # The hit path: tensors checked by native guards only (torch's own TensorGuards, those
+        # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys).
+        for guards, key in self._guarded.get(structure, ()):
+            if guards.check(*tensors):
+                opt = self.captures.get(key)
+                if opt is not None:
+                    return self._run(opt, key, tensors)
         key = (spec, signature(leaves))
         opt = self.captures.get(key)
         if opt is None:
@@ -126,12 +143,20 @@ class CompiledFunction:
                         old = next(iter(self.captures))
                         del self.captures[old], self._outputs[old]
                         self._seen.discard(old)
+                        self._guarded = {
+                            s: [(g, k) for g, k in entries if k != old] for s, entries in self._guarded.items()
+                        }
                     opt = self.captures[key] = self._capture(key, spec, leaves)
+                    entries = [(g, k) for g, k in self._guarded.get(structure, ()) if k != key]
+                    self._guarded = {**self._guarded, structure: [(_tensor_guards(tensors), key)] + entries}
             if first:
                 return self.fn(*args, **kwargs)
-        tensors = opt(*[a for a in leaves if isinstance(a, torch.Tensor)])
+        return self._run(opt, key, tensors)
+
+    def _run(self, opt, key, tensors):
+        results = opt(*tensors)
         out_spec, template = self._outputs[key]
-        it = iter(tensors)
+        it = iter(results)
         return pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], out_spec)
 
     def _capture(self, key, spec, leaves) -> torch.fx.GraphModule:
@@ -166,6 +191,31 @@ class CompiledFunction:
             return optimize(capture(flat, *[leaves[i] for i in positions], input_names=[names[i] for i in positions]))
         finally:
             _tracing.active = False
+
+
+class _FactGuards:
+    """The same check in Python, where a torch build lacks TensorGuards' interface."""
+
+    def __init__(self, tensors):
+        self.facts = signature(tensors)
+
+    def check(self, *tensors) -> bool:
+        return signature(tensors) == self.facts
+
+
+def _tensor_guards(tensors):
+    """Native guards on the tensors of a capture: torch's TensorGuards (what Dynamo's frames
+    check), static sizes and strides."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.size()) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+    except (ImportError, TypeError, RuntimeError, SystemError):
+        return _FactGuards(tensors)
 
 
 def _leaf_names(fn, args, kwargs) -> list[str]:
