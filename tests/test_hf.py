@@ -224,3 +224,20 @@ def test_trident_compile_of_forward(kind, kernels, monkeypatch, device):
     for opt in model.forward.captures.values():
         info = trident.cache_info(opt)
         assert info and all(v["misses"] == 0 and v["hits"] >= 63 for v in info.values())
+
+
+def test_sliding_window_cache_through_trident_compile():
+    """Mistral with a sliding window: HF's StaticSlidingWindowLayer counts its length in a Python
+    int, read as a constant by a traced call. trident.compile keys on it (Note [What
+    trident.compile guards]), so no capture replays a stale position: 40 tokens, past the window
+    of 8, equal eager's (each step is a new signature's first call and runs eagerly)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, sliding_window=8)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).eval()
+    prompt = torch.tensor([[5, 7, 9, 11]])
+    want = _greedy(cfg, model.forward, prompt, 40)
+    compiled = trident.compile(model.forward)
+    assert _greedy(cfg, compiled, prompt, 40) == want

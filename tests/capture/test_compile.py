@@ -126,3 +126,40 @@ def test_python_fallback_guards_agree_with_torchs_tensor_guards():
         assert not isinstance(native, _FactGuards)
         for t in variants:
             assert native.check(t) == fallback.check(t), (captured.shape, captured.stride(), t.shape, t.stride(), t.dtype)
+
+
+class _Counter:
+    def __init__(self):
+        self.layers = [_Layer()]
+
+
+class _Layer:
+    def __init__(self):
+        self.calls = 0  # a Python int the function reads and advances (HF's sliding-window layers do)
+
+
+def test_python_scalars_of_objects_passed_by_identity_are_part_of_the_signature():
+    """A traced call reads an object's Python scalars as constants: replaying a capture after
+    they changed would compute with the old values. They are in the signature, so each new
+    state is a new signature (its first call eager): every result is eager's."""
+
+    def f(x, y, state):
+        layer = state.layers[0]
+        out = _axpy(x, y, float(layer.calls))
+        layer.calls += 1
+        return out
+
+    compiled = trident.compile(f)
+    state = _Counter()
+    x, y = torch.randn(100), torch.randn(100)
+    for i in range(5):
+        torch.testing.assert_close(compiled(x, y, state), i * x + y)
+    assert compiled.captures == {} and compiled.eager_calls == 5
+    # a state that stays put is captured as before: eager once, captured, then hits
+    reads = trident.compile(lambda x, y, state: _axpy(x, y, float(state.layers[0].calls) + 1.0))
+    steady = _Counter()
+    for _ in range(4):
+        torch.testing.assert_close(reads(x, y, steady), x + y)
+    assert len(reads.captures) == 1 and reads.eager_calls == 1
+    steady.layers[0].calls = 2  # changed between calls: a new signature, eager's result
+    torch.testing.assert_close(reads(x, y, steady), 3.0 * x + y)

@@ -14,7 +14,10 @@ guards run as always. Python computes per call only what is not a tensor:
   * per tensor leaf: its place only; dtype, device, sizes and strides are the native guards'
     (a new shape is a new capture, cached; only then are they computed in Python, to key it);
   * per other leaf: its value if it is an int, float, bool, str or None, else its identity (an
-    HF Cache object, a config; held while a capture keyed by it lives);
+    HF Cache object, a config; held while a capture keyed by it lives) and the Python scalars it
+    and the objects it holds carry, two levels deep (`_scalar_state`: a sliding-window cache
+    layer's length counter; when that changes every call, every call is a new signature's first
+    and runs eagerly -- right, at eager's speed, until sizes are symbolic);
   * a process-wide count of nn.Module parameter and buffer registrations: assigning a new
     Parameter or buffer to any module (`m.weight = nn.Parameter(...)`, `register_buffer`)
     makes the next call capture again (torch's registration hooks; nothing is walked per call).
@@ -64,21 +67,51 @@ def _install_hooks() -> None:
             _hooks_installed = True
 
 
-class _Identity:
-    """A signature entry for an object matched by identity. It holds the object, so its id cannot
-    be reused by another object while a capture keyed by it exists (a capture binds the tensors
-    the object held: a new HF Cache must never hit the capture of a freed one)."""
+_STATE_DEPTH = 2  # object -> list -> object: an HF Cache -> its layers -> a layer's counters
 
-    __slots__ = ("obj",)
+
+def _scalar_state(obj) -> tuple:
+    """The Python scalars an object passed by identity carries, and those of the objects it
+    holds in attributes and lists (two levels): a traced call reads them as constants, so they
+    are part of the signature. HF's StaticSlidingWindowLayer counts its length in a Python int
+    (`cumulative_length_int`): without this a capture would replay the position it saw. Modules
+    are not walked (their parameters and buffers have the registration hooks)."""
+    out: list = []
+
+    def walk(o, depth):
+        attrs = getattr(o, "__dict__", None)
+        if attrs is None or isinstance(o, (torch.nn.Module, type)):
+            return
+        for name, v in attrs.items():
+            if type(v) in (int, float, bool, str):
+                out.append((name, v))
+            elif depth and isinstance(v, (list, tuple)):
+                for item in v:
+                    walk(item, depth - 1)
+            elif depth and not isinstance(v, torch.Tensor):
+                walk(v, depth - 1)
+
+    walk(obj, _STATE_DEPTH)
+    return tuple(out)
+
+
+class _Identity:
+    """A signature entry for an object matched by identity and by its Python scalars
+    (`_scalar_state`). It holds the object, so its id cannot be reused by another object while a
+    capture keyed by it exists (a capture binds the tensors the object held: a new HF Cache must
+    never hit the capture of a freed one)."""
+
+    __slots__ = ("obj", "state")
 
     def __init__(self, obj):
         self.obj = obj
+        self.state = _scalar_state(obj)
 
     def __hash__(self):
-        return id(self.obj)
+        return hash((id(self.obj), self.state))
 
     def __eq__(self, other):
-        return isinstance(other, _Identity) and other.obj is self.obj
+        return isinstance(other, _Identity) and other.obj is self.obj and other.state == self.state
 
 
 def signature(leaves, tensor_facts: bool = True) -> tuple:
