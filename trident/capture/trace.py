@@ -259,12 +259,7 @@ def _identifier(name: str) -> str:
 
 
 def _parameter_names(fn, n: int) -> list[str]:
-    target = fn
-    bound = 0
-    while isinstance(target, functools.partial):
-        bound += len(target.args)
-        target = target.func
-    try:
+    try:  # a functools.partial's signature already lacks the arguments it binds
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         params = []

@@ -124,16 +124,27 @@ _LIBDEVICE_TWINS: dict[str, Callable] = {
 }
 
 
+_libdevice_seen: list = [0, []]  # len(sys.modules) when last scanned, the libdevice modules then
+
+
+def _libdevice_modules() -> list:
+    """The imported libdevice modules; sys.modules is scanned again only when it has grown (not
+    on every interpreted launch)."""
+    import sys
+
+    if len(sys.modules) != _libdevice_seen[0]:
+        _libdevice_seen[1] = [m for n, m in list(sys.modules.items()) if m is not None and _is_libdevice(n)]
+        _libdevice_seen[0] = len(sys.modules)
+    return _libdevice_seen[1]
+
+
 def _patch_libdevice(fn, scope) -> list:
     """Twins for libdevice in `fn`'s module (Note [libdevice under the interpreter]); returns the
     globals to restore (module attributes go through `scope`)."""
-    import sys
-
-    for module_name, module in list(sys.modules.items()):
-        if module is not None and _is_libdevice(module_name):
-            for name, value in list(vars(module).items()):
-                if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", "")):
-                    scope.set_attr(module, name, _LIBDEVICE_TWINS.get(name) or _missing_twin(name))
+    for module in _libdevice_modules():
+        for name, value in list(vars(module).items()):
+            if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", "")):
+                scope.set_attr(module, name, _LIBDEVICE_TWINS.get(name) or _missing_twin(name))
     replaced = []
     g = fn.__globals__
     for name, value in list(g.items()):
