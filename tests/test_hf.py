@@ -156,8 +156,13 @@ def _greedy(cfg, forward, prompt, steps):
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_greedy_decode_equals_eager(kind, kernels, monkeypatch, device):
     """torch.compile(model.forward, backend="trident"), prefill and decode through it (fp32, on
-    the CPU and on CUDA); a new prompt length is served."""
+    the CPU and on CUDA); a new prompt length is served. No graph breaks: Liger's dispatcher is
+    torch.compiler.disable()d, and stays in the graph for Trident to trace (Note [Disabled
+    functions under backend="trident"])."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     cfg, model = _model(kind, kernels, monkeypatch, device)
     start = len(compiled_graphs())
     compiled = torch.compile(model.forward, backend="trident")
@@ -173,6 +178,7 @@ def test_greedy_decode_equals_eager(kind, kernels, monkeypatch, device):
     hits = sum(v["hits"] for opt in captures for v in trident.cache_info(opt).values())
     misses = sum(v["misses"] for opt in captures for v in trident.cache_info(opt).values())
     assert misses == 0 and hits >= 2 * 64
+    assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
 
 

@@ -53,6 +53,12 @@ _KNOBS = {
         "torch.compile(backend='trident'): static captures per Dynamo graph (one per input signature) before calls "
         "run the graph eagerly (Note [Dynamo graphs and static capture])",
     ),
+    "dynamo_trace_disabled": _Knob(
+        "TRIDENT_DYNAMO_TRACE_DISABLED",
+        "1",
+        "torch.compile(backend='trident'): keep calls of torch.compiler.disable()d functions (outside torch) in "
+        "the graph for Trident to trace, instead of a graph break (Note [Disabled functions under backend=\"trident\"])",
+    ),
     "compile_captures": _Knob(
         "TRIDENT_COMPILE_CAPTURES", "8", "trident.compile: captures kept per function, the oldest dropped first"
     ),
@@ -131,6 +137,10 @@ def dynamo_captures() -> int:
     if not raw.isdigit():
         raise ValueError(f"TRIDENT_DYNAMO_CAPTURES={raw!r}: expected a count >= 0")
     return int(raw)
+
+
+def dynamo_trace_disabled() -> bool:
+    return _KNOBS["dynamo_trace_disabled"].get().strip().lower() not in ("0", "false", "off", "")
 
 
 def compile_captures() -> int:

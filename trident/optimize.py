@@ -140,8 +140,11 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def _regions(gm: torch.fx.GraphModule) -> list[SCMRuntime]:
-    if "trident_regions" not in gm.meta:
-        raise TridentError("this GraphModule was not produced by trident.optimize")
+    if "trident_regions" not in getattr(gm, "meta", {}):
+        raise TridentError(
+            f"expected what trident.optimize, trident.compile or torch.compile(backend='trident') returned, "
+            f"got {type(gm).__name__}"
+        )
     return [SCMRuntime.get(r) for r in gm.meta["trident_regions"]]
 
 
@@ -171,9 +174,41 @@ def _captures(obj) -> "list[tuple[str, torch.fx.GraphModule]] | None":
     """The optimized graphs behind a front door (trident.compile's function, a torch.compile
     graph of the trident backend), labelled by their signature; None for an optimized graph."""
     captures = getattr(obj, "captures", None)
-    if not isinstance(captures, dict):
+    if isinstance(captures, dict):
+        return [(f"capture {i}", opt) for i, opt in enumerate(captures.values())]
+    graphs = _dynamo_graphs(obj)
+    if graphs is None:
         return None
-    return [(f"capture {i}", opt) for i, opt in enumerate(captures.values())]
+    return [(f"graph {i} capture {j}", opt) for i, g in enumerate(graphs) for j, opt in enumerate(g.captures.values())]
+
+
+def _dynamo_graphs(obj):
+    if isinstance(obj, torch.fx.GraphModule):
+        return None
+    from .capture.dynamo import graphs_of
+
+    return graphs_of(obj)
+
+
+def _dynamo_head(obj) -> "list[str]":
+    """explain()'s first lines for a torch.compile result: its graphs and Dynamo's graph breaks."""
+    graphs = _dynamo_graphs(obj)
+    if graphs is None:
+        return []
+    from torch._dynamo.utils import counters
+
+    lines = [
+        f"torch.compile(backend='trident'): {len(graphs)} Dynamo graph(s), "
+        f"{sum(len(g.captures) for g in graphs)} capture(s); {sum(g.eager_calls for g in graphs)} call(s) ran eagerly"
+    ]
+    reasons = [g.eager_reason for g in graphs if g.eager_reason]
+    if reasons:
+        lines.append(f"last eager call: {reasons[-1]}")
+    breaks = dict(counters.get("graph_break", {}))
+    if breaks:
+        lines.append(f"graph breaks Dynamo recorded in this process ({sum(breaks.values())}):")
+        lines.extend(f"  {n}x {reason.splitlines()[0]}" for reason, n in breaks.items())
+    return lines
 
 
 def cache_info(gm) -> dict[str, dict]:
@@ -190,10 +225,12 @@ def explain(gm) -> str:
     torch.compile backend made) every capture's, after how calls were served."""
     captures = _captures(gm)
     if captures is not None:
-        head = [f"{len(captures)} capture(s); {getattr(gm, 'eager_calls', 0)} call(s) ran eagerly"]
-        reason = getattr(gm, "eager_reason", None)
-        if reason:
-            head.append(f"last eager call: {reason}")
+        head = _dynamo_head(gm)
+        if not head:
+            head = [f"{len(captures)} capture(s); {getattr(gm, 'eager_calls', 0)} call(s) ran eagerly"]
+            reason = getattr(gm, "eager_reason", None)
+            if reason:
+                head.append(f"last eager call: {reason}")
         return "\n".join(head + [f"{label}:\n{explain(opt)}" for label, opt in captures]) + "\n"
     lines = []
     regions = _regions(gm)

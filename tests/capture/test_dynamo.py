@@ -164,3 +164,102 @@ def test_backend_through_the_entry_point_without_importing_trident():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1", "1"]
+
+
+# Note [Disabled functions under backend="trident"]: a library's torch.compiler.disable()d
+# launcher (Liger-Kernel 0.8.5 disables its op dispatcher) stays in the graph for Trident to trace.
+@torch.compiler.disable
+def _disabled_axpy(x, y, alpha):
+    out = torch.empty_like(x)
+    K.axpy_kernel[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), alpha, BLOCK=64)
+    return out
+
+
+def _around_disabled(x, y):
+    h = torch.relu(x) + 1
+    return _disabled_axpy(h, y, 2.0) * 3
+
+
+def _around_disabled_reference(x, y):
+    return (2.0 * (torch.relu(x) + 1) + y) * 3
+
+
+def _dynamo_graphs(fn, backend, *args):
+    """Calls torch.compile(fn, backend) once; returns (result, graphs Dynamo made)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    out = torch.compile(fn, backend=backend)(*args)
+    return out, counters["stats"]["unique_graphs"]
+
+
+def test_disabled_function_stays_in_the_trident_graph(device):
+    x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+    out, graphs = _dynamo_graphs(_around_disabled, "eager", x, y)
+    assert graphs == 2  # Dynamo alone breaks the graph at the disabled call ...
+    torch._dynamo.reset()
+    start = len(compiled_graphs())
+    compiled = torch.compile(_around_disabled, backend="trident", fullgraph=True)  # ... Trident keeps it
+    for _ in range(3):
+        x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+        torch.testing.assert_close(compiled(x, y), _around_disabled_reference(x, y))
+    (g,) = _graphs_since(start)
+    (opt,) = g.captures.values()
+    assert _scm_nodes(opt) == 1  # the launch and the ATen ops around it: one region
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["misses"] == 0 and stats["hits"] == 3
+
+
+def test_disabled_function_rule_can_be_turned_off(device):
+    x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+    with knobs.scope(dynamo_trace_disabled="0"):
+        out, graphs = _dynamo_graphs(_around_disabled, "trident", x, y)
+    torch.testing.assert_close(out, _around_disabled_reference(x, y))
+    assert graphs == 2
+
+
+@torch.compiler.disable
+def _disabled_python_value(x):
+    return int(x.sum().item() > 0)  # data-dependent, and not a tensor: Dynamo cannot keep the call
+
+
+def test_disabled_function_dynamo_cannot_keep_breaks_the_graph(device):
+    def fn(x):
+        flag = _disabled_python_value(x * 2)
+        return x + flag
+
+    for sign in (1.0, -1.0):
+        x = torch.full((8,), sign, device=device)
+        out, graphs = _dynamo_graphs(fn, "trident", x)
+        torch.testing.assert_close(out, x + (1 if sign > 0 else 0))
+        assert graphs == 2
+        torch._dynamo.reset()
+
+
+def test_explain_and_cache_info_of_torch_compile_results(device):
+    """trident.explain / cache_info take what torch.compile returned: a function (its graphs
+    after a graph break included) or an OptimizedModule."""
+    def broken(x, y):
+        out = _program(x, y)
+        torch._dynamo.graph_break()
+        return out * 2
+
+    compiled = torch.compile(broken, backend="trident")
+    x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, y), 2 * _reference(x, y))
+    text = trident.explain(compiled)
+    assert text.startswith("torch.compile(backend='trident'): 2 Dynamo graph(s), 2 capture(s); 0 call(s) ran eagerly")
+    assert "Call to `torch._dynamo.graph_break()`" in text and "launch axpy_kernel" in text
+    info = trident.cache_info(compiled)
+    assert sorted(info) == ["graph 0 capture 0", "graph 1 capture 0"]
+    assert all(v["hits"] == 2 and v["misses"] == 0 for regions in info.values() for v in regions.values())
+
+    m = _Scaled(16).to(device).eval()
+    cm = torch.compile(m, backend="trident")
+    with torch.no_grad():
+        cm(torch.randn(2, 16, device=device))
+    assert trident.explain(cm).startswith("torch.compile(backend='trident'): 1 Dynamo graph(s), 1 capture(s)")
+    assert list(trident.cache_info(cm)) == ["graph 0 capture 0"]
+    with pytest.raises(trident.TridentError, match="expected what trident.optimize, trident.compile or torch.compile"):
+        trident.explain(m)

@@ -18,11 +18,32 @@ The cache is bounded (TRIDENT_DYNAMO_CAPTURES, 8 per graph); past it calls run D
 eagerly, and explain() says so. Trident is inference only (`trident.scm` has no derivative):
 a call with grad enabled and an input that requires grad runs Dynamo's graph eagerly, so
 autograd sees what it would without the backend.
+
+Note [Disabled functions under backend="trident"]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Dynamo does not trace a `torch.compiler.disable`d function: it breaks the graph before the call,
+runs it eagerly and resumes in a new frame. Libraries disable functions Dynamo cannot trace
+(Liger-Kernel 0.8.5 disables its op dispatcher, so each rotary, RMSNorm and SwiGLU call of an
+HF model breaks the graph: 48 graphs and ~16 µs of Python each on a 16-layer model). Trident does
+not need Dynamo to trace them: it captures each graph with make_fx, which runs Python code and
+records its ATen ops and Triton launches, as trident.compile does for the whole program. So in a
+frame Dynamo compiles for the "trident" backend (and only there), a call of a function that
+carries `_torchdynamo_disable` and is defined outside torch stays in the graph as one opaque call
+(Dynamo's allow_in_graph treatment); Dynamo runs it once on fake tensors for its result's
+metadata, with `kernel[grid]` launches routed through wrap_triton as in `trident.capture`, and
+Trident's capture traces through it. Consequences, as for trident.compile: the function's Python
+(Liger reads its implementation choice from the environment) runs at capture time, not per call,
+and nothing in it is guarded. Where Dynamo cannot keep the call (its fake run fails, its result
+is not tensors) the graph breaks as without Trident. TRIDENT_DYNAMO_TRACE_DISABLED=0 turns the
+rule off. The rule hooks Dynamo's `trace_rules.is_callable_allowed` and
+`TorchInGraphFunctionVariable.call_function`; where a torch build lacks them it is not installed
+(the graph breaks, as before), and `explain` counts graph breaks either way.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,8 +55,10 @@ from .compile import signature
 class CompiledGraph:
     """The callable Dynamo gets for one graph (Note [Dynamo graphs and static capture])."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, frames: frozenset = frozenset(), module=None):
         self.gm = gm
+        self.frames = frames  # (file, name, first line) of the Python frames on the stack when Dynamo compiled it
+        self._module = weakref.ref(module) if module is not None else None  # the `self` of its frame
         self.captures: dict[tuple, torch.fx.GraphModule] = {}
         self.eager_calls = 0
         self.eager_reason: Optional[str] = None
@@ -73,13 +96,167 @@ _COMPILED: "list[CompiledGraph]" = []  # every graph the backend compiled, for e
 def trident_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     """The Dynamo backend registered as "trident" (on import, and as a torch_dynamo_backends
     entry point of the trident-scm distribution)."""
-    compiled = CompiledGraph(gm)
+    compiled = CompiledGraph(gm, _stack_frames(), _frame_module())
     _COMPILED.append(compiled)
     return compiled
 
 
+def _frame_module():
+    """The nn.Module whose call Dynamo compiles (torch.compile(module) compiles its __call__)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        local = dict(InstructionTranslator.current_tx().f_locals)
+    except Exception:
+        return None
+    # `self` of a forward; OptimizedModule's wrapper frame holds the module's bound __call__
+    for value in [local.get("self")] + list(local.values()):
+        value = getattr(value, "__self__", value)
+        if isinstance(value, torch.nn.Module):
+            return value
+    return None
+
+
+def _stack_frames() -> frozenset:
+    """(file, function name, first line) of every frame on the stack: the function torch.compile wrapped
+    runs (Dynamo's transformed code keeps the name) while Dynamo compiles any frame it reaches,
+    including functions it calls that got frames of their own after a graph break."""
+    import sys
+
+    out = set()
+    try:  # the frame being compiled is not running yet: Dynamo's translator holds its code
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+        out.add((code.co_filename, code.co_name, code.co_firstlineno))
+    except Exception:
+        pass
+    f = sys._getframe(1)
+    while f is not None:
+        out.add((f.f_code.co_filename, f.f_code.co_name, f.f_code.co_firstlineno))
+        f = f.f_back
+    return frozenset(out)
+
+
+def graphs_of(compiled: Any) -> "Optional[list[CompiledGraph]]":
+    """The graphs the backend compiled for a torch.compile result (a function or an
+    OptimizedModule); None when `compiled` is not one. A graph belongs to a function when its frame,
+    or one of the frames below which Dynamo compiled it, is that function or one of the resume
+    functions Dynamo made of it after a graph break; to a module when the `self` of its frame is
+    that module."""
+    module = getattr(compiled, "_orig_mod", None)  # an OptimizedModule
+    if isinstance(module, torch.nn.Module):
+        fn = module.forward
+    else:
+        module = None
+        fn = getattr(compiled, "_torchdynamo_orig_callable", None)
+        if fn is None:
+            return None
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    resume = f"torch_dynamo_resume_in_{code.co_name}_at_"
+    lines = [line for _, _, line in code.co_lines() if line is not None]
+    last = max(lines, default=code.co_firstlineno)
+
+    def ours(file, name, first) -> bool:
+        if file != code.co_filename:
+            return False
+        if name == code.co_name:
+            return first == code.co_firstlineno
+        at = name[len(resume):] if name.startswith(resume) else ""
+        return at.isdigit() and code.co_firstlineno <= int(at) <= last
+
+    if module is not None:  # its forward's code is shared with every instance: match the module
+        return [g for g in compiled_graphs() if g._module is not None and g._module() is module]
+    return [g for g in compiled_graphs() if any(ours(*frame) for frame in g.frames)]
+
+
 def compiled_graphs() -> "list[CompiledGraph]":
     return list(_COMPILED)
+
+
+def _compiling_for_trident() -> bool:
+    """Whether the frame Dynamo is tracing on this thread will be handed to trident_backend
+    (through torch.compile(backend="trident"), which wraps it, or passed directly)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        fn = tx.output.compiler_fn
+    except Exception:
+        return False
+    for _ in range(4):  # WrapBackendDebug -> _TorchCompileWrapper -> the backend
+        if fn is trident_backend:
+            return True
+        fn = getattr(fn, "_torchdynamo_orig_backend", None) or getattr(fn, "compiler_fn", None)
+        if fn is None:
+            return False
+    return False
+
+
+def _traceable_disabled(obj) -> bool:
+    import inspect
+
+    try:
+        if not inspect.isfunction(obj) or not inspect.getattr_static(obj, "_torchdynamo_disable", False):
+            return False
+    except Exception:
+        return False
+    inner = obj
+    while getattr(inner, "_torchdynamo_orig_callable", None) is not None:
+        inner = inner._torchdynamo_orig_callable
+    module = getattr(inner, "__module__", "") or ""
+    return not (module == "torch" or module.startswith("torch."))
+
+
+_RULE_INSTALLED = [False]
+
+
+def install_disabled_function_rule() -> bool:
+    """Note [Disabled functions under backend="trident"]. Idempotent; False where this torch
+    build lacks the hooks."""
+    if _RULE_INSTALLED[0]:
+        return True
+    try:
+        from torch._dynamo import trace_rules
+        from torch._dynamo.exc import Unsupported
+        from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+    except Exception:
+        return False
+    original_allowed = getattr(trace_rules, "is_callable_allowed", None)
+    original_call = getattr(TorchInGraphFunctionVariable, "call_function", None)
+    if original_allowed is None or original_call is None:
+        return False
+
+    def is_callable_allowed(obj):
+        if original_allowed(obj):
+            return True
+        return knobs.dynamo_trace_disabled() and _traceable_disabled(obj) and _compiling_for_trident()
+
+    def call_function(self, tx, *args, **kwargs):
+        fn = getattr(self, "value", None)
+        if not (_traceable_disabled(fn) and not original_allowed(fn)):
+            return original_call(self, tx, *args, **kwargs)
+        from .. import triton_state
+        from .trace import _launches_as_hops
+
+        try:
+            with triton_state.exclusive(), _launches_as_hops([]):
+                return original_call(self, tx, *args, **kwargs)
+        except Unsupported:
+            raise
+        except Exception as e:  # Dynamo cannot keep the call: break the graph as without Trident
+            raise Unsupported(
+                f"Trident could not keep the torch.compiler.disable()d function {fn.__qualname__} in the "
+                f"graph ({type(e).__name__}: {e}); the graph breaks there as without Trident"
+            ) from e
+
+    trace_rules.is_callable_allowed = is_callable_allowed
+    TorchInGraphFunctionVariable.call_function = call_function
+    _RULE_INSTALLED[0] = True
+    return True
 
 
 def register() -> None:
@@ -90,6 +267,7 @@ def register() -> None:
 
     from torch._dynamo.backends.registry import register_backend
 
+    install_disabled_function_rule()
     entry = sys.modules.get("trident_scm_backend")
     if entry is not None and getattr(entry, "LOADING", False):
         return
