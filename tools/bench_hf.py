@@ -215,6 +215,36 @@ def compare(keep, ref) -> dict:
     return out
 
 
+def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
+    """Where a step's device time goes: torch.profiler over n steps (kernels inside CUDA graph
+    replays included), per kernel name its launches and device µs per step, top 15 by time.
+    On the CPU (smoke test) the same over CPU operators."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = loop.dev == "cuda"
+    _sync(loop.dev)
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        tok, pos = loop.steps(fwd, cache, tok, pos, n)
+        _sync(loop.dev)
+    rows = []
+    for e in prof.key_averages():
+        if cuda and e.device_type != DeviceType.CUDA:
+            continue
+        us = getattr(e, "self_device_time_total", None) if cuda else e.self_cpu_time_total
+        if us is None:
+            us = e.self_cuda_time_total
+        if us > 0:
+            rows.append((us / n, e.count / n, e.key))
+    rows.sort(reverse=True)
+    return {
+        "steps": n,
+        "device_us_per_step": round(sum(r[0] for r in rows), 1),
+        "kernels_per_step": round(sum(r[1] for r in rows), 1),
+        "top": [{"us_per_step": round(us, 1), "per_step": round(c, 2), "name": name[:120]} for us, c, name in rows[:15]],
+    }
+
+
 def run_case(kind: str, kernels: str, args) -> dict:
     import trident
     from trident.capture.dynamo import compiled_graphs
@@ -276,6 +306,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
                     samples.append((time.perf_counter_ns() - t1) / args.steps / 1e6)
                 entry["ms_per_token"] = statistics.median(samples)
                 entry["ms_per_token_samples"] = samples
+                if key in args.profile.split(","):
+                    entry["profile"] = profile_steps(loop, fwd, cache, tok, pos)
                 if key == "graph_floor":
                     entry["self_check"] = fwd.self_check
                 if key.startswith("trident"):
@@ -327,6 +359,7 @@ def main() -> None:
     ap.add_argument("--case-budget-s", type=float, default=280, help="no new variant starts after this")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small configs (smoke test, e.g. with --device cpu)")
+    ap.add_argument("--profile", default="", help="comma list of variants to profile (device time per kernel)")
     ap.add_argument("--case", default="", help=argparse.SUPPRESS)  # one case in this process: kind:kernels
     args = ap.parse_args()
     if args.case:
@@ -358,7 +391,7 @@ def main() -> None:
             part = f"{args.out}.{kind}_{kernels}.part"
             cmd = [sys.executable, __file__, "--case", f"{kind}:{kernels}", "--out", part, "--device", args.device,
                    "--variants", args.variants, "--steps", str(args.steps), "--reps", str(args.reps),
-                   "--case-budget-s", str(args.case_budget_s)] + (["--tiny"] if args.tiny else [])
+                   "--case-budget-s", str(args.case_budget_s), "--profile", args.profile] + (["--tiny"] if args.tiny else [])
             rc = subprocess.run(cmd).returncode
             try:
                 with open(part) as f:

@@ -5,6 +5,7 @@
 # in a test cannot cost the measurements.
 #   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/RUN_TESTS/SANITIZE (1/0), DECODE_MODELS,
 #        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
+#        HF_PROFILE (variants whose device time per kernel bench_hf records),
 #        TESTS (pytest arguments, default: every test), SANITIZE_TESTS (pytest arguments run under
 #        compute-sanitizer --tool memcheck), TRIDENT_COMMIT
 # Hugging Face decode (issue 10), one call per model: BENCH_HF=1 BENCH_DECODE=0 BENCH_GEMM=0 RUN_TESTS=0 HF_MODELS=llama
@@ -52,7 +53,7 @@ if [[ "${BENCH_LAUNCH:-0}" == 1 ]]; then
 fi
 if [[ "${BENCH_HF:-0}" == 1 ]]; then
   python3 tools/bench_hf.py --out "$OUT/bench_hf.json" --models "${HF_MODELS:-llama,qwen2}" \
-    --kernels "${HF_KERNELS:-plain,liger}" --variants "${HF_VARIANTS:-}" --case-budget-s "${HF_CASE_BUDGET_S:-250}" 2>&1 \
+    --kernels "${HF_KERNELS:-plain,liger}" --variants "${HF_VARIANTS:-}" --case-budget-s "${HF_CASE_BUDGET_S:-250}" --profile "${HF_PROFILE:-}" 2>&1 \
     | grep -v "^W1\|Warning\|warn\|^ \|^$\|originates\|Backend impl" | tee "$OUT/bench_hf.log" | grep -v "ms_per_token_samples" | cut -c1-400
 fi
 if [[ "${RUN_TESTS:-1}" == 1 ]]; then

@@ -263,3 +263,27 @@ def test_explain_and_cache_info_of_torch_compile_results(device):
     assert list(trident.cache_info(cm)) == ["graph 0 capture 0"]
     with pytest.raises(trident.TridentError, match="expected what trident.optimize, trident.compile or torch.compile"):
         trident.explain(m)
+
+
+def test_static_graph_takes_its_capture_without_a_signature(device, monkeypatch):
+    """A graph Dynamo traced with static sizes computes no signature per call (Dynamo's guards
+    checked every input); a dynamic graph keys its captures by signature."""
+    from trident.capture import dynamo
+
+    calls = []
+    real = dynamo.signature
+    monkeypatch.setattr(dynamo, "signature", lambda args: calls.append(1) or real(args))
+    compiled = torch.compile(_program, backend="trident", dynamic=False)
+    x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x, y), _reference(x, y))
+    assert len(calls) == 1  # the static key, once, when the backend got the graph
+    torch._dynamo.reset()
+    calls.clear()
+    compiled = torch.compile(_program, backend="trident", dynamic=True)
+    with torch.no_grad():
+        for n in (300, 301, 300):
+            x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+            torch.testing.assert_close(compiled(x, y), _reference(x, y))
+    assert len(calls) == 3

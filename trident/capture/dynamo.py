@@ -55,21 +55,29 @@ from .compile import signature
 class CompiledGraph:
     """The callable Dynamo gets for one graph (Note [Dynamo graphs and static capture])."""
 
-    def __init__(self, gm: torch.fx.GraphModule, frames: frozenset = frozenset(), module=None):
+    def __init__(self, gm: torch.fx.GraphModule, frames: frozenset = frozenset(), module=None, static_key=None):
         self.gm = gm
         self.frames = frames  # (file, name, first line) of the Python frames on the stack when Dynamo compiled it
         self._module = weakref.ref(module) if module is not None else None  # the `self` of its frame
+        # A graph Dynamo traced with static sizes is called only with the example's signature
+        # (Dynamo's guards check every tensor input's dtype, device, sizes and strides, and
+        # specialize Python scalars): its one capture is taken with no per-call Python walk.
+        self._static_key = static_key
+        self._static: Optional[torch.fx.GraphModule] = None
         self.captures: dict[tuple, torch.fx.GraphModule] = {}
         self.eager_calls = 0
         self.eager_reason: Optional[str] = None
         self._lock = threading.Lock()
 
     def __call__(self, *args):
-        key = signature(args)
+        opt = self._static
+        if opt is not None and not torch.is_grad_enabled():
+            return opt(*args)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return self._eager(args, "grad is enabled and an input requires grad (Trident is inference only)")
+        key = signature(args) if self._static_key is None else self._static_key
         opt = self.captures.get(key)
         if opt is None:
-            if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-                return self._eager(args, "grad is enabled and an input requires grad (Trident is inference only)")
             with self._lock:
                 opt = self.captures.get(key)
                 if opt is None:
@@ -82,6 +90,8 @@ class CompiledGraph:
 
                     opt = optimize(capture(self.gm, *args))
                     self.captures[key] = opt
+                    if self._static_key is not None:
+                        self._static = opt
         return opt(*args)
 
     def _eager(self, args, reason: str):
@@ -96,9 +106,24 @@ _COMPILED: "list[CompiledGraph]" = []  # every graph the backend compiled, for e
 def trident_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     """The Dynamo backend registered as "trident" (on import, and as a torch_dynamo_backends
     entry point of the trident-scm distribution)."""
-    compiled = CompiledGraph(gm, _stack_frames(), _frame_module())
+    compiled = CompiledGraph(gm, _stack_frames(), _frame_module(), _static_key(example_inputs))
     _COMPILED.append(compiled)
     return compiled
+
+
+def _static_key(example_inputs) -> Optional[tuple]:
+    """The one signature of a graph Dynamo traced with static sizes (every input's sizes and
+    strides are ints, no symbolic scalar input); None for a dynamic graph."""
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    for a in example_inputs:
+        if isinstance(a, sym):
+            return None
+        if isinstance(a, torch.Tensor) and any(isinstance(d, sym) for d in (*a.shape, *a.stride())):
+            return None
+    try:
+        return ("static", signature(example_inputs))
+    except Exception:
+        return None
 
 
 def _frame_module():
