@@ -69,7 +69,7 @@ def table(merged: dict) -> str:
             graphs = entry.get("trident", {}).get("dynamo_graphs")
             if graphs and graphs > 1:
                 text += f" ({graphs} graphs)"
-            cells.append(f"{text} <sub>{commit}</sub>")
+            cells.append(f"{text} <sub>{commit[:7]}</sub>")
         lines.append(f"| {TITLES[case]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
