@@ -3,9 +3,13 @@
 The extension is built with torch.utils.cpp_extension against whatever torch is installed
 (CPU wheel in CI, CUDA wheel on the GPU machine). It needs no CUDA toolkit: the CUDA driver
 API is reached at run time through dlopen("libcuda.so.1"), and streams through torch's
-device-generic guard interface.
+device-generic guard interface. Its types come from the cuda.h Triton's NVIDIA backend ships
+(the header Triton's own launcher is compiled against).
 """
 
+import os
+
+import triton
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -32,6 +36,7 @@ setup(
             "trident._C",
             SOURCES,
             extra_compile_args=["-O2"],
+            include_dirs=[os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include")],
             libraries=["dl"],
         )
     ],

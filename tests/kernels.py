@@ -294,3 +294,19 @@ def tuned_heuristic_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr, EVEN:
 
 def tuned_heuristic(x):
     return _scaled(tuned_heuristic_kernel, x, 4.0)
+
+
+GLOBAL_SCALE = tl.constexpr(3.0)  # a module global the kernel reads: Triton guards its value
+
+
+@triton.jit
+def scale_by_global_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * GLOBAL_SCALE, mask=mask)
+
+
+def scale_by_global(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    scale_by_global_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+    return out

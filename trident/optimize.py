@@ -86,6 +86,17 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
                 )
 
     same = list(gm.meta.get("trident_same_inputs", ()))
+    watched = _kernel_globals(gm)
+
+    def check_globals() -> None:
+        for kernel, name, held, value in watched:
+            now = held.get(name, _MISSING)
+            if now != value:
+                raise GuardError(
+                    f"kernel {kernel} reads the global {name!r}, which was {value!r} when it was compiled and is "
+                    f"{'absent' if now is _MISSING else repr(now)} now; Triton refuses to launch it after such a "
+                    "change too (kernel[grid] raises): restore the value, or define a new kernel that reads the new one"
+                )
 
     def check_same(args) -> None:
         for i, j in same:
@@ -106,6 +117,8 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
             check_constants(args)
         if same:
             check_same(args)
+        if watched:
+            check_globals()
         try:
             return direct(self, *args)
         except TridentError:
@@ -117,6 +130,32 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
             raise
 
     type(gm).__call__ = checked_call
+
+
+_MISSING = object()
+
+
+def _kernel_globals(gm: torch.fx.GraphModule) -> list:
+    """(kernel name, name, globals dict, value) of every Python global a region's kernel (or a
+    function it calls) reads: Triton's `used_global_vals`, which `kernel[grid]` checks before
+    every launch (`JITFunction.run`), checked on every call of the optimized module the same way.
+    Computing the kernel's cache key fills them in (Triton's DependenciesFinder)."""
+    out = []
+    seen = set()
+    for rt in _regions(gm):
+        for step in rt.program.launches:
+            kernels = [step.kernel] + [getattr(step.tuner, "fn", None)]
+            for kernel in kernels:
+                if kernel is None or id(kernel) in seen or not hasattr(kernel, "used_global_vals"):
+                    continue
+                seen.add(id(kernel))
+                try:
+                    kernel.cache_key  # noqa: B018 - fills used_global_vals
+                except Exception:
+                    continue
+                for (name, _), (value, held) in kernel.used_global_vals.items():
+                    out.append((step.kernel_name, name, held, value))
+    return out
 
 
 def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -246,7 +285,8 @@ def explain(gm) -> str:
             lines.append(f"  specialization {spec.index}:")
             lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)
             for launch in spec.launches:
-                lines.append(f"    launch {launch.step.kernel_name} key={launch.key}")
+                extra = f" num_ctas={launch.num_ctas} (clusters: cuLaunchKernelEx)" if launch.num_ctas > 1 else ""
+                lines.append(f"    launch {launch.step.kernel_name} key={launch.key}{extra}")
                 if launch.step.tuned:
                     lines.append(f"      autotuned: {launch.step.tuned}")
             in_arena = [a for a in spec.allocs if a.arena_offset >= 0]

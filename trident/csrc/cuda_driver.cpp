@@ -1,22 +1,15 @@
 #include "cuda_driver.h"
 
+// The driver API's own declarations: the cuda.h Triton's NVIDIA backend ships and compiles its
+// launcher against (setup.py puts its folder on the include path). Only types and enums are
+// used from it; the functions are resolved with dlsym, so nothing links against libcuda.
+#include <cuda.h>
 #include <dlfcn.h>
 
 #include <mutex>
 
 namespace trident::cuda {
 namespace {
-
-using CUresult = int;
-using CUdevice = int;
-using CUcontext = void*;
-using CUmodule = void*;
-using CUfunction = void*;
-using CUstream = void*;
-
-constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
-constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
-constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
 struct Api {
   CUresult (*cuInit)(unsigned);
@@ -31,9 +24,12 @@ struct Api {
   CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
+  // Optional (CUDA >= 11.8 drivers): only launches with clusters, cooperative grids or
+  // programmatic dependent launch need it.
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuGraphLaunch)(void*, CUstream);
-  CUresult (*cuMemcpyDtoDAsync)(uint64_t, uint64_t, size_t, CUstream);
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuStreamIsCapturing)(CUstream, int*);
   CUresult (*cuStreamSynchronize)(CUstream);
   bool ok = false;
@@ -66,7 +62,8 @@ const Api& api() {
     sym(a.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     sym(a.cuStreamIsCapturing, "cuStreamIsCapturing");
     sym(a.cuStreamSynchronize, "cuStreamSynchronize");
-    a.ok = all && a.cuInit(0) == 0;
+    a.cuLaunchKernelEx = reinterpret_cast<decltype(a.cuLaunchKernelEx)>(dlsym(h, "cuLaunchKernelEx"));
+    a.ok = all && a.cuInit(0) == CUDA_SUCCESS;
   });
   return a;
 }
@@ -74,7 +71,7 @@ const Api& api() {
 std::string describe(CUresult r, const std::string& what) {
   const char* text = nullptr;
   if (api().cuGetErrorString) api().cuGetErrorString(r, &text);
-  return what + " failed with CUresult " + std::to_string(r) + " (" +
+  return what + " failed with CUresult " + std::to_string(static_cast<int>(r)) + " (" +
          (text ? text : "unknown") + ")";
 }
 
@@ -118,19 +115,68 @@ void* load_function(int64_t device, const std::string& cubin, const std::string&
   return fn;
 }
 
-int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps, int64_t shared,
-           void* stream, void** params, std::string* error) {
+int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps, int64_t num_ctas,
+           int64_t shared, bool cooperative, bool pdl, void* stream, void** params,
+           std::string* error) {
   if (gx * gy * gz == 0) return 0;  // Triton skips empty grids too
-  CUresult r = api().cuLaunchKernel(function, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
-                                    static_cast<unsigned>(gz), static_cast<unsigned>(32 * num_warps),
-                                    1, 1, static_cast<unsigned>(shared), stream, params, nullptr);
-  if (r) *error = describe(r, "cuLaunchKernel");
+  auto fn = static_cast<CUfunction>(function);
+  auto st = static_cast<CUstream>(stream);
+  if (num_ctas == 1 && !cooperative && !pdl) {
+    CUresult r = api().cuLaunchKernel(fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                                      static_cast<unsigned>(gz), static_cast<unsigned>(32 * num_warps),
+                                      1, 1, static_cast<unsigned>(shared), st, params, nullptr);
+    if (r) *error = describe(r, "cuLaunchKernel");
+    return r;
+  }
+  // Note [Cluster launches]: what triton/backends/nvidia/driver.py's _launch does for kernels
+  // compiled with num_ctas > 1 (a grid point is a cluster of num_ctas CTAs along x, spread
+  // scheduling; 16 needs the non-portable size opt-in), launch_cooperative_grid and launch_pdl.
+  if (!api().cuLaunchKernelEx) {
+    *error = "this kernel needs cuLaunchKernelEx (clusters, cooperative grid or PDL), which the "
+             "installed CUDA driver does not export";
+    return -1;
+  }
+  CUlaunchAttribute attrs[4] = {};
+  unsigned n = 0;
+  if (pdl) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n++].value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n++].value.cooperative = 1;
+  }
+  if (num_ctas != 1) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = static_cast<unsigned>(num_ctas);
+    attrs[n].value.clusterDim.y = 1;
+    attrs[n++].value.clusterDim.z = 1;
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[n++].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+    if (num_ctas == 16) {
+      CUresult r = api().cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+      if (r) return *error = describe(r, "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)"), r;
+    }
+  }
+  CUlaunchConfig config = {};
+  config.gridDimX = static_cast<unsigned>(gx * num_ctas);
+  config.gridDimY = static_cast<unsigned>(gy);
+  config.gridDimZ = static_cast<unsigned>(gz);
+  config.blockDimX = static_cast<unsigned>(32 * num_warps);
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = static_cast<unsigned>(shared);
+  config.hStream = st;
+  config.attrs = attrs;
+  config.numAttrs = n;
+  CUresult r = api().cuLaunchKernelEx(&config, fn, params, nullptr);
+  if (r) *error = describe(r, "cuLaunchKernelEx");
   return r;
 }
 
 int graph_launch(void* exec, void* stream, std::string* error) {
   if (!api().ok) return *error = "libcuda.so.1 could not be loaded", -1;
-  CUresult r = api().cuGraphLaunch(exec, stream);
+  CUresult r = api().cuGraphLaunch(exec, static_cast<CUstream>(stream));
   if (r) *error = describe(r, "cuGraphLaunch");
   return r;
 }
@@ -139,7 +185,7 @@ int copy_async(void* dst, const void* src, int64_t bytes, void* stream, std::str
   if (bytes <= 0) return 0;
   if (!api().ok) return *error = "libcuda.so.1 could not be loaded", -1;
   CUresult r = api().cuMemcpyDtoDAsync(reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src),
-                                       static_cast<size_t>(bytes), stream);
+                                       static_cast<size_t>(bytes), static_cast<CUstream>(stream));
   if (r) *error = describe(r, "cuMemcpyDtoDAsync");
   return r;
 }
@@ -149,7 +195,7 @@ bool stream_capturing(void* stream) {
   int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
   // An error (e.g. the legacy stream while another stream captures in global mode) also means
   // "do not replay here": the caller then takes the ordinary path.
-  return api().cuStreamIsCapturing(stream, &status) != 0 || status != 0;
+  return api().cuStreamIsCapturing(static_cast<CUstream>(stream), &status) != 0 || status != 0;
 }
 
 int stream_synchronize(void* stream, std::string* error) {
@@ -157,7 +203,7 @@ int stream_synchronize(void* stream, std::string* error) {
     if (error) *error = "the CUDA driver is not available";
     return -1;
   }
-  const CUresult r = api().cuStreamSynchronize(stream);
+  const CUresult r = api().cuStreamSynchronize(static_cast<CUstream>(stream));
   if (r != 0 && error) *error = describe(r, "cuStreamSynchronize");
   return r;
 }

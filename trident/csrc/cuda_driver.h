@@ -15,9 +15,12 @@ bool available();
 void* load_function(int64_t device, const std::string& cubin, const std::string& name,
                     int64_t shared, std::string* error);
 
-// One cuLaunchKernel on `stream`. Returns 0 or the CUresult; `error` gets the driver's text.
-int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps,
-           int64_t shared, void* stream, void** params, std::string* error);
+// One launch on `stream`: cuLaunchKernel, or cuLaunchKernelEx with Triton's attributes for a
+// kernel compiled with num_ctas > 1 (clusters), launch_cooperative_grid or launch_pdl
+// (Note [Cluster launches]). Returns 0 or the CUresult; `error` gets the driver's text.
+int launch(void* function, int64_t gx, int64_t gy, int64_t gz, int64_t num_warps, int64_t num_ctas,
+           int64_t shared, bool cooperative, bool pdl, void* stream, void** params,
+           std::string* error);
 
 // cuGraphLaunch of a CUgraphExec (a cudaGraphExec_t) on `stream`. Returns 0 or the CUresult.
 int graph_launch(void* exec, void* stream, std::string* error);

@@ -57,13 +57,16 @@ int64_t create_region(const std::string& name, int64_t num_inputs, int64_t max_r
 }
 
 int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, int64_t num_ctas,
-                   int64_t shared, int64_t gs_size, int64_t gs_align, int64_t ps_size,
-                   int64_t ps_align, std::vector<std::string> param_types, py::object cpu_runner) {
+                   bool cooperative, bool pdl, int64_t shared, int64_t gs_size, int64_t gs_align,
+                   int64_t ps_size, int64_t ps_align, std::vector<std::string> param_types,
+                   py::object cpu_runner) {
   auto k = std::make_shared<KernelEntry>();
   k->name = name;
   k->cubin = std::string(cubin);
   k->num_warps = num_warps;
   k->num_ctas = num_ctas;
+  k->cooperative = cooperative;
+  k->pdl = pdl;
   k->shared = shared;
   k->global_scratch_size = gs_size;
   k->global_scratch_align = std::max<int64_t>(gs_align, 1);
@@ -198,7 +201,8 @@ int64_t bare_launch_loop(
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t it = 0; it < iters; ++it) {
     for (auto& p : prepared) {
-      if (cuda::launch(p.fn, p.gx, p.gy, p.gz, p.k->num_warps, p.k->shared, stream, p.params.data(), &err))
+      if (cuda::launch(p.fn, p.gx, p.gy, p.gz, p.k->num_warps, p.k->num_ctas, p.k->shared, p.k->cooperative,
+                       p.k->pdl, stream, p.params.data(), &err))
         TORCH_CHECK(false, err);
     }
   }

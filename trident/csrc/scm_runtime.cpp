@@ -242,7 +242,8 @@ int64_t launch_cuda(HostCtx* ctx, KernelEntry& k, int64_t gx, int64_t gy, int64_
   }
   params[n] = &global_scratch;
   params[n + 1] = &profile_scratch;
-  if (cuda::launch(fn, gx, gy, gz, k.num_warps, k.shared, ctx->stream, params.data(), &ctx->error)) {
+  if (cuda::launch(fn, gx, gy, gz, k.num_warps, k.num_ctas, k.shared, k.cooperative, k.pdl, ctx->stream,
+                   params.data(), &ctx->error)) {
     ctx->error = "kernel '" + k.name + "': " + ctx->error;
     return -2;
   }

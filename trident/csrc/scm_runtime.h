@@ -113,7 +113,9 @@ struct KernelEntry {
   ProfCounter prof;
   std::string cubin;  // empty for kernels that only run through the CPU interpreter
   int64_t num_warps = 4;
-  int64_t num_ctas = 1;
+  int64_t num_ctas = 1;  // > 1: a cluster launch (Note [Cluster launches])
+  bool cooperative = false;  // Triton's launch_cooperative_grid
+  bool pdl = false;          // Triton's launch_pdl (programmatic dependent launch)
   int64_t shared = 0;
   int64_t global_scratch_size = 0;
   int64_t global_scratch_align = 1;

@@ -39,6 +39,8 @@ def register_launch(plan: LaunchPlan) -> int:
         cubin,
         plan.num_warps,
         plan.num_ctas,
+        plan.cooperative,
+        plan.pdl,
         plan.shared,
         getattr(meta, "global_scratch_size", 0) or 0,
         getattr(meta, "global_scratch_align", 1) or 1,

@@ -184,10 +184,12 @@ class LaunchPlan:
     params: list[Param]
     constexprs: dict[str, Any]  # every constexpr param (declared or folded by Triton) and its value
     num_warps: int
-    num_ctas: int
+    num_ctas: int  # > 1: launched as clusters of num_ctas CTAs (Note [Cluster launches])
     shared: int
     aligned_values: tuple[int, ...]  # value slots passed as 'D' pointers: checked at run time
     compiled: Any = field(default=None, repr=False)  # triton CompiledKernel
+    cooperative: bool = False  # Triton's launch_cooperative_grid
+    pdl: bool = False  # Triton's launch_pdl
     handle: int = -1  # region-local index of its native kernel entry
     global_handle: int = -1  # index in the process-wide kernel table
 

@@ -13,6 +13,7 @@ Allocation layouts come from fake-tensor propagation of the region's FX graph.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -97,6 +98,26 @@ def propagate_values(
     return facts, value_residues, roots, offsets, escaping, storage_ids
 
 
+_BINDERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # JITFunction -> {target: binder}
+
+
+def _binder(kernel):
+    """Triton's binder for `kernel` on the current target: the function `kernel[grid](...)` runs
+    to bind arguments and compute the specialization key, built the way `JITFunction.create_binder`
+    builds it (`create_function_from_signature` over the kernel's signature and parameters, for
+    the target's backend) instead of read out of the private `device_caches` tuples."""
+    import triton
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = triton.runtime.driver.active.get_current_target()
+    per_target = _BINDERS.setdefault(kernel, {})
+    binder = per_target.get(target)
+    if binder is None:
+        binder = per_target[target] = create_function_from_signature(kernel.signature, kernel.params, make_backend(target))
+    return binder
+
+
 def _launch_plan(
     step: LaunchStep,
     input_facts: Sequence[TensorFacts],
@@ -130,12 +151,7 @@ def _launch_plan(
         else:
             call_args[name] = value
     with _device_scope(device):
-        dev = torch.cuda.current_device() if device.type == "cuda" else 0
-        import triton
-
-        if device.type != "cuda":
-            dev = triton.runtime.driver.active.get_current_device()
-        binder = kernel.device_caches[dev][4]
+        binder = _binder(kernel)
         try:
             _, specialization, _ = binder(**call_args)
         except TypeError as e:
@@ -181,6 +197,8 @@ def _launch_plan(
         shared=meta.shared if meta else 0,
         aligned_values=tuple(sorted(set(aligned_values))),
         compiled=compiled,
+        cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
+        pdl=bool(getattr(meta, "launch_pdl", False)),
     )
 
 
