@@ -305,10 +305,17 @@ TORCH_LIBRARY_IMPL(trident, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("create_region", &trident::create_region);
-  m.def("set_host", [](int64_t id, int64_t host, int64_t select) {
+  // Note [One host program per specialization]: appends one specialization's compiled program.
+  m.def("add_host", [](int64_t id, int64_t host, int64_t select) {
     auto r = trident::get_region(id);
-    r->select.store(reinterpret_cast<trident::HostFn>(select), std::memory_order_release);
-    r->host.store(reinterpret_cast<trident::HostFn>(host), std::memory_order_release);
+    std::lock_guard<std::mutex> lock(r->host_mutex);
+    const trident::HostTable* old = r->hosts.load(std::memory_order_acquire);
+    auto table = old ? std::make_unique<trident::HostTable>(*old) : std::make_unique<trident::HostTable>();
+    table->select.push_back(reinterpret_cast<trident::HostFn>(select));
+    table->host.push_back(reinterpret_cast<trident::HostFn>(host));
+    r->hosts.store(table.get(), std::memory_order_release);
+    r->host_tables.push_back(std::move(table));
+    return static_cast<int64_t>(r->host_tables.back()->host.size());
   });
   m.def("region_stats", [](int64_t id) {
     auto r = trident::get_region(id);

@@ -396,15 +396,18 @@ RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_v
 thread_local std::vector<int64_t> tls_facts;
 
 int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx) {
-  HostFn host = r.host.load(std::memory_order_acquire);
-  if (!host) return -1;  // nothing compiled yet: the first call is a miss
+  const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
+  if (!hosts) return -1;  // nothing compiled yet: the first call is a miss
   RuntimeTable* table = &kRuntimeTable;
   HostCtx* ctx_ptr = &ctx;
   int64_t result = -1;
   void* args[3] = {&table, &ctx_ptr, &result};
   ProfScope prof(host_prof());
-  host(args);
-  return result;
+  for (HostFn host : hosts->host) {  // in order: the first specialization whose guards hold
+    host(args);
+    if (result != -1) return result;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -542,14 +545,17 @@ static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& c
 
 // The generated guard-and-select function on prepared facts: a specialization index or -1.
 static int64_t select_specialization(Region& r, HostCtx& ctx) {
-  HostFn select = r.select.load(std::memory_order_acquire);
-  if (!select) return -1;
+  const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
+  if (!hosts) return -1;
   RuntimeTable* table = &kRuntimeTable;
   HostCtx* ctx_ptr = &ctx;
   int64_t result = -1;
   void* args[3] = {&table, &ctx_ptr, &result};
-  select(args);
-  return result;
+  for (HostFn select : hosts->select) {
+    select(args);
+    if (result >= 0) return result;
+  }
+  return -1;
 }
 
 int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {

@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 from torch_mlir import ir
 from torch_mlir.execution_engine import ExecutionEngine
@@ -51,8 +52,10 @@ def _failure(stage: str, name: str, text: str, error: Exception) -> LoweringErro
     )
 
 
-def lower_to_llvm(module: ir.Module, name: str) -> None:
-    text = str(module)
+def lower_to_llvm(module: ir.Module, name: str, text: Optional[str] = None) -> None:
+    """`text`: the module as printed, when the caller has it (printing a large module costs
+    more than lowering it); kept for the repro of a failure."""
+    text = str(module) if text is None else text
     try:
         with module.context:
             PassManager.parse(LLVM_PIPELINE).run(module.operation)
@@ -60,9 +63,9 @@ def lower_to_llvm(module: ir.Module, name: str) -> None:
         raise _failure(f"MLIR pipeline {LLVM_PIPELINE!r}", name, text, e) from e
 
 
-def compile_host(module: ir.Module, name: str) -> HostBinary:
-    text = str(module)  # the input as given, for a repro of any later failure
-    lower_to_llvm(module, name)
+def compile_host(module: ir.Module, name: str, text: Optional[str] = None) -> HostBinary:
+    text = str(module) if text is None else text  # the input as given, for a repro of any later failure
+    lower_to_llvm(module, name, text)
     try:
         engine = ExecutionEngine(module, opt_level=knobs.mlir_opt_level())
     except Exception as e:

@@ -18,6 +18,7 @@ Every constant a decision needs (expected codes, handles, grids, scalar bits) is
 from __future__ import annotations
 
 import struct
+from typing import Optional
 
 import torch
 from torch_mlir import ir
@@ -164,8 +165,9 @@ def program_steps(scm: SCM) -> list[tuple]:
 
 
 class _Emitter:
-    def __init__(self, scm: SCM):
+    def __init__(self, scm: SCM, specs: "list[Specialization]"):
         self.scm = scm
+        self.specs = specs  # the specializations this program holds, in selection order
         self.i64 = ir.IntegerType.get_signless(64)
         self.i1 = ir.IntegerType.get_signless(1)
         self.ptr = ir.Type.parse("!llvm.ptr")
@@ -207,7 +209,7 @@ class _Emitter:
         self.entry_done = False
         self.facts: dict = {}
         region = fn.regions[0]
-        n = len(self.scm.specializations)
+        n = len(self.specs)
         first = [region.blocks.append() for _ in range(n)]
         second = [region.blocks.append() for _ in range(n)]
         return region, tuple(self.entry.arguments), first, second, region.blocks.append()
@@ -216,7 +218,7 @@ class _Emitter:
         """`scm_select(rt, ctx) -> i64`: the prologue. Evaluates every specialization's guards on
         the input facts, in order; returns the first that holds, or -1."""
         region, (_, ctx), guard_blocks, hit_blocks, miss = self._begin(module, SELECT_SYMBOL)
-        specs = self.scm.specializations
+        specs = self.specs
         with ir.InsertionPoint(self.entry):
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
             cf.BranchOp([], guard_blocks[0] if specs else miss)
@@ -235,7 +237,7 @@ class _Emitter:
         specialization's plan; -1 on a miss, -2 when a runtime service failed."""
         region, (rt, ctx), dispatch_blocks, body_blocks, miss = self._begin(module, HOST_SYMBOL)
         self.ctx = ctx
-        specs = self.scm.specializations
+        specs = self.specs
         fail = region.blocks.append()
         with ir.InsertionPoint(self.entry):
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
@@ -365,8 +367,11 @@ class _Emitter:
         return ok
 
 
-def emit_host_module(scm: SCM, torch_module: ir.Module) -> ir.Module:
-    """A new module, in the context of `torch_module`, holding the host program of `scm`."""
+def emit_host_module(scm: SCM, torch_module: ir.Module, specs: "Optional[list[Specialization]]" = None) -> ir.Module:
+    """A new module, in the context of `torch_module`, holding the host program of `specs` (by
+    default every specialization of `scm`; the runtime compiles one per specialization: Note
+    [One host program per specialization])."""
+    specs = list(scm.specializations) if specs is None else specs
     steps = region_steps(torch_module, scm.program.name)
     expected = program_steps(scm)
     assert [s[:2] if s[1] == "op" else s for s in steps] == expected, (
@@ -374,6 +379,6 @@ def emit_host_module(scm: SCM, torch_module: ir.Module) -> ir.Module:
     )
     with torch_module.context, ir.Location.unknown():
         module = ir.Module.create()
-        _Emitter(scm).emit_select(module)
-        _Emitter(scm).emit_host(module)
+        _Emitter(scm, specs).emit_select(module)
+        _Emitter(scm, specs).emit_host(module)
     return module

@@ -2,8 +2,9 @@
 
 The hit path is entirely native (trident._C: prologue, generated host program, launches). This
 object is entered only on a miss: it explains the miss, checks that the captured program can
-serve the new inputs, builds a specialization (Triton compiles the kernels), rebuilds the host
-program over all specializations and swaps it in.
+serve the new inputs, builds a specialization (Triton compiles the kernels) and compiles its
+host program alone, appended to the region's table (Note [One host program per
+specialization], trident/csrc/scm_runtime.h): a miss never rebuilds the others.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..errors import GuardError, TridentError, UnsupportedError
 from ..lowering import compile_host, emit_host_module, import_region
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
 from ..scm.printer import format_dtype, format_guard, format_scm
-from ..scm.specialize import build_specialization
+from ..scm.specialize import build_specialization, triton_compile_seconds
 from . import graphs, native
 
 _REGISTRY: dict[int, "SCMRuntime"] = {}
@@ -100,8 +101,12 @@ class SCMRuntime:
         self.scm = SCM(program, max_rank)
         self.binaries: list = []  # every host ever installed stays alive (another thread may run it)
         self.last_miss_reason: Optional[str] = None
+        # per specialization built: seconds of planning, Triton's compiler, torch-dialect import,
+        # host MLIR emission and LLVM (the miss-cost split; tools/bench_miss.py)
+        self.build_costs: list[dict] = []
         self.torch_mlir: str = ""
-        self.host_mlir: str = ""
+        self._torch_module = None  # the region in torch dialect, imported once
+        self.host_mlirs: list[str] = []  # per specialization: its host program
         self._lock = threading.Lock()
         self._aten_handles: dict[str, int] = {}
         self.region_id = native.C.create_region(
@@ -133,9 +138,13 @@ class SCMRuntime:
     # -- building -------------------------------------------------------------------------
     def add_specialization(self, facts: Sequence[TensorFacts], residues: Sequence[int]) -> Specialization:
         """residues: data_ptr % 16 of each input."""
+        t0, triton0 = time.perf_counter(), triton_compile_seconds()
         spec = build_specialization(
             self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
         )
+        triton_s = triton_compile_seconds() - triton0
+        cost = {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s}
+        t0 = time.perf_counter()
         bind = native.C.region_bind
         for plan in spec.allocs:
             plan.handle = bind(self.region_id, "alloc", native.register_alloc(plan))
@@ -155,13 +164,16 @@ class SCMRuntime:
         for plan in spec.launches:
             plan.global_handle = native.register_launch(plan)
             plan.handle = bind(self.region_id, "kernel", plan.global_handle)
+        cost["plan_s"] += time.perf_counter() - t0  # native tables
         self.scm.specializations.append(spec)
         if logs.guards.isEnabledFor(logging.DEBUG):
             logs.guards.debug(
                 "%s: specialization %d guards:\n%s", self.program.name, spec.index,
                 "\n".join(f"  {format_guard(g)}" for g in spec.guards),
             )
-        self.rebuild()
+        cost.update(self.build_host(spec))
+        cost["specialization"] = spec.index
+        self.build_costs.append(cost)
         return spec
 
     @staticmethod
@@ -169,23 +181,36 @@ class SCMRuntime:
         on_cuda = any(f.device.type == "cuda" for f in facts)
         return on_cuda or knobs.compile_cubin_on_cpu()
 
-    def rebuild(self) -> None:
+    @property
+    def host_mlir(self) -> str:
+        """The host programs of every specialization, in selection order."""
+        return "\n".join(self.host_mlirs)
+
+    def build_host(self, spec: Specialization) -> dict:
+        """Builds the host program of `spec` alone and appends it to the region's (Note [One host
+        program per specialization]); returns its cost split (seconds): torch-dialect import
+        (once per region), host MLIR emission, LLVM (MLIR's LLVM lowering and the
+        ExecutionEngine)."""
         from torch_mlir import ir
 
         t0 = time.perf_counter()
-        ctx = ir.Context()
-        torch_module = import_region(self.program, ctx)
-        host = emit_host_module(self.scm, torch_module)
-        self.torch_mlir = str(torch_module)
-        self.host_mlir = str(host)
-        binary = compile_host(host, self.program.name)
+        if self._torch_module is None:  # what the region does: the same for every specialization
+            self._torch_module = import_region(self.program, ir.Context())
+            self.torch_mlir = str(self._torch_module)
+        t1 = time.perf_counter()
+        host = emit_host_module(self.scm, self._torch_module, [spec])
+        self.host_mlirs.append(str(host))
+        t2 = time.perf_counter()
+        binary = compile_host(host, f"{self.program.name}.{spec.index}", self.host_mlirs[-1])
+        t3 = time.perf_counter()
         self.binaries.append(binary)
-        native.C.set_host(self.region_id, binary.address, binary.select_address)
+        native.C.add_host(self.region_id, binary.address, binary.select_address)
         logs.lowering.debug(
-            "%s: host program for %d specialization(s): %d lines of host MLIR, built in %.2f s",
-            self.program.name, len(self.scm.specializations), self.host_mlir.count("\n"), time.perf_counter() - t0,
+            "%s: host program of specialization %d: %d lines of host MLIR, built in %.2f s",
+            self.program.name, spec.index, self.host_mlirs[-1].count("\n"), time.perf_counter() - t0,
         )
         self._dump()
+        return {"torch_mlir_s": t1 - t0, "host_mlir_s": t2 - t1, "llvm_s": t3 - t2}
 
     def _dump(self) -> None:
         folder = knobs.dump_dir()

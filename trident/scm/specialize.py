@@ -13,6 +13,8 @@ Allocation layouts come from fake-tensor propagation of the region's FX graph.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 import weakref
 from typing import Optional, Sequence
 
@@ -98,6 +100,15 @@ def propagate_values(
     return facts, value_residues, roots, offsets, escaping, storage_ids
 
 
+_triton_seconds = threading.local()  # this thread's time in Triton's compiler (kernel.warmup)
+
+
+def triton_compile_seconds() -> float:
+    """Seconds this thread has spent in Triton's compiler (JITFunction.warmup) while planning
+    specializations: the miss-cost split's Triton share (runtime/scm_module.py)."""
+    return getattr(_triton_seconds, "total", 0.0)
+
+
 _BINDERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # JITFunction -> {target: binder}
 
 
@@ -167,7 +178,9 @@ def _launch_plan(
                 f"(tensor arguments: {', '.join(f'{k}: {v}' for k, v in dtypes.items())}); "
                 "eager kernel[grid] would fail the same way"
             ) from e
+        t0 = time.perf_counter()
         compiled = kernel.warmup(grid=step.grid, **call_args) if compile_kernel else None
+        _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
     key = tuple((ty, attr) for ty, attr in specialization)
     # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and
     # folded value-1 ints / None) from the signature.
