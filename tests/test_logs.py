@@ -56,12 +56,12 @@ class TestLogs(expecttest.TestCase):
 [trident.guards] regionN: specialization 0 guards:
   x: f32[256] strides=(1) cpu aligned16
   a: f32[256] strides=(1) cpu aligned16
-[trident.lowering] regionN: host program for 1 specialization(s): L lines of host MLIR, built in T s
+[trident.lowering] regionN: host program of specialization 0: L lines of host MLIR, built in T s
 [trident.graphs] regionN: recorded graph 0 (emulated): staged inputs [1] (written back []), 1 pinned, 1.0 KiB held; 0 retired so far
 [trident.guards] regionN: specialization 1 guards:
   x: f64[256] strides=(1) cpu aligned16
   a: f64[256] strides=(1) cpu aligned16
-[trident.lowering] regionN: host program for 2 specialization(s): L lines of host MLIR, built in T s
+[trident.lowering] regionN: host program of specialization 1: L lines of host MLIR, built in T s
 [trident.misses] regionN: miss (specialization 0: tensor 'x' dtype mismatch: expected f32, got f64): compiled specialization 1 in T s""")
 
 

@@ -156,3 +156,49 @@ def test_one_tensor_in_two_positions_at_capture_is_guarded(device):
     opt = _opt(K.axpy, x0, torch.randn(1000, device=device))
     torch.testing.assert_close(opt(x, x), K.axpy_ref(x, x))
     torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+
+
+def _misaligned(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
+    base = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)
+    shift = (elements - (base.data_ptr() // t.element_size()) % (16 // t.element_size())) % (16 // t.element_size())
+    out = base[shift: shift + t.numel()].view_as(t)
+    out.copy_(t)
+    return out
+
+
+def _axpy_rounded_once(a, b):
+    return K.axpy_ref(a.double(), b.double()).to(a.dtype)  # the kernel rounds once, in fp32
+
+
+def test_a_miss_builds_only_the_new_specialization(device):
+    """Note [One host program per specialization]: each miss compiles one host program, the
+    earlier ones stay as they were and keep serving their inputs; calls interleaved over five
+    specializations each take the first whose guards hold, with correct results."""
+    from trident.optimize import _regions
+
+    x, y = torch.randn(1000, device=device), torch.randn(1000, device=device)
+    opt = _opt(K.axpy, x, y)
+    (rt,) = _regions(opt)
+    kinds = [
+        lambda: (torch.randn(1000, device=device), torch.randn(1000, device=device)),
+        lambda: (torch.randn(1000, device=device, dtype=torch.float64), torch.randn(1000, device=device, dtype=torch.float64)),
+        lambda: (_misaligned(torch.randn(1000, device=device)), torch.randn(1000, device=device)),
+        lambda: (torch.randn(1000, device=device), _misaligned(torch.randn(1000, device=device), 2)),
+        lambda: (torch.randn(1000, device=device, dtype=torch.float16), torch.randn(1000, device=device, dtype=torch.float16)),
+    ]
+    texts = []
+    for i, make in enumerate(kinds):  # one miss each after the first
+        a, b = make()
+        torch.testing.assert_close(opt(a, b), _axpy_rounded_once(a, b))
+        assert len(rt.host_mlirs) == len(rt.build_costs) == i + 1
+        assert rt.host_mlirs[:i] == texts  # the earlier programs were not rebuilt
+        texts = list(rt.host_mlirs)
+        assert rt.build_costs[-1]["specialization"] == i
+    random.seed(0)
+    for _ in range(40):
+        k = random.randrange(len(kinds))
+        a, b = kinds[k]()
+        torch.testing.assert_close(opt(a, b), _axpy_rounded_once(a, b))
+        assert rt.probe([a, b]) == k  # axpy's region reads its two inputs in this order
+    s = _stats(opt)
+    assert s["specializations"] == 5 and s["misses"] == 4
