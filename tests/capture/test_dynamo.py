@@ -287,3 +287,37 @@ def test_static_graph_takes_its_capture_without_a_signature(device, monkeypatch)
             x, y = torch.randn(n, device=device), torch.randn(n, device=device)
             torch.testing.assert_close(compiled(x, y), _reference(x, y))
     assert len(calls) == 3
+
+
+def test_graph_trident_cannot_capture_runs_eagerly(device, monkeypatch):
+    """A Dynamo graph Trident refuses (a TridentError while capturing or optimizing) runs as
+    Dynamo's graph, eagerly, for that signature; a warning and explain() say why."""
+    import logging
+
+    from trident.capture import trace
+
+    def refuse(*args, **kwargs):
+        raise trident.CaptureError("could not capture: a construct Trident does not support")
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    monkeypatch.setattr(trace, "capture", refuse)
+    start = len(compiled_graphs())
+    compiled = torch.compile(_program, backend="trident")
+    keep = Keep(level=logging.WARNING)
+    logging.getLogger("trident.misses").addHandler(keep)
+    try:
+        for _ in range(3):
+            x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+            torch.testing.assert_close(compiled(x, y), _reference(x, y))
+    finally:
+        logging.getLogger("trident.misses").removeHandler(keep)
+    (g,) = _graphs_since(start)
+    assert g.eager_calls == 3 and not g.captures
+    assert "Trident cannot optimize this graph: CaptureError" in g.eager_reason
+    assert sum("runs eagerly" in r.getMessage() for r in records) == 1  # warned once
+    assert "last eager call: Trident cannot optimize this graph" in trident.explain(compiled)

@@ -15,7 +15,9 @@ arguments at run time are still concrete tensors and ints. So a compiled graph i
 keyed by the signature of its arguments (`compile.signature`: per tensor dtype, device, sizes and
 strides; every Python scalar's value), each entry one static capture: a new size is a new capture, never an error.
 The cache is bounded (TRIDENT_DYNAMO_CAPTURES, 8 per graph); past it calls run Dynamo's graph
-eagerly, and explain() says so. Trident is inference only (`trident.scm` has no derivative):
+eagerly, and explain() says so. A graph Trident cannot capture or optimize (a TridentError:
+something it does not support) runs eagerly too, for that signature, with a warning on the
+`trident.misses` logger and the reason in explain(). Trident is inference only (`trident.scm` has no derivative):
 a call with grad enabled and an input that requires grad runs Dynamo's graph eagerly, so
 autograd sees what it would without the backend.
 
@@ -48,7 +50,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import knobs
+from .. import knobs, logs
+from ..errors import TridentError
 from .compile import signature
 
 
@@ -67,6 +70,7 @@ class CompiledGraph:
         self.captures: dict[tuple, torch.fx.GraphModule] = {}
         self.eager_calls = 0
         self.eager_reason: Optional[str] = None
+        self._refused: dict[tuple, str] = {}  # signatures Trident could not capture/optimize: run eagerly
         self._lock = threading.Lock()
 
     def __call__(self, *args):
@@ -78,6 +82,9 @@ class CompiledGraph:
         key = signature(args) if self._static_key is None else self._static_key
         opt = self.captures.get(key)
         if opt is None:
+            refused = self._refused.get(key)
+            if refused is not None:
+                return self._eager(args, refused)
             with self._lock:
                 opt = self.captures.get(key)
                 if opt is None:
@@ -88,7 +95,14 @@ class CompiledGraph:
                     from .. import optimize  # the passes stage: after capture in the pipeline
                     from .trace import capture
 
-                    opt = optimize(capture(self.gm, *args))
+                    try:
+                        opt = optimize(capture(self.gm, *args))
+                    except TridentError as e:
+                        # Dynamo's graph still runs: eagerly, for this signature from now on
+                        reason = f"Trident cannot optimize this graph: {type(e).__name__}: {str(e).splitlines()[0]}"
+                        self._refused[key] = reason
+                        logs.misses.warning("torch.compile(backend='trident'): %s; it runs eagerly", reason)
+                        return self._eager(args, reason)
                     self.captures[key] = opt
                     if self._static_key is not None:
                         self._static = opt
