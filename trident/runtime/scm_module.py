@@ -10,6 +10,7 @@ specialization], trident/csrc/scm_runtime.h): a miss never rebuilds the others.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import threading
@@ -143,7 +144,26 @@ class SCMRuntime:
             self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
         )
         triton_s = triton_compile_seconds() - triton0
-        cost = {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s}
+        return self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+
+    def restore_specialization(self, data: dict) -> Specialization:
+        """Installs the specialization a record describes (Note [A closed plan]): its plan as
+        recorded; its kernels from Triton (its cache serves those compiled before)."""
+        from ..scm.serialize import specialization_from_data
+
+        t0, triton0 = time.perf_counter(), triton_compile_seconds()
+        if data.get("index") != len(self.scm.specializations):
+            raise TridentError(
+                f"{self.program.name}: a record of specialization {data.get('index')} cannot be installed as "
+                f"specialization {len(self.scm.specializations)}"
+            )
+        on_cuda = any(str(d).startswith("cuda") for d in data.get("devices", ()))
+        spec = specialization_from_data(self.program, data, compile_kernels=on_cuda or knobs.compile_cubin_on_cpu())
+        triton_s = triton_compile_seconds() - triton0
+        return self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+
+    def install_specialization(self, spec: Specialization, cost: dict) -> Specialization:
+        """Binds `spec`'s native tables, compiles its host program, makes it selectable."""
         t0 = time.perf_counter()
         bind = native.C.region_bind
         for plan in spec.allocs:
@@ -218,7 +238,16 @@ class SCMRuntime:
             return
         os.makedirs(folder, exist_ok=True)
         stem = os.path.join(folder, f"{self.program.name}.{self.region_id}")
-        for suffix, text in ((".scm.txt", format_scm(self.scm)), (".torch.mlir", self.torch_mlir), (".host.mlir", self.host_mlir)):
+        from ..scm.serialize import SerializationError, specialization_to_data
+
+        records = []
+        for spec in self.scm.specializations:  # Note [A closed plan]
+            try:
+                records.append((f".spec{spec.index}.json", json.dumps(specialization_to_data(self.program, spec), indent=1)))
+            except SerializationError as e:
+                records.append((f".spec{spec.index}.json", json.dumps({"not_serializable": str(e)})))
+        texts = [(".scm.txt", format_scm(self.scm)), (".torch.mlir", self.torch_mlir), (".host.mlir", self.host_mlir)]
+        for suffix, text in texts + records:
             with open(stem + suffix, "w") as f:
                 f.write(text)
 

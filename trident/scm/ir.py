@@ -79,6 +79,7 @@ class LaunchStep:
     tuner: Any = field(default=None, compare=False)
     grids: tuple = ()
     tuned: str = ""
+    config: int = -1  # the index of the tuner's config this (tuned) step launches
     # Launched through @triton.heuristics: (the Heuristics, the values computed at capture),
     # re-checked for every specialization (Note [Autotuned launches]).
     heuristics: Any = field(default=None, compare=False)

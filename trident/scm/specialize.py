@@ -151,7 +151,6 @@ def _launch_plan(
             tuning.check_heuristics(step, stand_ins)
         if step.tuner is not None:
             step = tuning.tuned_step(step, *tuning.choose(step, stand_ins, device))
-    kernel = step.kernel
     call_args = {}
     for name, value in step.args.items():
         if isinstance(value, ValueRef):
@@ -161,6 +160,14 @@ def _launch_plan(
                 call_args[name] = PointerStandIn(value_facts[value.index].dtype, value_residues[value.index] == 0)
         else:
             call_args[name] = value
+    return plan_launch(step, call_args, device, compile_kernel)
+
+
+def plan_launch(step: LaunchStep, call_args: dict, device: torch.device, compile_kernel: bool) -> LaunchPlan:
+    """The plan of one launch (a tuned step: its config's) given what Triton's specializer sees of
+    each argument (`PointerStandIn`s for tensors): Triton's key from its own binder, the
+    compiled kernel (JITFunction.warmup, when `compile_kernel`), the parameters it receives."""
+    kernel = step.kernel
     with _device_scope(device):
         binder = _binder(kernel)
         try:

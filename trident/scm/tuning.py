@@ -177,4 +177,5 @@ def tuned_step(step: LaunchStep, index: int, how: str) -> LaunchStep:
         grid=step.grids[index],
         args={**step.args, **config.all_kwargs()},
         tuned=f"{describe(step.tuner, index)}; {how}",
+        config=index,
     )
