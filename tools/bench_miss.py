@@ -15,7 +15,10 @@ host MLIR emission, LLVM (MLIR's LLVM lowering + the ExecutionEngine). Issue 11'
 native build of one new specialization of a 24-layer region (plan + MLIR + LLVM, Triton's
 compile excluded) <= 50 ms.
 
-    python tools/bench_miss.py --layers 2,16,24 --out results/bench_miss.json
+    python tools/bench_miss.py --layers 2,16,24 --out results/bench_miss.json [--warm]
+
+--warm runs each layer count a second time in a new process with the first's TRIDENT_CACHE_DIR
+(Note [Persistent plans]): the warm start (issue 11's target for the 16-layer region: <= 1 s).
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ def main() -> None:
     ap.add_argument("--layers", default="2,16,24")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="results/bench_miss.json")
+    ap.add_argument("--warm", action="store_true",
+                    help="also a second process with the first's TRIDENT_CACHE_DIR: the warm start (Note [Persistent plans])")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # one layer count in this process
     args = ap.parse_args()
     if args.one:
@@ -99,14 +104,30 @@ def main() -> None:
         commit = ""
     result = {"commit": os.environ.get("TRIDENT_COMMIT", commit or "unknown"), "device": args.device,
               "torch": torch.__version__, "method": __doc__.split("\n\n")[0].replace("\n", " "), "runs": []}
+    import tempfile
+
     for layers in map(int, args.layers.split(",")):
         # each layer count in a fresh process: no kernel or MLIR state carries over
+        plans = tempfile.mkdtemp(prefix="trident-plans-")
+        env = dict(os.environ, TRIDENT_CACHE_DIR=plans) if args.warm else None
         proc = subprocess.run([sys.executable, __file__, "--one", str(layers), "--device", args.device],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             result["runs"].append({"layers": layers, "error": proc.stderr[-2000:]})
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
+        if args.warm:  # the same region in a second process: every specialization restored
+            warm = subprocess.run([sys.executable, __file__, "--one", str(layers), "--device", args.device],
+                                  capture_output=True, text=True, env=env)
+            if warm.returncode == 0:
+                r["warm"] = json.loads(warm.stdout.strip().splitlines()[-1])
+                w = r["warm"]
+                print(f"layers={layers:3d} warm start: capture {w['capture_s']:.2f} s + optimize {w['passes_s']:.2f} s "
+                      f"(restored {sum(bool(c.get('restored')) for c in w['optimize_build'])} specialization(s); "
+                      f"first call {w['first_call']['wall_s'] * 1e3:.0f} ms, the misaligned call "
+                      f"{w['miss']['wall_s'] * 1e3:.0f} ms, {len(w['miss']['builds'])} built)", flush=True)
+            else:
+                r["warm"] = {"error": warm.stderr[-2000:]}
         result["runs"].append(r)
         rows = [("optimize", r["passes_s"], c) for c in r["optimize_build"]]
         rows += [(label, r[label]["wall_s"], c) for label in ("first_call", "miss") for c in r[label]["builds"]]

@@ -23,6 +23,9 @@ class _Knob:
 _KNOBS = {
     "dump_dir": _Knob("TRIDENT_DUMP_DIR", "", "write every generated artifact (SCM IR, MLIR) here"),
     "repro_dir": _Knob("TRIDENT_REPRO_DIR", "", "where a failed MLIR pipeline saves its input"),
+    "cache_dir": _Knob(
+        "TRIDENT_CACHE_DIR", "", "persistent plan cache (Note [Persistent plans]); '' (default): off"
+    ),
     "mlir_opt_level": _Knob(
         "TRIDENT_MLIR_OPT_LEVEL",
         "0",
@@ -79,6 +82,10 @@ _KNOBS = {
         "record a graph only when a replay is estimated to save more host µs than this (Note [When a graph pays off]; '-inf': always)",
     ),
 }
+
+
+def cache_dir() -> str:
+    return _KNOBS["cache_dir"].get()
 
 
 def dump_dir() -> str:

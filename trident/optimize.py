@@ -33,8 +33,10 @@ def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _make_scm(program: RegionProgram) -> int:
     rt = SCMRuntime(program)
     # Specialize ahead for the captured input facts with aligned pointers (what fresh tensors
-    # have); other alignments, dtypes or devices are compiled on their first miss.
-    rt.add_specialization(program.captured_inputs, [0] * len(program.inputs))
+    # have); other alignments, dtypes or devices are compiled on their first miss. With
+    # TRIDENT_CACHE_DIR, the specializations an earlier process built come back from there.
+    if not rt.restore_cached():
+        rt.add_specialization(program.captured_inputs, [0] * len(program.inputs))
     return rt.region_id
 
 

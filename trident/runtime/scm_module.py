@@ -25,6 +25,7 @@ from ..lowering import compile_host, emit_host_module, import_region
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
 from ..scm.printer import format_dtype, format_guard, format_scm
 from ..scm.specialize import build_specialization, triton_compile_seconds
+from .persistent import PlanCache
 from . import graphs, native
 
 _REGISTRY: dict[int, "SCMRuntime"] = {}
@@ -107,6 +108,7 @@ class SCMRuntime:
         self.build_costs: list[dict] = []
         self.torch_mlir: str = ""
         self._torch_module = None  # the region in torch dialect, imported once
+        self._plans = PlanCache.for_region(self.scm)  # Note [Persistent plans]; None when off
         self.host_mlirs: list[str] = []  # per specialization: its host program
         self._lock = threading.Lock()
         self._aten_handles: dict[str, int] = {}
@@ -144,7 +146,32 @@ class SCMRuntime:
             self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
         )
         triton_s = triton_compile_seconds() - triton0
-        return self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+        spec = self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+        if self._plans is not None:
+            from ..scm.serialize import SerializationError, specialization_to_data
+
+            try:
+                self._plans.store(spec.index, specialization_to_data(self.program, spec))
+            except SerializationError as e:
+                logs.misses.debug("%s: specialization %d not persisted: %s", self.program.name, spec.index, e)
+        return spec
+
+    def restore_cached(self) -> int:
+        """Restores the specializations TRIDENT_CACHE_DIR holds for this region, in order, up to
+        the first absent or rejected one (Note [Persistent plans]); how many were restored."""
+        if self._plans is None:
+            return 0
+        while True:
+            index = len(self.scm.specializations)
+            data = self._plans.load(index)
+            if data is None:
+                return index
+            try:
+                self.restore_specialization(data)
+            except Exception as e:  # a record that does not fit is rebuilt, never fatal
+                self._plans.reject(index, f"{type(e).__name__}: {e}")
+                return index
+            self.build_costs[-1]["restored"] = True
 
     def restore_specialization(self, data: dict) -> Specialization:
         """Installs the specialization a record describes (Note [A closed plan]): its plan as

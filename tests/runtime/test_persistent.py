@@ -1,0 +1,102 @@
+"""Note [Persistent plans]: a second process restores every specialization from TRIDENT_CACHE_DIR
+(no planning, no autotuner benchmark, no Triton compile: Triton's cache dir gains no file);
+truncated, corrupt and foreign-version entries are rejected with a log line and rebuilt."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CHILD = r"""
+import functools, json, sys, torch
+import trident
+from tests import kernels as K
+from tests.decode_model import Config, decode_step, make_caches, make_weights
+from trident.optimize import _regions
+
+def misaligned(t):
+    base = torch.empty(t.numel() + 4, dtype=t.dtype)
+    shift = (1 - (base.data_ptr() // 4) % 4) % 4
+    out = base[shift: shift + t.numel()].view_as(t)
+    out.copy_(t)
+    return out
+
+torch.manual_seed(0)
+cfg = Config()
+weights, cos, sin = make_weights(cfg, "cpu")
+caches = make_caches(cfg, "cpu")
+x, pos = torch.randn(1, cfg.hidden), torch.tensor([1])
+decode = trident.optimize(trident.capture(functools.partial(decode_step, cfg), x, pos, cos, sin, *caches, *weights))
+v = torch.randn(3000)
+tuned = trident.optimize(trident.capture(K.tuned_scale, v))
+outs = [decode(x, pos, cos, sin, *caches, *weights), decode(misaligned(x), pos, cos, sin, *caches, *weights), tuned(v)]
+report = {"sums": [float(o.double().sum()) for o in outs], "regions": []}
+for opt in (decode, tuned):
+    for rt in _regions(opt):
+        report["regions"].append({"restored": [bool(c.get("restored")) for c in rt.build_costs],
+                                  "misses": rt.stats()["misses"]})
+print(json.dumps(report))
+"""
+
+
+def _files(folder):
+    return {os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs}
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return {"TRIDENT_CACHE_DIR": str(tmp_path / "plans" / "trident"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+
+
+def _run(dirs):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **dirs)
+    env.pop("TRIDENT_LOG", None)
+    proc = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_second_process_restores_every_specialization(dirs):
+    first, _ = _run(dirs)
+    assert [r["restored"] for r in first["regions"]] == [[False, False], [False]]  # built: decode 2, tuned 1
+    root = dirs["TRIDENT_CACHE_DIR"]
+    assert os.stat(root).st_mode & 0o777 == 0o700
+    triton_files = _files(dirs["TRITON_CACHE_DIR"])
+    second, _ = _run(dirs)
+    assert [r["restored"] for r in second["regions"]] == [[True, True], [True]]
+    assert [r["misses"] for r in second["regions"]] == [0, 0]  # the misaligned call hit spec 1
+    assert second["sums"] == first["sums"]
+    assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files  # Triton compiled nothing
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign"])
+def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
+    first, _ = _run(dirs)
+    entries = sorted(p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith("spec0.json"))
+    assert len(entries) == 2  # one folder per region
+    for path in entries:
+        text = open(path).read()
+        if damage == "truncated":
+            text = text[: len(text) // 2]
+        else:
+            entry = json.loads(text)
+            if damage == "corrupt":
+                entry["payload"]["guards"][0]["facts"]["sizes"] = [7]
+            else:
+                entry["versions"]["torch"] = "0.0.1"
+            text = json.dumps(entry)
+        with open(path, "w") as f:
+            f.write(text)
+    second, stderr = _run(dirs)
+    assert stderr.count("rejected") == 2, stderr[-3000:]
+    assert [r["restored"][0] for r in second["regions"]] == [False, False]  # rebuilt
+    assert second["sums"] == first["sums"]
+    third, stderr = _run(dirs)  # the rebuilt entries were written anew
+    assert "rejected" not in stderr
+    assert [r["restored"] for r in third["regions"]] == [[True, True], [True]]

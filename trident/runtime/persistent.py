@@ -1,0 +1,155 @@
+"""Plans that outlive the process: TRIDENT_CACHE_DIR.
+
+Note [Persistent plans]
+~~~~~~~~~~~~~~~~~~~~~~~
+With TRIDENT_CACHE_DIR set, every specialization a region builds is written there as its closed
+record (Note [A closed plan]) and a later process that optimizes the same region restores them
+instead of planning: no value propagation, no autotuner benchmarks, and Triton's kernels from
+Triton's own on-disk cache (its compile finds them; nothing is compiled again). The host
+program of each restored specialization is still built (LLVM at -O0, Note [One host program per
+specialization]): native code is not cached.
+
+  * Key: sha256 over the region's program as printed (steps, operators, constants, grids), its
+    captured input facts, each kernel's Triton cache key (source and the globals it reads),
+    autotuner configs, and the versions of Trident, torch, triton, torch-mlir plus the compute
+    capability of each CUDA device the inputs are on. One folder per key; `spec<k>.json` per
+    specialization.
+  * An entry is {"versions", "sha256" of its payload, "payload"}; it is written to a temporary
+    file and renamed (readers never see half a file). Folders are created 0700.
+  * On load an entry whose JSON does not parse (truncated), whose hash does not match (corrupt)
+    or whose versions differ (foreign) is rejected with a line on the `trident.misses` logger
+    and removed; the specialization is built again and written anew. Restoring stops at the
+    first entry missing or rejected (indices are the selection order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from typing import Optional
+
+import torch
+
+from .. import knobs, logs
+from ..scm.printer import format_facts, format_program
+from ..scm.serialize import FORMAT
+
+_log = logs.misses
+
+
+def versions(devices) -> dict:
+    import importlib.metadata as md
+
+    import triton
+
+    def version(dist):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "unknown"
+
+    caps = sorted(
+        f"{d}:sm_{''.join(map(str, torch.cuda.get_device_capability(d)))}" for d in {str(x) for x in devices}
+        if d.startswith("cuda")
+    )
+    return {"plan_format": FORMAT, "trident": version("trident-scm"), "torch": torch.__version__,
+            "triton": triton.__version__, "torch_mlir": version("torch-mlir"), "devices": caps}
+
+
+def region_key(scm) -> str:
+    program = scm.program
+    parts = list(format_program(scm))
+    parts += [format_facts(f) for f in program.captured_inputs]
+    for step in program.launches:
+        kernel = step.kernel
+        parts.append(f"{step.name}: {getattr(kernel, 'cache_key', '')}")
+        if step.tuner is not None:
+            parts.append(repr([str(c) for c in step.tuner.configs]))
+    parts.append(json.dumps(versions(f.device for f in program.captured_inputs), sort_keys=True))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _make_private_dirs(folder: str) -> None:
+    """`folder` and the folders above it that do not exist yet, each created 0700."""
+    missing = []
+    while folder and not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
+class PlanCache:
+    """The records of one region in TRIDENT_CACHE_DIR (Note [Persistent plans])."""
+
+    def __init__(self, root: str, key: str, name: str, devices):
+        self.folder = os.path.join(root, key[:2], key)
+        self.name = name
+        self.versions = versions(devices)
+
+    @staticmethod
+    def for_region(scm) -> "Optional[PlanCache]":
+        root = knobs.cache_dir()
+        if not root:
+            return None
+        return PlanCache(root, region_key(scm), scm.program.name, (f.device for f in scm.program.captured_inputs))
+
+    def _path(self, index: int) -> str:
+        return os.path.join(self.folder, f"spec{index}.json")
+
+    def load(self, index: int) -> Optional[dict]:
+        """The payload of specialization `index`, or None (absent or rejected: removed)."""
+        path = self._path(index)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            _log.warning("%s: persistent plan %s unreadable (%s); building it again", self.name, path, e)
+            return None
+        why = None
+        try:
+            entry = json.loads(text)
+            if not isinstance(entry, dict) or "payload" not in entry:
+                why = "not a plan entry"
+            elif entry.get("versions") != self.versions:
+                why = f"written by other versions ({entry.get('versions')}, now {self.versions})"
+            elif entry.get("sha256") != _digest(entry["payload"]):
+                why = "its hash does not match its content (corrupt)"
+        except ValueError as e:
+            why = f"not valid JSON (truncated?): {e}"
+        if why is not None:
+            self.reject(index, why)
+            return None
+        return entry["payload"]
+
+    def reject(self, index: int, why: str) -> None:
+        _log.warning("%s: persistent plan %s rejected: %s; building it again", self.name, self._path(index), why)
+        try:
+            os.remove(self._path(index))
+        except OSError:
+            pass
+
+    def store(self, index: int, payload: dict) -> None:
+        try:
+            _make_private_dirs(self.folder)
+            entry = {"versions": self.versions, "sha256": _digest(payload), "payload": payload}
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f)
+            os.replace(tmp, self._path(index))
+        except OSError as e:  # a read-only or full disk costs the cache, never the call
+            _log.warning("%s: could not write persistent plan %s: %s", self.name, self._path(index), e)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("%s: persistent plan %s written", self.name, self._path(index))
