@@ -1,6 +1,8 @@
 """Note [Persistent plans]: a second process restores every specialization from TRIDENT_CACHE_DIR
-(no planning, no autotuner benchmark, no Triton compile: Triton's cache dir gains no file);
-truncated, corrupt and foreign-version entries are rejected with a log line and rebuilt."""
+(no planning, no autotuner benchmark, no Triton compile: Triton's cache dir gains no file; no
+MLIR build: host programs load from the shared libraries the first process wrote); truncated,
+corrupt and foreign-version entries and tampered libraries are rejected with a log line and
+rebuilt."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ report = {"sums": [float(o.double().sum()) for o in outs], "regions": []}
 for opt in (decode, tuned):
     for rt in _regions(opt):
         report["regions"].append({"restored": [bool(c.get("restored")) for c in rt.build_costs],
+                                  "native_restored": [bool(c.get("native_restored")) for c in rt.build_costs],
                                   "misses": rt.stats()["misses"]})
 print(json.dumps(report))
 """
@@ -70,16 +73,32 @@ def test_second_process_restores_every_specialization(dirs):
     triton_files = _files(dirs["TRITON_CACHE_DIR"])
     second, _ = _run(dirs)
     assert [r["restored"] for r in second["regions"]] == [[True, True], [True]]
+    # no MLIR build: each host program is the shared library the first process wrote
+    assert [r["native_restored"] for r in second["regions"]] == [[True, True], [True]]
     assert [r["misses"] for r in second["regions"]] == [0, 0]  # the misaligned call hit spec 1
     assert second["sums"] == first["sums"]
     assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files  # Triton compiled nothing
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign"])
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign", "library"])
 def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
     first, _ = _run(dirs)
     entries = sorted(p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith("spec0.json"))
     assert len(entries) == 2  # one folder per region
+    if damage == "library":  # the host programs' shared libraries, not the plans
+        for path in sorted(p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith(".so")):
+            with open(path, "r+b") as f:
+                f.seek(100)
+                f.write(b"\x00\x01\x02\x03")
+        second, stderr = _run(dirs)
+        assert stderr.count("rejected: its hash does not match") == 3, stderr[-3000:]
+        assert [r["restored"] for r in second["regions"]] == [[True, True], [True]]  # plans still good
+        assert [r["native_restored"] for r in second["regions"]] == [[False, False], [False]]  # rebuilt
+        assert second["sums"] == first["sums"]
+        third, stderr = _run(dirs)  # the rebuilt libraries were written anew
+        assert "rejected" not in stderr
+        assert [r["native_restored"] for r in third["regions"]] == [[True, True], [True]]
+        return
     for path in entries:
         text = open(path).read()
         if damage == "truncated":

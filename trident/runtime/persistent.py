@@ -6,8 +6,11 @@ With TRIDENT_CACHE_DIR set, every specialization a region builds is written ther
 record (Note [A closed plan]) and a later process that optimizes the same region restores them
 instead of planning: no value propagation, no autotuner benchmarks, and Triton's kernels from
 Triton's own on-disk cache (its compile finds them; nothing is compiled again). The host
-program of each restored specialization is still built (LLVM at -O0, Note [One host program per
-specialization]): native code is not cached.
+program of each specialization is kept too, as a shared library (the ExecutionEngine's object
+file linked with `ld -shared`; spec<k>.<hash>.so): its sha256 is in the entry and checked before
+it is loaded (ctypes), and it is used only when the restored specialization binds the same
+native table indices it baked in; otherwise, or without a linker, it is built again (LLVM at
+-O0, Note [One host program per specialization]).
 
   * Key: sha256 over the region's program as printed (steps, operators, constants, grids), its
     captured input facts, each kernel's Triton cache key (source and the globals it reads),
@@ -28,8 +31,10 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import subprocess
 import tempfile
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -107,8 +112,9 @@ class PlanCache:
     def _path(self, index: int) -> str:
         return os.path.join(self.folder, f"spec{index}.json")
 
-    def load(self, index: int) -> Optional[dict]:
-        """The payload of specialization `index`, or None (absent or rejected: removed)."""
+    def load(self, index: int) -> "Optional[tuple[dict, Optional[dict]]]":
+        """(plan payload, native record or None) of specialization `index`, or None (absent or
+        rejected: removed)."""
         path = self._path(index)
         try:
             with open(path) as f:
@@ -132,7 +138,62 @@ class PlanCache:
         if why is not None:
             self.reject(index, why)
             return None
-        return entry["payload"]
+        return entry["payload"], entry.get("native")
+
+    def load_native(self, native: dict) -> "Optional[tuple[Any, int, int]]":
+        """(library, host address, select address) of a cached host program, hash-checked
+        before it is loaded; None when it is absent or does not match (then it is rebuilt)."""
+        import ctypes
+
+        path = os.path.join(self.folder, native.get("file", ""))
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            return None
+        if digest != native.get("sha256"):
+            _log.warning("%s: cached host program %s rejected: its hash does not match; building it again", self.name, path)
+            return None
+        try:
+            lib = ctypes.CDLL(path)
+            host = ctypes.cast(getattr(lib, "_mlir_scm_host"), ctypes.c_void_p).value
+            select = ctypes.cast(getattr(lib, "_mlir_scm_select"), ctypes.c_void_p).value
+        except (OSError, AttributeError) as e:
+            _log.warning("%s: cached host program %s could not be loaded (%s); building it again", self.name, path, e)
+            return None
+        return lib, host, select
+
+    def store_native(self, index: int, engine) -> Optional[dict]:
+        """Writes the host program an ExecutionEngine compiled as a shared library (its object
+        file linked with `ld -shared`); the record to keep in the entry, or None where that is
+        not possible here (no linker: the host program is then rebuilt on a warm start)."""
+        linker = shutil.which("ld")
+        if linker is None:
+            return None
+        try:
+            _make_private_dirs(self.folder)
+            fd, obj = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".o")
+            os.close(fd)
+            fd, lib = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".so")
+            os.close(fd)
+            try:
+                engine.dump_to_object_file(obj)
+                done = subprocess.run([linker, "-shared", "-o", lib, obj], capture_output=True, text=True)
+                if done.returncode != 0:
+                    _log.debug("%s: ld failed on a host program: %s", self.name, done.stderr[-500:])
+                    return None
+                with open(lib, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                name = f"spec{index}.{digest[:16]}.so"
+                os.replace(lib, os.path.join(self.folder, name))
+            finally:
+                for leftover in (obj, lib):
+                    if os.path.exists(leftover):
+                        os.remove(leftover)
+        except OSError as e:
+            _log.debug("%s: could not write a host program: %s", self.name, e)
+            return None
+        return {"file": name, "sha256": digest}
 
     def reject(self, index: int, why: str) -> None:
         _log.warning("%s: persistent plan %s rejected: %s; building it again", self.name, self._path(index), why)
@@ -141,10 +202,10 @@ class PlanCache:
         except OSError:
             pass
 
-    def store(self, index: int, payload: dict) -> None:
+    def store(self, index: int, payload: dict, native: Optional[dict] = None) -> None:
         try:
             _make_private_dirs(self.folder)
-            entry = {"versions": self.versions, "sha256": _digest(payload), "payload": payload}
+            entry = {"versions": self.versions, "sha256": _digest(payload), "payload": payload, "native": native}
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f)

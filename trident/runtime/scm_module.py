@@ -96,6 +96,12 @@ def disjoint_input_pairs(program: RegionProgram) -> list[tuple[int, int, str]]:
     return pairs
 
 
+def _handles(spec: Specialization) -> list:
+    """The region-local native table indices a specialization's host program bakes in."""
+    return [[a.handle for a in spec.allocs], [a.handle for a in spec.atens],
+            [[name, v.handle] for name, v in sorted(spec.views.items())], [p.handle for p in spec.launches]]
+
+
 class SCMRuntime:
     def __init__(self, program: RegionProgram):
         self.program = program
@@ -147,14 +153,25 @@ class SCMRuntime:
         )
         triton_s = triton_compile_seconds() - triton0
         spec = self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
-        if self._plans is not None:
-            from ..scm.serialize import SerializationError, specialization_to_data
-
-            try:
-                self._plans.store(spec.index, specialization_to_data(self.program, spec))
-            except SerializationError as e:
-                logs.misses.debug("%s: specialization %d not persisted: %s", self.program.name, spec.index, e)
+        self._persist(spec)
         return spec
+
+    def _persist(self, spec: Specialization) -> None:
+        """Note [Persistent plans]: writes `spec`'s record and its host program's library."""
+        if self._plans is None:
+            return
+        from ..scm.serialize import SerializationError, specialization_to_data
+
+        try:
+            payload = specialization_to_data(self.program, spec)
+        except SerializationError as e:
+            logs.misses.debug("%s: specialization %d not persisted: %s", self.program.name, spec.index, e)
+            return
+        binary = self.binaries[-1]
+        native_record = self._plans.store_native(spec.index, binary.engine) if hasattr(binary, "engine") else None
+        if native_record is not None:
+            native_record["handles"] = _handles(spec)
+        self._plans.store(spec.index, payload, native_record)
 
     def restore_cached(self) -> int:
         """Restores the specializations TRIDENT_CACHE_DIR holds for this region, in order, up to
@@ -163,19 +180,23 @@ class SCMRuntime:
             return 0
         while True:
             index = len(self.scm.specializations)
-            data = self._plans.load(index)
-            if data is None:
+            loaded = self._plans.load(index)
+            if loaded is None:
                 return index
+            data, native_record = loaded
             try:
-                self.restore_specialization(data)
+                spec = self.restore_specialization(data, native_record)
             except Exception as e:  # a record that does not fit is rebuilt, never fatal
                 self._plans.reject(index, f"{type(e).__name__}: {e}")
                 return index
             self.build_costs[-1]["restored"] = True
+            if not self.build_costs[-1].get("native_restored"):
+                self._persist(spec)  # its host program was built again: keep that one
 
-    def restore_specialization(self, data: dict) -> Specialization:
+    def restore_specialization(self, data: dict, native_record: Optional[dict] = None) -> Specialization:
         """Installs the specialization a record describes (Note [A closed plan]): its plan as
-        recorded; its kernels from Triton (its cache serves those compiled before)."""
+        recorded; its kernels from Triton (its cache serves those compiled before); its host
+        program from `native_record` (Note [Persistent plans]) when that fits, else built."""
         from ..scm.serialize import specialization_from_data
 
         t0, triton0 = time.perf_counter(), triton_compile_seconds()
@@ -187,9 +208,10 @@ class SCMRuntime:
         on_cuda = any(str(d).startswith("cuda") for d in data.get("devices", ()))
         spec = specialization_from_data(self.program, data, compile_kernels=on_cuda or knobs.compile_cubin_on_cpu())
         triton_s = triton_compile_seconds() - triton0
-        return self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+        cost = {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s}
+        return self.install_specialization(spec, cost, native_record)
 
-    def install_specialization(self, spec: Specialization, cost: dict) -> Specialization:
+    def install_specialization(self, spec: Specialization, cost: dict, native_record: Optional[dict] = None) -> Specialization:
         """Binds `spec`'s native tables, compiles its host program, makes it selectable."""
         t0 = time.perf_counter()
         bind = native.C.region_bind
@@ -218,7 +240,17 @@ class SCMRuntime:
                 "%s: specialization %d guards:\n%s", self.program.name, spec.index,
                 "\n".join(f"  {format_guard(g)}" for g in spec.guards),
             )
-        cost.update(self.build_host(spec))
+        loaded = None
+        if native_record is not None and self._plans is not None and native_record.get("handles") == _handles(spec):
+            loaded = self._plans.load_native(native_record)
+        if loaded is not None:  # Note [Persistent plans]: the host program an earlier process built
+            lib, host, select = loaded
+            self.binaries.append(lib)
+            self.host_mlirs.append(f"// specialization {spec.index}: host program restored from {native_record['file']}")
+            native.C.add_host(self.region_id, host, select)
+            cost.update({"torch_mlir_s": 0.0, "host_mlir_s": 0.0, "llvm_s": 0.0, "native_restored": True})
+        else:
+            cost.update(self.build_host(spec))
         cost["specialization"] = spec.index
         self.build_costs.append(cost)
         return spec
