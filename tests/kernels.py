@@ -310,3 +310,15 @@ def scale_by_global(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     scale_by_global_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
     return out
+
+
+@triton.jit
+def store_where_kernel(x_ptr, out_ptr, n, INTO_X: tl.constexpr, BLOCK: tl.constexpr):
+    # which tensor the kernel writes depends on a constexpr
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs, mask=mask) * 2
+    if INTO_X:
+        tl.store(x_ptr + offs, v, mask=mask)
+    else:
+        tl.store(out_ptr + offs, v, mask=mask)

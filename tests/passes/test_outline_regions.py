@@ -5,6 +5,8 @@ from __future__ import annotations
 import expecttest
 import torch
 
+import trident
+from tests import kernels as K
 from tests.conftest import normalize
 from tests.goldens import axpy_graph, mixed_graph
 
@@ -38,3 +40,22 @@ def forward(self, x, y):
     return getitem_1""")
         scm_calls = [n for n in opt.graph.nodes if n.target is torch.ops.trident.scm.default]
         self.assertEqual(len(scm_calls), 2)
+
+
+def test_written_params_are_kept_per_constant_arguments():
+    """torch's write analysis is reused across launches of one kernel with the same argument
+    types and constants, and not across different constants (here one decides what is written)."""
+    import triton
+
+    from trident.passes.outline_regions import written_params
+
+    def fn(x, out):
+        n = x.numel()
+        K.store_where_kernel[(triton.cdiv(n, 64),)](x, out, n, INTO_X=False, BLOCK=64)
+        K.store_where_kernel[(triton.cdiv(n, 64),)](out, x, n, INTO_X=False, BLOCK=64)
+        K.store_where_kernel[(triton.cdiv(n, 64),)](x, out, n, INTO_X=True, BLOCK=64)
+        return x, out
+
+    gm = trident.capture(fn, torch.randn(100), torch.randn(100))
+    launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert [written_params(n) for n in launches] == [["out_ptr"], ["out_ptr"], ["x_ptr"]]

@@ -57,6 +57,31 @@ def _same_argument(a, b) -> bool:
         return False
 
 
+# torch's analysis of what a launch writes compiles the kernel to TTIR (~10 ms); a decode step
+# launches a few kernels many times with the same argument types and constants, so the answer
+# is kept per (kernel, constant arguments, each argument's dtype or scalar value): what the TTIR
+# depends on (shapes and addresses do not reach it). The kernel object is held in the key, so its
+# id cannot be reused while the entry lives.
+_WRITTEN: dict = {}
+
+
+def _analysis_key(node: torch.fx.Node, kwargs: dict):
+    try:
+        kernel = tkw.kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        constants = tkw.kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])
+        parts = []
+        for name, value in sorted({**constants, **kwargs}.items()):
+            if isinstance(value, torch.Tensor):
+                parts.append((name, "tensor", str(value.dtype), value.dim()))
+            elif value is None or isinstance(value, (bool, int, float, str)):
+                parts.append((name, type(value).__name__, value))
+            else:
+                parts.append((name, type(value).__name__, repr(value)))
+        return (id(kernel), kernel, tuple(parts), repr(node.kwargs["tma_descriptor_metadata"]))
+    except Exception:  # an argument that does not key: analyse this launch alone
+        return None
+
+
 def written_params(node: torch.fx.Node) -> list[str]:
     """Names of the tensor arguments the kernel writes, by torch's own TTIR analysis; every
     tensor argument when the analysis cannot tell (torch makes the same fallback). The answer
@@ -68,13 +93,18 @@ def written_params(node: torch.fx.Node) -> list[str]:
     if cached is not None and len(cached[0]) == len(args) and all(map(_same_argument, cached[0], args)):
         return list(cached[1])
     kwargs = {k: (v.meta["val"] if isinstance(v, torch.fx.Node) else v) for k, v in node.kwargs["kwargs"].items()}
-    try:
-        names = tkw.get_mutated_tensors(
-            node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs, node.kwargs["tma_descriptor_metadata"]
-        )
-    except Exception:
-        names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-    names = sorted(set(names))
+    key = _analysis_key(node, kwargs)
+    names = _WRITTEN.get(key) if key is not None else None
+    if names is None:
+        try:
+            names = tkw.get_mutated_tensors(
+                node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs, node.kwargs["tma_descriptor_metadata"]
+            )
+        except Exception:
+            names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        names = tuple(sorted(set(names)))
+        if key is not None:
+            _WRITTEN[key] = names
     node.meta["trident_written_params"] = (args, names)
     return list(names)
 
