@@ -64,9 +64,10 @@ _KNOBS = {
     ),
     "dynamo_trace_disabled": _Knob(
         "TRIDENT_DYNAMO_TRACE_DISABLED",
-        "1",
-        "torch.compile(backend='trident'): keep calls of torch.compiler.disable()d functions (outside torch) in "
-        "the graph for Trident to trace, instead of a graph break (Note [Disabled functions under backend=\"trident\"])",
+        "liger_kernel",
+        "torch.compile(backend='trident'): modules (comma list of prefixes; '*': any outside torch; '': none) whose "
+        "torch.compiler.disable()d functions stay in the graph for Trident to trace instead of a graph break "
+        "(Note [Disabled functions under backend=\"trident\"])",
     ),
     "compile_captures": _Knob(
         "TRIDENT_COMPILE_CAPTURES", "8", "trident.compile: captures kept per function, the oldest dropped first"
@@ -82,6 +83,11 @@ _KNOBS = {
         "record a graph only when a replay is estimated to save more host µs than this (Note [When a graph pays off]; '-inf': always)",
     ),
 }
+
+
+def get(name: str) -> str:
+    """A knob's raw value by name (its environment variable, else its default)."""
+    return _KNOBS[name].get()
 
 
 def cache_dir() -> str:
@@ -152,8 +158,11 @@ def dynamo_captures() -> int:
     return int(raw)
 
 
-def dynamo_trace_disabled() -> bool:
-    return _KNOBS["dynamo_trace_disabled"].get().strip().lower() not in ("0", "false", "off", "")
+def dynamo_trace_disabled() -> tuple[str, ...]:
+    raw = _KNOBS["dynamo_trace_disabled"].get().strip()
+    if raw.lower() in ("0", "false", "off", "none", ""):
+        return ()
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
 def compile_captures() -> int:

@@ -193,7 +193,13 @@ def _dynamo_graphs(fn, backend, *args):
     return out, counters["stats"]["unique_graphs"]
 
 
-def test_disabled_function_stays_in_the_trident_graph(device):
+@pytest.fixture
+def trace_test_modules():
+    with knobs.scope(dynamo_trace_disabled="liger_kernel,tests"):  # this module's disabled functions too
+        yield
+
+
+def test_disabled_function_stays_in_the_trident_graph(device, trace_test_modules):
     x, y = torch.randn(300, device=device), torch.randn(300, device=device)
     out, graphs = _dynamo_graphs(_around_disabled, "eager", x, y)
     assert graphs == 2  # Dynamo alone breaks the graph at the disabled call ...
@@ -210,12 +216,16 @@ def test_disabled_function_stays_in_the_trident_graph(device):
     assert stats["misses"] == 0 and stats["hits"] == 3
 
 
-def test_disabled_function_rule_can_be_turned_off(device):
+def test_disabled_functions_of_modules_not_named_break_the_graph(device):
+    """The default names Liger-Kernel only: a disabled function elsewhere breaks the graph (it may
+    keep Python state a fake run would corrupt), as does any with the rule off."""
     x, y = torch.randn(300, device=device), torch.randn(300, device=device)
-    with knobs.scope(dynamo_trace_disabled="0"):
-        out, graphs = _dynamo_graphs(_around_disabled, "trident", x, y)
-    torch.testing.assert_close(out, _around_disabled_reference(x, y))
-    assert graphs == 2
+    for value in (None, ""):
+        with knobs.scope(**({} if value is None else {"dynamo_trace_disabled": value})):
+            out, graphs = _dynamo_graphs(_around_disabled, "trident", x, y)
+        torch.testing.assert_close(out, _around_disabled_reference(x, y))
+        assert graphs == 2
+        torch._dynamo.reset()
 
 
 @torch.compiler.disable
@@ -223,7 +233,7 @@ def _disabled_python_value(x):
     return int(x.sum().item() > 0)  # data-dependent, and not a tensor: Dynamo cannot keep the call
 
 
-def test_disabled_function_dynamo_cannot_keep_breaks_the_graph(device):
+def test_disabled_function_dynamo_cannot_keep_breaks_the_graph(device, trace_test_modules):
     def fn(x):
         flag = _disabled_python_value(x * 2)
         return x + flag
@@ -321,3 +331,30 @@ def test_graph_trident_cannot_capture_runs_eagerly(device, monkeypatch):
     assert "Trident cannot optimize this graph: CaptureError" in g.eager_reason
     assert sum("runs eagerly" in r.getMessage() for r in records) == 1  # warned once
     assert "last eager call: Trident cannot optimize this graph" in trident.explain(compiled)
+
+
+_MEMO: dict = {}
+
+
+@torch.compiler.disable
+def _memoized_table(x):
+    """Disabled for its Python state: a memo of tensors by size."""
+    if x.numel() not in _MEMO:
+        _MEMO[x.numel()] = torch.arange(x.numel(), dtype=x.dtype, device=x.device)
+    return _MEMO[x.numel()]
+
+
+def test_disabled_function_with_state_is_left_to_dynamo(device):
+    """A library's disabled function that keeps state is not run on fake tensors by default: its
+    memo holds a real tensor afterwards, and results equal eager's."""
+    _MEMO.clear()
+
+    def fn(x, y):
+        return _program(x, y) + _memoized_table(x)
+
+    x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+    compiled = torch.compile(fn, backend="trident")
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, y), _reference(x, y) + torch.arange(300, device=device, dtype=x.dtype))
+    assert type(_MEMO[300]) is torch.Tensor
+    torch.testing.assert_close(fn(x, y), compiled(x, y))

@@ -66,3 +66,29 @@ def test_users_triton_on_the_gpu_before_and_after_capture():
 
     assert type(triton.runtime.driver.active).__name__ != "HostOnlyDriver"
     torch.testing.assert_close(axpy(x, y), axpy_ref(x, y))
+
+
+def test_other_threads_launch_eagerly_while_one_traces():
+    """kernel[grid] is routed through wrap_triton only in the thread that traces: a user thread
+    launching meanwhile runs its kernel as without Trident (it used to recurse into the patch)."""
+    import threading
+
+    from tests import kernels as K
+    from trident.capture.trace import _launches_as_hops
+
+    inside, done = threading.Event(), threading.Event()
+
+    def tracer():
+        with _launches_as_hops([]):
+            inside.set()
+            done.wait(60)
+
+    t = threading.Thread(target=tracer)
+    t.start()
+    try:
+        assert inside.wait(60)
+        x, y = torch.randn(200), torch.randn(200)
+        torch.testing.assert_close(K.axpy(x, y), K.axpy_ref(x, y))  # this thread: eager
+    finally:
+        done.set()
+        t.join(60)

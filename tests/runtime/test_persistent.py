@@ -80,7 +80,7 @@ def test_second_process_restores_every_specialization(dirs):
     assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files  # Triton compiled nothing
 
 
-@pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign", "library"])
+@pytest.mark.parametrize("damage", ["truncated", "not_utf8", "corrupt", "foreign", "library"])
 def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
     first, _ = _run(dirs)
     entries = sorted(p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith("spec0.json"))
@@ -100,6 +100,10 @@ def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
         assert [r["native_restored"] for r in third["regions"]] == [[True, True], [True]]
         return
     for path in entries:
+        if damage == "not_utf8":
+            with open(path, "wb") as f:
+                f.write(b"\xff\xfe{not json")
+            continue
         text = open(path).read()
         if damage == "truncated":
             text = text[: len(text) // 2]
@@ -119,3 +123,15 @@ def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
     third, stderr = _run(dirs)  # the rebuilt entries were written anew
     assert "rejected" not in stderr
     assert [r["restored"] for r in third["regions"]] == [[True, True], [True]]
+
+
+def test_entries_of_another_build_are_foreign(dirs):
+    """The key covers Trident's own code (a digest of its sources and extension) and the knobs
+    that shape plans: entries written under other plan knobs are rejected, not restored."""
+    from trident.runtime.persistent import versions
+
+    assert len(versions([])["trident_build"]) == 64
+    first, _ = _run(dirs)
+    second, stderr = _run({**dirs, "TRIDENT_NATIVE_PATHS": ""})  # the A/B knob: other plans
+    assert [r["restored"][0] for r in second["regions"]] == [False, False]
+    assert second["sums"] == first["sums"]

@@ -30,13 +30,17 @@ HF model breaks the graph: 48 graphs and ~16 µs of Python each on a 16-layer mo
 not need Dynamo to trace them: it captures each graph with make_fx, which runs Python code and
 records its ATen ops and Triton launches, as trident.compile does for the whole program. So in a
 frame Dynamo compiles for the "trident" backend (and only there), a call of a function that
-carries `_torchdynamo_disable` and is defined outside torch stays in the graph as one opaque call
+carries `_torchdynamo_disable` and is defined in a module TRIDENT_DYNAMO_TRACE_DISABLED names
+(prefixes; default `liger_kernel`; `*` for any module outside torch) stays in the graph as one opaque call
 (Dynamo's allow_in_graph treatment); Dynamo runs it once on fake tensors for its result's
 metadata, with `kernel[grid]` launches routed through wrap_triton as in `trident.capture`, and
 Trident's capture traces through it. Consequences, as for trident.compile: the function's Python
 (Liger reads its implementation choice from the environment) runs at capture time, not per call,
 and nothing in it is guarded. Where Dynamo cannot keep the call (its fake run fails, its result
-is not tensors) the graph breaks as without Trident. TRIDENT_DYNAMO_TRACE_DISABLED=0 turns the
+is not tensors) the graph breaks as without Trident. The rule is opt-in per library because a
+function is often disabled for the Python state it keeps: Dynamo's fake run executes it on fake
+tensors, so a memo it fills would hold a fake tensor afterwards. Liger's dispatcher keeps none;
+add other libraries' prefixes only where that holds. TRIDENT_DYNAMO_TRACE_DISABLED='' turns the
 rule off. The rule hooks Dynamo's `trace_rules.is_callable_allowed` and
 `TorchInGraphFunctionVariable.call_function`; where a torch build lacks them it is not installed
 (the graph breaks, as before), and `explain` counts graph breaks either way.
@@ -247,7 +251,9 @@ def _traceable_disabled(obj) -> bool:
     while getattr(inner, "_torchdynamo_orig_callable", None) is not None:
         inner = inner._torchdynamo_orig_callable
     module = getattr(inner, "__module__", "") or ""
-    return not (module == "torch" or module.startswith("torch."))
+    if module == "torch" or module.startswith("torch."):
+        return False
+    return any(p == "*" or module == p or module.startswith(p + ".") for p in knobs.dynamo_trace_disabled())
 
 
 _RULE_INSTALLED = [False]
@@ -264,6 +270,13 @@ def install_disabled_function_rule() -> bool:
         from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
     except Exception:
         return False
+    from torch._dynamo import exc as dynamo_exc
+
+    passthrough = tuple(
+        getattr(dynamo_exc, name)
+        for name in ("Unsupported", "RestartAnalysis", "ObservedException", "SkipFrame", "UserError")
+        if isinstance(getattr(dynamo_exc, name, None), type)
+    )
     original_allowed = getattr(trace_rules, "is_callable_allowed", None)
     original_call = getattr(TorchInGraphFunctionVariable, "call_function", None)
     if original_allowed is None or original_call is None:
@@ -272,7 +285,7 @@ def install_disabled_function_rule() -> bool:
     def is_callable_allowed(obj):
         if original_allowed(obj):
             return True
-        return knobs.dynamo_trace_disabled() and _traceable_disabled(obj) and _compiling_for_trident()
+        return _traceable_disabled(obj) and _compiling_for_trident()
 
     def call_function(self, tx, *args, **kwargs):
         fn = getattr(self, "value", None)
@@ -284,7 +297,7 @@ def install_disabled_function_rule() -> bool:
         try:
             with triton_state.exclusive(), _launches_as_hops([]):
                 return original_call(self, tx, *args, **kwargs)
-        except Unsupported:
+        except passthrough:  # graph breaks, restarts, user exceptions: Dynamo's own control flow
             raise
         except Exception as e:  # Dynamo cannot keep the call: break the graph as without Trident
             raise Unsupported(

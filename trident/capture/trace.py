@@ -10,6 +10,7 @@ ATen ops around it become ATen nodes. Nothing runs on a device during capture.
 from __future__ import annotations
 
 import contextlib
+import threading
 import copy
 import functools
 import inspect
@@ -32,28 +33,50 @@ from .host_driver import ensure_triton_driver
 from .inline_triton_ops import has_triton_ops, inline_triton_ops
 
 
+# `kernel[grid]` is routed through wrap_triton only in the thread that traces: the patched
+# KernelInterface.__getitem__ is installed while any thread traces (counted) and routes a launch
+# only when the calling thread is inside _launches_as_hops; other threads' eager launches take
+# Triton's own path meanwhile (before, they were routed too: a user thread launching while
+# another traced recursed into the patch).
+_route = threading.local()
+_route_lock = threading.Lock()
+_route_users = [0]
+_ORIGINAL_GETITEM = KernelInterface.__getitem__
+
+
+def _routed_getitem(self, grid):
+    log = getattr(_route, "log", None)
+    if log is None:
+        return _ORIGINAL_GETITEM(self, grid)
+    kernel = compilable(self)
+    if isinstance(kernel, Heuristics):
+        return _heuristics_launcher(kernel, grid, _routed_getitem, log)
+    wrapped = torch.library.wrap_triton(kernel)
+    if wrapped is kernel:  # wrap_triton declined it (an interpreted autotuner, say)
+        raise CaptureError(f"cannot trace {_kernel_name(kernel)}: torch.library.wrap_triton does not take a {type(kernel).__name__}")
+    return wrapped[grid]
+
+
 @contextlib.contextmanager
 def _launches_as_hops(log: list):
-    """Route `kernel[grid]` through wrap_triton for the duration of a trace. A @triton.heuristics
-    kernel (which wrap_triton does not take) has its values computed here, the way
-    `Heuristics.run` computes them, and its inner kernel launched with them; `log` gets
+    """Route this thread's `kernel[grid]` through wrap_triton for the duration of a trace. A
+    @triton.heuristics kernel (which wrap_triton does not take) has its values computed here,
+    the way `Heuristics.run` computes them, and its inner kernel launched with them; `log` gets
     (inner kernel, heuristics, values) per such launch, in launch order."""
-    original = KernelInterface.__getitem__
-
-    def traced_getitem(self, grid):
-        kernel = compilable(self)
-        if isinstance(kernel, Heuristics):
-            return _heuristics_launcher(kernel, grid, traced_getitem, log)
-        wrapped = torch.library.wrap_triton(kernel)
-        if wrapped is kernel:  # wrap_triton declined it (an interpreted autotuner, say)
-            raise CaptureError(f"cannot trace {_kernel_name(kernel)}: torch.library.wrap_triton does not take a {type(kernel).__name__}")
-        return wrapped[grid]
-
-    KernelInterface.__getitem__ = traced_getitem
+    outer = getattr(_route, "log", None)
+    with _route_lock:
+        if _route_users[0] == 0:
+            KernelInterface.__getitem__ = _routed_getitem
+        _route_users[0] += 1
+    _route.log = log
     try:
         yield
     finally:
-        KernelInterface.__getitem__ = original
+        _route.log = outer
+        with _route_lock:
+            _route_users[0] -= 1
+            if _route_users[0] == 0:
+                KernelInterface.__getitem__ = _ORIGINAL_GETITEM
 
 
 # Note [Capture under TRITON_INTERPRET=1]

@@ -14,14 +14,16 @@ native table indices it baked in; otherwise, or without a linker, it is built ag
 
   * Key: sha256 over the region's program as printed (steps, operators, constants, grids), its
     captured input facts, each kernel's Triton cache key (source and the globals it reads),
-    autotuner configs, and the versions of Trident, torch, triton, torch-mlir plus the compute
+    autotuner configs, and the versions of Trident (and a digest of its sources and native
+    extension), torch, triton, torch-mlir, the knobs that shape plans, plus the compute
     capability of each CUDA device the inputs are on. One folder per key; `spec<k>.json` per
     specialization.
   * An entry is {"versions", "sha256" of its payload, "payload"}; it is written to a temporary
     file and renamed (readers never see half a file). Folders are created 0700.
   * On load an entry whose JSON does not parse (truncated), whose hash does not match (corrupt)
     or whose versions differ (foreign) is rejected with a line on the `trident.misses` logger
-    and removed; the specialization is built again and written anew. Restoring stops at the
+    and removed; a library is loaded only from folders owned by this user and writable by no
+    one else; the specialization is built again and written anew. Restoring stops at the
     first entry missing or rejected (indices are the selection order).
 """
 
@@ -60,8 +62,36 @@ def versions(devices) -> dict:
         f"{d}:sm_{''.join(map(str, torch.cuda.get_device_capability(d)))}" for d in {str(x) for x in devices}
         if d.startswith("cuda")
     )
-    return {"plan_format": FORMAT, "trident": version("trident-scm"), "torch": torch.__version__,
-            "triton": triton.__version__, "torch_mlir": version("torch-mlir"), "devices": caps}
+    return {"plan_format": FORMAT, "trident": version("trident-scm"), "trident_build": _build_digest(),
+            "torch": torch.__version__, "triton": triton.__version__, "torch_mlir": version("torch-mlir"),
+            "devices": caps, "knobs": {k: knobs.get(k) for k in _PLAN_KNOBS}}
+
+
+# Knobs that change what a plan or a host program is.
+_PLAN_KNOBS = ("native_paths", "triton_copies", "compile_cubin_on_cpu", "mlir_opt_level")
+_BUILD_DIGEST: list = []
+
+
+def _build_digest() -> str:
+    """sha256 of Trident itself: its Python sources and its native extension. Records and host
+    programs bake in the planner's output and the host ABI (runtime table order, facts layout,
+    type codes), so any change of Trident's code -- not only of its version number -- makes
+    other entries foreign."""
+    if not _BUILD_DIGEST:
+        import trident
+
+        root = os.path.dirname(os.path.abspath(trident.__file__))
+        h = hashlib.sha256()
+        for folder, dirs, files in sorted(os.walk(root)):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith((".py", ".so", ".h", ".cpp")):
+                    path = os.path.join(folder, name)
+                    h.update(os.path.relpath(path, root).encode())
+                    with open(path, "rb") as f:
+                        h.update(f.read())
+        _BUILD_DIGEST.append(h.hexdigest())
+    return _BUILD_DIGEST[0]
 
 
 def region_key(scm) -> str:
@@ -77,8 +107,19 @@ def region_key(scm) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _digest(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+def _digest(payload: dict, native: Optional[dict] = None) -> str:
+    """What an entry's hash covers: the plan and the record of its host program's library."""
+    return hashlib.sha256(json.dumps({"payload": payload, "native": native}, sort_keys=True).encode()).hexdigest()
+
+
+def _private(folder: str) -> bool:
+    """The folder belongs to this user and nobody else may write it (a library loaded from it
+    runs as this process)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _make_private_dirs(folder: str) -> None:
@@ -117,8 +158,8 @@ class PlanCache:
         rejected: removed)."""
         path = self._path(index)
         try:
-            with open(path) as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -126,14 +167,14 @@ class PlanCache:
             return None
         why = None
         try:
-            entry = json.loads(text)
+            entry = json.loads(raw.decode("utf-8"))
             if not isinstance(entry, dict) or "payload" not in entry:
                 why = "not a plan entry"
             elif entry.get("versions") != self.versions:
-                why = f"written by other versions ({entry.get('versions')}, now {self.versions})"
-            elif entry.get("sha256") != _digest(entry["payload"]):
+                why = "written by another build (versions, Trident's code or plan knobs differ)"
+            elif entry.get("sha256") != _digest(entry["payload"], entry.get("native")):
                 why = "its hash does not match its content (corrupt)"
-        except ValueError as e:
+        except ValueError as e:  # UnicodeDecodeError included
             why = f"not valid JSON (truncated?): {e}"
         if why is not None:
             self.reject(index, why)
@@ -145,7 +186,11 @@ class PlanCache:
         before it is loaded; None when it is absent or does not match (then it is rebuilt)."""
         import ctypes
 
-        path = os.path.join(self.folder, native.get("file", ""))
+        path = os.path.join(self.folder, str(native.get("file", "")))
+        if not _private(self.folder) or not _private(os.path.dirname(self.folder)):
+            _log.warning("%s: cached host program %s not loaded: its folder is not private to this user; "
+                         "building it again", self.name, path)
+            return None
         try:
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
@@ -205,7 +250,7 @@ class PlanCache:
     def store(self, index: int, payload: dict, native: Optional[dict] = None) -> None:
         try:
             _make_private_dirs(self.folder)
-            entry = {"versions": self.versions, "sha256": _digest(payload), "payload": payload, "native": native}
+            entry = {"versions": self.versions, "sha256": _digest(payload, native), "payload": payload, "native": native}
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f)

@@ -180,7 +180,11 @@ class SCMRuntime:
             return 0
         while True:
             index = len(self.scm.specializations)
-            loaded = self._plans.load(index)
+            try:
+                loaded = self._plans.load(index)
+            except Exception as e:  # never fatal: the specialization is built instead
+                logs.misses.warning("%s: persistent plan %d unreadable (%s); building it again", self.program.name, index, e)
+                return index
             if loaded is None:
                 return index
             data, native_record = loaded
@@ -235,6 +239,15 @@ class SCMRuntime:
             plan.handle = bind(self.region_id, "kernel", plan.global_handle)
         cost["plan_s"] += time.perf_counter() - t0  # native tables
         self.scm.specializations.append(spec)
+        try:
+            self._make_selectable(spec, cost, native_record)
+        except BaseException:
+            self.scm.specializations.pop()  # never listed without a host program
+            del self.host_mlirs[len(self.scm.specializations):]
+            raise
+        return spec
+
+    def _make_selectable(self, spec: Specialization, cost: dict, native_record: Optional[dict]) -> None:
         if logs.guards.isEnabledFor(logging.DEBUG):
             logs.guards.debug(
                 "%s: specialization %d guards:\n%s", self.program.name, spec.index,
@@ -253,7 +266,6 @@ class SCMRuntime:
             cost.update(self.build_host(spec))
         cost["specialization"] = spec.index
         self.build_costs.append(cost)
-        return spec
 
     @staticmethod
     def _compile_kernels(facts: Sequence[TensorFacts]) -> bool:
