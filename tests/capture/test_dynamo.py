@@ -358,3 +358,14 @@ def test_disabled_function_with_state_is_left_to_dynamo(device):
         torch.testing.assert_close(compiled(x, y), _reference(x, y) + torch.arange(300, device=device, dtype=x.dtype))
     assert type(_MEMO[300]) is torch.Tensor
     torch.testing.assert_close(fn(x, y), compiled(x, y))
+
+
+def test_dynamo_reset_drops_the_compiled_graphs(device):
+    compiled = torch.compile(_program, backend="trident")
+    x, y = torch.randn(300, device=device), torch.randn(300, device=device)
+    compiled(x, y)
+    assert compiled_graphs()
+    torch._dynamo.reset()
+    assert compiled_graphs() == []
+    torch.testing.assert_close(compiled(x, y), _reference(x, y))  # compiled again
+    assert len(compiled_graphs()) == 1

@@ -220,6 +220,16 @@ def compiled_graphs() -> "list[CompiledGraph]":
     return list(_COMPILED)
 
 
+def _reset() -> None:
+    """torch._dynamo.reset() calls this (as `trident_backend.reset`): Dynamo dropped its compiled
+    frames, so the graphs compiled for them are dropped too (their regions, arenas and graphs can
+    be freed; explain() no longer lists them)."""
+    _COMPILED.clear()
+
+
+trident_backend.reset = _reset  # type: ignore[attr-defined]
+
+
 def _compiling_for_trident() -> bool:
     """Whether the frame Dynamo is tracing on this thread will be handed to trident_backend
     (through torch.compile(backend="trident"), which wraps it, or passed directly)."""
