@@ -197,3 +197,15 @@ def check_steps_against_reference(cfg: Config, opt, weights, cos, sin, positions
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         for c, r in zip(caches, ref_caches):
             torch.testing.assert_close(c, r, rtol=1e-4, atol=1e-4)
+
+
+def misaligned(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
+    """t's values in a tensor whose data starts `elements` elements past a 16-byte boundary:
+    Triton's key changes for kernels that read it (a miss)."""
+    per16 = 16 // t.element_size()
+    base = torch.empty(t.numel() + per16, dtype=t.dtype, device=t.device)
+    shift = (elements - (base.data_ptr() // t.element_size()) % per16) % per16
+    out = base[shift: shift + t.numel()].view_as(t)
+    out.copy_(t)
+    assert out.data_ptr() % 16 == (elements * t.element_size()) % 16
+    return out

@@ -38,19 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 PHASES = ("plan_s", "triton_s", "torch_mlir_s", "host_mlir_s", "llvm_s")
 
 
-def _misaligned(t: torch.Tensor) -> torch.Tensor:
-    """t's values in a tensor whose data sits one float (4 bytes) past a 16-byte boundary."""
-    base = torch.empty(t.numel() + 4, dtype=t.dtype, device=t.device)
-    shift = (1 - (base.data_ptr() // t.element_size()) % 4) % 4
-    out = base[shift: shift + t.numel()].view_as(t)
-    out.copy_(t)
-    assert out.data_ptr() % 16 == 4, out.data_ptr() % 16
-    return out
-
-
 def run(layers: int, device: str) -> dict:
     import trident
-    from tests.decode_model import Config, decode_step, make_caches, make_weights
+    from tests.decode_model import Config, decode_step, make_caches, make_weights, misaligned
     from trident.optimize import _regions
 
     cfg = Config(layers=layers)
@@ -75,7 +65,7 @@ def run(layers: int, device: str) -> dict:
         return cost
 
     out["optimize_build"] = [split(c) for c in rt.build_costs]  # specializations optimize built
-    for label, hidden in (("first_call", x), ("miss", _misaligned(x))):
+    for label, hidden in (("first_call", x), ("miss", misaligned(x))):
         built = len(rt.build_costs)
         t0 = time.perf_counter()
         opt(hidden, pos, cos, sin, *caches, *weights)

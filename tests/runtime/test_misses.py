@@ -10,6 +10,7 @@ import torch
 
 import trident
 from tests import kernels as K
+from tests.decode_model import misaligned
 from trident.runtime import SCMRuntime, check_verbose
 
 
@@ -158,14 +159,6 @@ def test_one_tensor_in_two_positions_at_capture_is_guarded(device):
     torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
 
 
-def _misaligned(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
-    base = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)
-    shift = (elements - (base.data_ptr() // t.element_size()) % (16 // t.element_size())) % (16 // t.element_size())
-    out = base[shift: shift + t.numel()].view_as(t)
-    out.copy_(t)
-    return out
-
-
 def _axpy_rounded_once(a, b):
     return K.axpy_ref(a.double(), b.double()).to(a.dtype)  # the kernel rounds once, in fp32
 
@@ -182,8 +175,8 @@ def test_a_miss_builds_only_the_new_specialization(device):
     kinds = [
         lambda: (torch.randn(1000, device=device), torch.randn(1000, device=device)),
         lambda: (torch.randn(1000, device=device, dtype=torch.float64), torch.randn(1000, device=device, dtype=torch.float64)),
-        lambda: (_misaligned(torch.randn(1000, device=device)), torch.randn(1000, device=device)),
-        lambda: (torch.randn(1000, device=device), _misaligned(torch.randn(1000, device=device), 2)),
+        lambda: (misaligned(torch.randn(1000, device=device)), torch.randn(1000, device=device)),
+        lambda: (torch.randn(1000, device=device), misaligned(torch.randn(1000, device=device), 2)),
         lambda: (torch.randn(1000, device=device, dtype=torch.float16), torch.randn(1000, device=device, dtype=torch.float16)),
     ]
     texts = []

@@ -19,15 +19,8 @@ CHILD = r"""
 import functools, json, sys, torch
 import trident
 from tests import kernels as K
-from tests.decode_model import Config, decode_step, make_caches, make_weights
+from tests.decode_model import Config, decode_step, make_caches, make_weights, misaligned
 from trident.optimize import _regions
-
-def misaligned(t):
-    base = torch.empty(t.numel() + 4, dtype=t.dtype)
-    shift = (1 - (base.data_ptr() // 4) % 4) % 4
-    out = base[shift: shift + t.numel()].view_as(t)
-    out.copy_(t)
-    return out
 
 torch.manual_seed(0)
 cfg = Config()

@@ -18,7 +18,6 @@ Every constant a decision needs (expected codes, handles, grids, scalar bits) is
 from __future__ import annotations
 
 import struct
-from typing import Optional
 
 import torch
 from torch_mlir import ir
@@ -367,11 +366,9 @@ class _Emitter:
         return ok
 
 
-def emit_host_module(scm: SCM, torch_module: ir.Module, specs: "Optional[list[Specialization]]" = None) -> ir.Module:
-    """A new module, in the context of `torch_module`, holding the host program of `specs` (by
-    default every specialization of `scm`; the runtime compiles one per specialization: Note
-    [One host program per specialization])."""
-    specs = list(scm.specializations) if specs is None else specs
+def emit_host_module(scm: SCM, torch_module: ir.Module, specs: "list[Specialization]") -> ir.Module:
+    """A new module, in the context of `torch_module`, holding the host program of `specs` (the
+    runtime compiles one per specialization: Note [One host program per specialization])."""
     steps = region_steps(torch_module, scm.program.name)
     expected = program_steps(scm)
     assert [s[:2] if s[1] == "op" else s for s in steps] == expected, (

@@ -149,7 +149,7 @@ class SCMRuntime:
         """residues: data_ptr % 16 of each input."""
         t0, triton0 = time.perf_counter(), triton_compile_seconds()
         spec = build_specialization(
-            self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(facts)
+            self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(f.device for f in facts)
         )
         triton_s = triton_compile_seconds() - triton0
         spec = self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
@@ -209,8 +209,8 @@ class SCMRuntime:
                 f"{self.program.name}: a record of specialization {data.get('index')} cannot be installed as "
                 f"specialization {len(self.scm.specializations)}"
             )
-        on_cuda = any(str(d).startswith("cuda") for d in data.get("devices", ()))
-        spec = specialization_from_data(self.program, data, compile_kernels=on_cuda or knobs.compile_cubin_on_cpu())
+        devices = [torch.device(d) for d in data.get("devices", ())]
+        spec = specialization_from_data(self.program, data, compile_kernels=self._compile_kernels(devices))
         triton_s = triton_compile_seconds() - triton0
         cost = {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s}
         return self.install_specialization(spec, cost, native_record)
@@ -268,9 +268,9 @@ class SCMRuntime:
         self.build_costs.append(cost)
 
     @staticmethod
-    def _compile_kernels(facts: Sequence[TensorFacts]) -> bool:
-        on_cuda = any(f.device.type == "cuda" for f in facts)
-        return on_cuda or knobs.compile_cubin_on_cpu()
+    def _compile_kernels(devices) -> bool:
+        """Real kernels for CUDA inputs; for CPU ones too unless TRIDENT_COMPILE_CUBIN_ON_CPU=0."""
+        return any(d.type == "cuda" for d in devices) or knobs.compile_cubin_on_cpu()
 
     @property
     def host_mlir(self) -> str:
