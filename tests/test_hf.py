@@ -247,3 +247,46 @@ def test_sliding_window_cache_through_trident_compile():
     want = _greedy(cfg, model.forward, prompt, 40)
     compiled = trident.compile(model.forward)
     assert _greedy(cfg, compiled, prompt, 40) == want
+
+
+@pytest.mark.parametrize("door", ["capture", "backend"])
+def test_static_cache_update_fused_into_one_launch_per_layer(door, monkeypatch):
+    """With Trident's copy kernels on (TRIDENT_TRITON_COPIES=all, the CUDA default), each
+    layer's StaticCache.update -- position from the device counter, the counter bump, the K and
+    V index_copy_ -- is ONE cache_write_kernel launch (trident/passes/fuse_cache_writes.py), in
+    a trident.capture of the decode step and in the backend's graph (where the counters and
+    caches are graph inputs); 24 greedy tokens and the counters equal eager's."""
+    from trident import knobs
+    from trident.runtime import SCMRuntime
+
+    cfg, model = _model("qwen2", "own", monkeypatch)
+    prompt = torch.tensor([[5, 7, 9, 11]])
+    want = _greedy(cfg, model.forward, prompt, 24)
+    cache = StaticCache(config=cfg, max_cache_len=96)
+    with torch.no_grad(), knobs.scope(triton_copies="all"):
+        tok = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+
+        def step(ids):
+            return model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+        if door == "capture":
+            run = trident.optimize(trident.capture(step, tok))
+            optimized = [run]
+        else:
+            torch._dynamo.reset()
+            start = len(compiled_graphs())
+            run = torch.compile(step, backend="trident", fullgraph=True)
+        got = []
+        for _ in range(24):
+            got.append(tok.item())
+            tok = run(tok)[:, -1:].argmax(-1)
+        if door == "backend":
+            optimized = [opt for g in compiled_graphs()[start:] for opt in g.captures.values()]
+    assert got == want
+    names = [s.kernel_name for opt in optimized for rid in opt.meta["trident_regions"]
+             for s in SCMRuntime.get(rid).program.launches]  # fmt: skip
+    assert names.count("cache_write_kernel") == cfg.num_hidden_layers, names
+    assert "index_copy_kernel" not in names and "index_copy2_kernel" not in names, names
+    assert all(int(layer.cumulative_length) == 4 + 24 for layer in cache.layers)
+    if door == "backend":
+        torch._dynamo.reset()

@@ -14,6 +14,7 @@ from .passes import (
     partition_regions,
     sink_allocations,
 )
+from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime, graphs
@@ -169,6 +170,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     drop_unused_projections(new)
     cse_removed = eliminate_common_subexpressions(new)
     lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
+    fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
     fuse_copy_launches(new)
     sink_allocations(new)
     part = partition_regions(new)

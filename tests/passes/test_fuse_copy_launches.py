@@ -53,13 +53,18 @@ def _fused_counts(fn, *example):
     return merged, before, _launch_counts(gm)
 
 
-def _optimize(fn, *example, fuse=True, monkeypatch=None):
+def _optimize(fn, *example, fuse=True, cache_writes=True, monkeypatch=None):
+    """optimize; fuse=False leaves out fuse_copy_launches, cache_writes=False fuse_cache_writes
+    (which otherwise takes small index-write pairs first: tests/passes/test_fuse_cache_writes.py)."""
     gm = trident.capture(fn, *_clone_args(example))
     with knobs.scope(triton_copies="all"):
-        if fuse:
+        if fuse and cache_writes:
             return trident.optimize(gm)
         with monkeypatch.context() as m:
-            m.setattr(sys.modules["trident.optimize"], "fuse_copy_launches", lambda gm: 0)
+            if not fuse:
+                m.setattr(sys.modules["trident.optimize"], "fuse_copy_launches", lambda gm: 0)
+            if not cache_writes:
+                m.setattr(sys.modules["trident.optimize"], "fuse_cache_writes", lambda gm: 0)
             return trident.optimize(gm)
 
 
@@ -204,8 +209,8 @@ def test_index_write_pairs_into_fresh_tensors_fused_bit_identical(monkeypatch):
     args = _kv_args()
     merged, before, after = _fused_counts(_kv_write_fresh, *args)
     assert merged >= 1 and after["index_copy2_kernel"] == 1 and after["index_copy_kernel"] == 0, after
-    fused = _optimize(_kv_write_fresh, *args)
-    unfused = _optimize(_kv_write_fresh, *args, fuse=False, monkeypatch=monkeypatch)
+    fused = _optimize(_kv_write_fresh, *args, cache_writes=False, monkeypatch=monkeypatch)
+    unfused = _optimize(_kv_write_fresh, *args, fuse=False, cache_writes=False, monkeypatch=monkeypatch)
     assert "index_copy2_kernel" in trident.scm_text(fused)
     got, plain, want = fused(*_clone_args(args)), unfused(*_clone_args(args)), _kv_write_fresh(*_clone_args(args))
     for g, p, w in zip(got, plain, want):

@@ -217,14 +217,53 @@ def _index_copy(
 ):
     """The body of index_copy_kernel (and of each pair of index_copy2_kernel): block
     tl.program_id(0) of the iteration space."""
+    pid = tl.program_id(0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    _index_copy_block(
+        src_ptr, dst_ptr, index_ptr, 0, pid * BLOCK + tl.arange(0, BLOCK), size0, size1, size2, size3, size4,
+        src_stride0, src_stride1, src_stride2, src_stride3, src_stride4,
+        dst_stride0, dst_stride1, dst_stride2, dst_stride3, dst_stride4,
+        index_stride, dim_size, numel, False, ATEN_RULES, WRAP_NEGATIVE,
+    )  # fmt: skip
+
+
+@triton.jit
+def _index_copy_block(
+    src_ptr,
+    dst_ptr,
+    index_ptr,
+    base,
+    offs,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0,
+    src_stride1,
+    src_stride2,
+    src_stride3,
+    src_stride4,
+    dst_stride0,
+    dst_stride1,
+    dst_stride2,
+    dst_stride3,
+    dst_stride4,
+    index_stride,
+    dim_size,
+    numel,
+    INDEX_OFFSET: tl.constexpr,
+    ATEN_RULES: tl.constexpr,
+    WRAP_NEGATIVE: tl.constexpr,
+):
+    """Elements `offs` (flat indices of the iteration space) of an index copy. Row j's index is
+    index[j * index_stride], or base + j when INDEX_OFFSET (the index tensor arange(n) + base,
+    never materialized: Note [Cache writes in one program])."""
     tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
     INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
     tl.static_assert(INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES), "index must be int64")
     tl.static_assert(not (ATEN_RULES and dst_ptr.dtype.element_ty.is_fp8()), "index_copy_: no float8 kernel in ATen")
-    pid = tl.program_id(0)
-    if OFFSETS_64:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     rem = offs
     i4 = rem % size4
@@ -235,7 +274,10 @@ def _index_copy(
     rem = rem // size2
     i1 = rem % size1
     i0 = rem // size1
-    idx = tl.load(index_ptr + i0 * index_stride, mask=mask, other=0).to(tl.int64)
+    if INDEX_OFFSET:
+        idx = base + i0.to(tl.int64)
+    else:
+        idx = tl.load(index_ptr + i0 * index_stride, mask=mask, other=0).to(tl.int64)
     if WRAP_NEGATIVE:
         idx = tl.where(idx < 0, idx + dim_size, idx)
     ok = mask & (idx >= 0) & (idx < dim_size)
@@ -353,3 +395,101 @@ def index_copy2_kernel(
             dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
             index_stride_1, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
         )  # fmt: skip
+
+
+# Note [Cache writes in one program]
+# A decode step writes each layer's K and V cache rows with index_copy_ at cache_position, and
+# Hugging Face's StaticCache computes that position on the device every layer:
+#     pos = torch.arange(n) + counter;  counter.add_(n)
+#     keys.index_copy_(2, pos, k);  values.index_copy_(2, pos, v)
+# -- four launches of a few elements each (~1.3 us apiece on an H200 inside a CUDA graph; each
+# ~3 us of host time without one). trident/passes/fuse_cache_writes.py makes them ONE launch
+# of cache_write_kernel, which runs the calls in their program order in a single program:
+#   1. base = counter (INDEX_OFFSET: the index is arange(n) + base, never materialized);
+#   2. INCREMENT: counter = base + increment (every thread has read base: a barrier first);
+#   3. pair 0's rows, then (PAIRS == 2, after a barrier) pair 1's rows.
+# One program and a CTA barrier between the phases give eager's order exactly, so nothing is
+# assumed about the tensors: K and V may be one tensor or overlapping views (a later write wins,
+# as in eager), the counter may live anywhere. What eager refuses within one call (a source or
+# index overlapping the tensor it writes) is refused natively, as for index_copy_kernel (Note
+# [Inputs a lowered index write must not overlap]). The single program bounds the size: the
+# pass fuses only calls of at most FUSE_MAX_NUMEL elements per pair (a decode step's few
+# hundred), so a long prefill keeps its parallel launches.
+
+
+@triton.jit
+def cache_write_kernel(
+    src_ptr_0,
+    dst_ptr_0,
+    src_ptr_1,
+    dst_ptr_1,
+    index_ptr,
+    size0,
+    size1,
+    size2,
+    size3,
+    size4,
+    src_stride0_0,
+    src_stride1_0,
+    src_stride2_0,
+    src_stride3_0,
+    src_stride4_0,
+    dst_stride0_0,
+    dst_stride1_0,
+    dst_stride2_0,
+    dst_stride3_0,
+    dst_stride4_0,
+    src_stride0_1,
+    src_stride1_1,
+    src_stride2_1,
+    src_stride3_1,
+    src_stride4_1,
+    dst_stride0_1,
+    dst_stride1_1,
+    dst_stride2_1,
+    dst_stride3_1,
+    dst_stride4_1,
+    index_stride,
+    dim_size,
+    numel,
+    increment,
+    PAIRS: tl.constexpr,
+    INDEX_OFFSET: tl.constexpr,
+    INCREMENT: tl.constexpr,
+    ATEN_RULES: tl.constexpr,
+    WRAP_NEGATIVE: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ITERS: tl.constexpr,
+):
+    """One or two index_copy_kernel calls sharing one index, in order, in one program (grid
+    (1, 1, 1)); with INDEX_OFFSET the index is arange(size0) + index[0], and with INCREMENT
+    index[0] += increment before the rows are written (Note [Cache writes in one program]).
+    PAIRS == 1 ignores the pointers and strides of pair 1. ITERS = cdiv(numel, BLOCK) blocks."""
+    base = 0
+    if INDEX_OFFSET:
+        base = tl.load(index_ptr).to(tl.int64)
+    if INCREMENT:
+        tl.static_assert(INDEX_OFFSET, "the counter is the index base")
+        tl.debug_barrier()
+        tl.store(index_ptr, (base + increment).to(index_ptr.dtype.element_ty))
+        tl.debug_barrier()
+    lanes = tl.arange(0, BLOCK)
+    if OFFSETS_64:
+        lanes = lanes.to(tl.int64)
+    for it in range(ITERS):
+        _index_copy_block(
+            src_ptr_0, dst_ptr_0, index_ptr, base, it * BLOCK + lanes, size0, size1, size2, size3, size4,
+            src_stride0_0, src_stride1_0, src_stride2_0, src_stride3_0, src_stride4_0,
+            dst_stride0_0, dst_stride1_0, dst_stride2_0, dst_stride3_0, dst_stride4_0,
+            index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE,
+        )  # fmt: skip
+    if PAIRS == 2:
+        tl.debug_barrier()
+        for it in range(ITERS):
+            _index_copy_block(
+                src_ptr_1, dst_ptr_1, index_ptr, base, it * BLOCK + lanes, size0, size1, size2, size3, size4,
+                src_stride0_1, src_stride1_1, src_stride2_1, src_stride3_1, src_stride4_1,
+                dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
+                index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE,
+            )  # fmt: skip

@@ -72,7 +72,16 @@ def check_verbose(guard: TensorGuard, value) -> Optional[str]:
 # would get an unspecified result. So each call checks, natively, that the bytes spanned by
 # every input such a launch writes and by every input it reads do not intersect, and raises the
 # same error otherwise (also for layouts ATen's check finds too hard and lets through).
-_INDEX_WRITE_KERNELS = ("index_copy_kernel", "index_copy2_kernel")
+# cache_write_kernel runs its calls one after another (Note [Cache writes in one program]): each
+# written tensor is checked against its own call's source and (a materialized) index only.
+_INDEX_WRITE_KERNELS = ("index_copy_kernel", "index_copy2_kernel", "cache_write_kernel")
+
+
+def _checked_reads(step, w_name: str, refs: dict) -> list[str]:
+    if step.kernel_name != "cache_write_kernel":
+        return [r for r in refs if r not in step.writes]
+    pair = w_name.rsplit("_", 1)[-1]
+    return [f"src_ptr_{pair}"] + ([] if step.args.get("INDEX_OFFSET") else ["index_ptr"])
 
 
 def disjoint_input_pairs(program: RegionProgram) -> list[tuple[int, int, str]]:
@@ -84,10 +93,11 @@ def disjoint_input_pairs(program: RegionProgram) -> list[tuple[int, int, str]]:
         refs = {name: v for name, v in step.args.items() if getattr(v, "kind", None) == "input"}
         for w_name in step.writes:
             w = refs.get(w_name)
-            if w is None:
+            if w is None or not w_name.startswith("dst_ptr"):
                 continue
-            for r_name, r in refs.items():
-                if r_name not in step.writes and r.index != w.index:
+            for r_name in _checked_reads(step, w_name, refs):
+                r = refs.get(r_name)
+                if r is not None and r.index != w.index:
                     what = (
                         f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
                         f"{program.inputs[r.index].name!r} ({r_name})"
