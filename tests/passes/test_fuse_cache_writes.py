@@ -265,3 +265,43 @@ def forward(self, keys, values, counter, k, v):
     triton_kernel_wrapper_mutation_2 = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(1, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'src_ptr_0': k, 'dst_ptr_0': keys, 'src_ptr_1': v, 'dst_ptr_1': values, 'index_ptr': counter, 'size0': 1, 'size1': 1, 'size2': 1, 'size3': 2, 'size4': 4, 'src_stride0_0': 4, 'src_stride1_0': 1, 'src_stride2_0': 1, 'src_stride3_0': 4, 'src_stride4_0': 1, 'dst_stride0_0': 4, 'dst_stride1_0': 1, 'dst_stride2_0': 1, 'dst_stride3_0': 32, 'dst_stride4_0': 1, 'src_stride0_1': 4, 'src_stride1_1': 1, 'src_stride2_1': 1, 'src_stride3_1': 4, 'src_stride4_1': 1, 'dst_stride0_1': 4, 'dst_stride1_1': 1, 'dst_stride2_1': 1, 'dst_stride3_1': 32, 'dst_stride4_1': 1, 'index_stride': 1, 'dim_size': 8, 'numel': 8, 'increment': 1, 'PAIRS': 2, 'INDEX_OFFSET': True, 'INCREMENT': True, 'ATEN_RULES': True, 'WRAP_NEGATIVE': False, 'OFFSETS_64': False, 'BLOCK': 16, 'ITERS': 1});  k = v = counter = triton_kernel_wrapper_mutation_2 = None
     return (keys, values)""",
         )
+
+
+def _update_and_read(keys, values, counter, k, v):
+    keys, values = _static_update(keys, values, counter, k, v)
+    return keys[:, :, :4].clone(), values[:, :, :4].clone()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "b,h,s,d,dtype", [(1, 8, 1, 64, torch.bfloat16), (2, 4, 16, 64, torch.float32), (1, 2, 3, 5, torch.int64)]
+)
+@pytest.mark.parametrize("alias", [False, True])
+def test_compiled_cache_write_equals_eager_on_cuda(b, h, s, d, dtype, alias):
+    """The compiled kernel (CTA barriers between the phases; 8 blocks of rows per pair for the
+    (2, 4, 16, 64) update) under the default TRIDENT_TRITON_COPIES=cuda, many calls (graph
+    replay after the first ones): caches, counter and results eager's bit for bit, also with
+    one tensor as K and V."""
+    cache_len = 4 + 12 * s
+
+    def fresh(shape, seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(shape, generator=g) * 100).to(dtype).cuda()
+
+    def inputs():
+        keys = torch.zeros(b, h, cache_len, d, dtype=dtype, device="cuda")
+        values = keys if alias else torch.zeros_like(keys)
+        return [keys, values, torch.tensor(0, device="cuda")]
+
+    k0, v0 = fresh((b, h, s, d), 0), fresh((b, h, s, d), 1)
+    opt = trident.optimize(trident.capture(_update_and_read, *[t.clone() for t in inputs()], k0, v0))
+    assert _launches(opt)["cache_write_kernel"] == 1
+    got, want = inputs(), inputs()
+    for step in range(12):
+        k, v = fresh((b, h, s, d), 2 + 2 * step), fresh((b, h, s, d), 3 + 2 * step)
+        for x, y in zip(opt(*got, k, v), _update_and_read(*want, k.clone(), v.clone())):
+            _assert_same(x, y)
+        for x, y in zip(got, want):
+            _assert_same(x, y)
+    torch.cuda.synchronize()
+    assert int(got[2]) == 12 * s

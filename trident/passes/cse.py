@@ -12,8 +12,9 @@ A later call `d = op(args)` is replaced by an earlier `k = op(args)` only when
     (no alias annotation on any result: views are left alone, they are nearly free natively),
     is not random (Tag.nondeterministic_seeded, torch's CSE ban list, a Generator argument),
     and is no allocation (each empty/zeros is its own buffer);
-  * the arguments are the same nodes and equal constants, compared with their type (1, 1.0
-    and True differ; floats by their bits, so 0.0 and -0.0 differ);
+  * the arguments are the same nodes (get_attr nodes of one attribute count as one) and equal
+    constants, compared with their type (1, 1.0 and True differ; floats by their bits, so 0.0
+    and -0.0 differ);
   * nothing between k and d writes storage any argument may alias. Every value has the
     roots it may alias: a fresh result is its own root, a view/in-place result or a getitem
     has its source's roots, and all graph inputs share ONE root (callers may pass the same
@@ -49,6 +50,8 @@ def _const_key(value):
     """A hashable key equal only for the same node or the same constant of the same type;
     None when the value has no safe key."""
     if isinstance(value, torch.fx.Node):
+        if value.op == "get_attr":  # one attribute, one tensor: a module's buffer read twice
+            return ("attr", value.target)
         return ("node", value)
     t = type(value)
     if t is bool or t is int:
