@@ -330,3 +330,34 @@ def test_decode_step_computes_the_attention_mask_once():
     assert "common subexpressions removed: 3 node(s)" in trident.explain(opt)
 
     check_steps_against_reference(cfg, opt, weights, cos, sin, range(3))
+
+
+def test_reads_of_one_closed_over_tensor_are_one_region_input():
+    """make_fx emits a get_attr per read of a closed-over tensor; merged, the region has the
+    tensor as ONE input (one guard), the duplicate pure reads of it merge, and the in-place write
+    between two reads is still seen by the second."""
+    cache = torch.zeros(16)
+    y = torch.randn(16)
+
+    def fn(x):
+        a = K.axpy(cache, x)  # reads cache
+        b = cache * 2.0
+        c = cache * 2.0  # the same pure read: merged
+        _Triton.mul3_(cache)  # writes cache
+        return K.axpy(cache, a) + b + c  # reads the written cache
+
+    gm = trident.capture(fn, y.clone())
+    assert sum(n.op == "get_attr" for n in gm.graph.nodes) >= 3, gm.code
+    opt = trident.optimize(gm)
+    assert sum(n.op == "get_attr" for n in opt.graph.nodes) == 1, opt.code
+    (rt,) = _regions(opt)
+    names = [i.name for i in rt.program.inputs]
+    assert len(names) == len(set(names)) and sum("cache" in n or "tensor_constant" in n for n in names) == 1, names
+    want_cache = cache.clone()
+    got = opt(y)
+    ref_cache = want_cache
+    a = K.axpy_ref(ref_cache, y)
+    b = ref_cache * 2.0
+    ref_cache.mul_(3.0)
+    want = K.axpy_ref(ref_cache, a) + b + b
+    assert torch.allclose(got, want) and torch.equal(cache, ref_cache)

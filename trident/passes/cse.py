@@ -12,9 +12,8 @@ A later call `d = op(args)` is replaced by an earlier `k = op(args)` only when
     (no alias annotation on any result: views are left alone, they are nearly free natively),
     is not random (Tag.nondeterministic_seeded, torch's CSE ban list, a Generator argument),
     and is no allocation (each empty/zeros is its own buffer);
-  * the arguments are the same nodes (get_attr nodes of one attribute count as one) and equal
-    constants, compared with their type (1, 1.0 and True differ; floats by their bits, so 0.0
-    and -0.0 differ);
+  * the arguments are the same nodes and equal constants, compared with their type (1, 1.0
+    and True differ; floats by their bits, so 0.0 and -0.0 differ);
   * nothing between k and d writes storage any argument may alias. Every value has the
     roots it may alias: a fresh result is its own root, a view/in-place result or a getitem
     has its source's roots, and all graph inputs share ONE root (callers may pass the same
@@ -50,8 +49,6 @@ def _const_key(value):
     """A hashable key equal only for the same node or the same constant of the same type;
     None when the value has no safe key."""
     if isinstance(value, torch.fx.Node):
-        if value.op == "get_attr":  # one attribute, one tensor: a module's buffer read twice
-            return ("attr", value.target)
         return ("node", value)
     t = type(value)
     if t is bool or t is int:
@@ -140,9 +137,30 @@ def _roots(node: torch.fx.Node, roots: dict) -> frozenset:
     return inputs | {node}
 
 
+def merge_attribute_reads(gm: torch.fx.GraphModule) -> int:
+    """Every get_attr of one attribute -> its first get_attr. make_fx emits one get_attr per
+    read of a closed-over tensor (a cache's keys read by the update, then by attention), and
+    each would become an input of its own: guarded twice, and two inputs to the alias rules of
+    the later passes, though one tensor. The first read precedes every later one, and reading
+    an attribute reads no data, so the merged node serves them all. Returns how many merged."""
+    first: dict = {}
+    merged = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        kept = first.setdefault(node.target, node)
+        if kept is not node:
+            node.replace_all_uses_with(kept)
+            gm.graph.erase_node(node)
+            merged += 1
+    return merged
+
+
 def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
-    """Replace each pure operator call by an equal earlier one (Note [CSE under mutation]).
-    Returns how many nodes were removed."""
+    """Replace each pure operator call by an equal earlier one (Note [CSE under mutation]),
+    after merging the reads of one attribute (merge_attribute_reads). Returns how many nodes
+    were removed."""
+    merged = merge_attribute_reads(gm)
     graph = gm.graph
     nodes = list(graph.nodes)
 
@@ -210,7 +228,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
         graph.erase_node(node)
         removed += 1
 
-    if removed:
+    if removed or merged:
         graph.lint()
         gm.recompile()
     return removed
