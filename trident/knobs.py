@@ -44,6 +44,12 @@ _KNOBS = {
         "cuda",
         "lower clone, copy_, index_copy(_), index_put(_), slice/select_scatter to Trident's Triton kernels: 'cuda' (CUDA tensors), 'all', '' (off)",
     ),
+    "gemm_epilogues": _Knob(
+        "TRIDENT_GEMM_EPILOGUES",
+        "cuda",
+        "residual adds into the matrix product (Note [Residual adds in the GEMM]): 'cuda' (bf16/fp16 CUDA tensors), "
+        "'all' (also other dtypes and devices: tests), '' (off: eager's two roundings)",
+    ),
     "graphs": _Knob(
         "TRIDENT_GRAPHS",
         "cuda",
@@ -129,6 +135,11 @@ def _device_mode(name: str) -> str:
 def triton_copies() -> str:
     """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
     return _device_mode("triton_copies")
+
+
+def gemm_epilogues() -> str:
+    """Where fuse_residual_adds folds `x + a @ b` into one addmm: "cuda", "all" or "" (nowhere)."""
+    return _device_mode("gemm_epilogues")
 
 
 def graphs() -> str:

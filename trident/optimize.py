@@ -16,6 +16,7 @@ from .passes import (
 )
 from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
+from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime, graphs
 from .scm.ir import RegionProgram
@@ -169,6 +170,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     decompose_functional_launches(new)
     drop_unused_projections(new)
     cse_removed = eliminate_common_subexpressions(new)
+    fuse_residual_adds(new)
     lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
     fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
     fuse_copy_launches(new)

@@ -262,7 +262,7 @@ Plan* build_plan(at::ScalarType dtype, int64_t device, int64_t m, int64_t n, int
 }  // namespace
 
 bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t device, void* stream,
-            at::Tensor& out) {
+            at::Tensor& out, const at::Tensor* c) {
   if (!a.defined() || !b.defined() || a.dim() != 2 || b.dim() != 2) return false;
   const at::ScalarType dtype = a.scalar_type();
   if ((dtype != at::kBFloat16 && dtype != at::kHalf) || b.scalar_type() != dtype) return false;
@@ -272,6 +272,13 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (b.size(0) != k || m <= 0 || n <= 0 || k <= 0) return false;
   if (dtype == at::kHalf && at::globalContext().allowFP16AccumulationCuBLAS()) return false;  // fp16 accumulation
+  if (c) {  // C: the same [m, n] row-major layout as D (layout D serves both)
+    if (!c->defined() || c->dim() != 2 || c->scalar_type() != dtype || c->layout() != at::kStrided || !c->is_cuda() ||
+        c->device().index() != device || c->size(0) != m || c->size(1) != n)
+      return false;
+    if ((c->stride(1) != 1 && n != 1) || (c->stride(0) != n && m != 1)) return false;
+    if (at::GradMode::is_enabled() && c->requires_grad()) return false;
+  }
   if (!api().ok) return false;
   // cuBLAS computes D[n, m] = op(A)[n, k] * op(B)[k, m] with A = b^T-view, B = a^T-view.
   const Operand oa = transposed_view(b), ob = transposed_view(a);
@@ -284,7 +291,8 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
   const int aa = alignment(b.data_ptr()), ab = alignment(a.data_ptr());
   out = at::detail::empty_generic({m, n}, c10::GetAllocator(c10::DeviceType::CUDA),
                                   c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt);
-  const int ad = alignment(out.data_ptr());
+  // with C apart from D, the plan's C/D alignment is the smaller of the two
+  const int ad = c ? std::min(alignment(out.data_ptr()), alignment(c->data_ptr())) : alignment(out.data_ptr());
   Plan* plan = nullptr;
   for (auto& slot : cache.plans) {
     Plan* p = slot.load(std::memory_order_acquire);
@@ -314,10 +322,11 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
       cache.plans[free_slot].store(plan, std::memory_order_release);
     }
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
   void* ws = plan->workspace ? workspace_for(device, stream) : nullptr;
+  const void* cp = c ? c->data_ptr() : out.data_ptr();
   check(api().matmul(handle_for(device), plan->desc, &alpha, b.data_ptr(), plan->la, a.data_ptr(), plan->lb, &beta,
-                     out.data_ptr(), plan->ld, out.data_ptr(), plan->ld, &plan->algo, ws, plan->workspace, stream),
+                     cp, plan->ld, out.data_ptr(), plan->ld, &plan->algo, ws, plan->workspace, stream),
         "cublasLtMatmul");
   cache.taken.fetch_add(1, std::memory_order_relaxed);
   return true;

@@ -41,9 +41,11 @@ bool available();
 
 // out = a @ b on `stream` (device `device`, already current) when this call can take the
 // cached-plan path; returns false (out untouched) when the caller must run aten::mm instead.
-// Throws c10::Error when cuBLASLt itself fails.
+// With `c` (a row-major [m, n] matrix of a's dtype): out = c + a @ b, cuBLASLt's beta = 1 with C
+// = c -- aten::addmm(c, a, b) as ATen computes it on CUDA (C added in the fp32 accumulation, one
+// rounding). Throws c10::Error when cuBLASLt itself fails.
 bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t device, void* stream,
-            at::Tensor& out);
+            at::Tensor& out, const at::Tensor* c = nullptr);
 
 // Experiment (tools/bench_gemm.py): every algorithm cuBLASLt's heuristic ranks for a @ b, in rank
 // order: (rank, host µs per cublasLtMatmul over `iters` calls, bitwise equal to rank 0, workspace).

@@ -131,7 +131,10 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
 int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots,
                  bool cached, bool typed, bool gemm) {
   auto e = std::make_shared<AtenEntry>();
-  if (gemm && name == "aten::mm" && overload.empty()) e->gemm = std::make_unique<blas::GemmCache>();
+  if (gemm && (name == "aten::mm" || name == "aten::addmm") && overload.empty()) {
+    e->gemm = std::make_unique<blas::GemmCache>();
+    e->gemm_c = name == "aten::addmm";
+  }
   e->cached = cached;
   e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   e->fast = typed ? find_fast_call(name, overload) : nullptr;

@@ -299,6 +299,14 @@ const at::Tensor* tensor_arg(const AtenArg& a, HostCtx* ctx) {
   }
 }
 
+// A constant Scalar argument equal to 1 (addmm's beta and alpha).
+bool unit_scalar(const AtenArg& a) {
+  if (a.kind != AtenArg::kConst) return false;
+  const c10::IValue& v = a.constant;
+  return (v.isInt() && v.toInt() == 1) || (v.isDouble() && v.toDouble() == 1.0) ||
+         (v.isScalar() && !v.toScalar().isComplex() && !v.toScalar().isBoolean() && v.toScalar().toDouble() == 1.0);
+}
+
 int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
   AtenEntry* e = nullptr;
   try {
@@ -314,10 +322,19 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
       }
     }
     if (e->gemm && ctx->device_index >= 0) {
-      const at::Tensor* a = tensor_arg(e->args[0], ctx);
-      const at::Tensor* b = tensor_arg(e->args[1], ctx);
       at::Tensor out;
-      if (a && b && blas::try_mm(*e->gemm, *a, *b, ctx->device_index, ctx->stream, out)) {
+      bool taken = false;
+      if (!e->gemm_c) {
+        const at::Tensor* a = tensor_arg(e->args[0], ctx);
+        const at::Tensor* b = tensor_arg(e->args[1], ctx);
+        taken = a && b && blas::try_mm(*e->gemm, *a, *b, ctx->device_index, ctx->stream, out);
+      } else if (unit_scalar(e->args[3]) && unit_scalar(e->args[4])) {  // addmm(self, a, b, beta, alpha)
+        const at::Tensor* c = tensor_arg(e->args[0], ctx);
+        const at::Tensor* a = tensor_arg(e->args[1], ctx);
+        const at::Tensor* b = tensor_arg(e->args[2], ctx);
+        taken = a && b && c && c->dim() == 2 && blas::try_mm(*e->gemm, *a, *b, ctx->device_index, ctx->stream, out, c);
+      }
+      if (taken) {
         if (e->out_slots[0] >= 0) ctx->values[e->out_slots[0]] = std::move(out);
         return 0;
       }

@@ -170,7 +170,10 @@ struct AtenEntry {
   ProfCounter prof;
   FastCall fast = nullptr;  // typed entry (aten_fast.h), when the operator has one
   // aten::mm on CUDA: cuBLASLt with cached plans (Note [Cached GEMM plans]); null when off.
+  // Also aten::addmm(self, a, b) with a row-major [m, n] self and beta = alpha = 1 (gemm_c:
+  // self is cuBLASLt's C; Note [Residual adds in the GEMM]); a bias vector goes to ATen.
   std::unique_ptr<blas::GemmCache> gemm;
+  bool gemm_c = false;
   std::optional<c10::OperatorHandle> op;
   std::vector<AtenArg> args;
   std::vector<int64_t> out_slots;  // flat over tensor results; -1 = unused
