@@ -19,6 +19,7 @@ from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime, graphs
+from .scm.guards import ConstantInput, KernelGlobal, SameTensor, describe, first_failure
 from .scm.ir import RegionProgram
 from .scm.printer import format_guard, format_scm
 
@@ -64,7 +65,6 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     then the direct forward (per-instance class, so other modules are untouched)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     names = [n.name for n in placeholders]
-    constants = dict(gm.meta.get("trident_constant_inputs", {}))
     tensor_positions = [i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)]
     n_inputs = len(placeholders)
     direct = _direct_forward(gm)
@@ -81,35 +81,8 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
                     f"{args[i].layout}; Triton kernels take dense memory: pass .to_dense()"
                 )
 
-    def check_constants(args) -> None:
-        for i, want in constants.items():
-            if args[i] != want or type(args[i]) is not type(want):
-                raise GuardError(
-                    f"input {names[i]!r} (position {i}) was captured as the constant {want!r}, got {args[i]!r}; "
-                    "non-tensor inputs are baked into the captured graph: capture again with this value"
-                )
-
-    same = list(gm.meta.get("trident_same_inputs", ()))
-    watched = _kernel_globals(gm)
-
-    def check_globals() -> None:
-        for kernel, name, held, value in watched:
-            now = held.get(name, _MISSING)
-            if now != value:
-                raise GuardError(
-                    f"kernel {kernel} reads the global {name!r}, which was {value!r} when it was compiled and is "
-                    f"{'absent' if now is _MISSING else repr(now)} now; Triton refuses to launch it after such a "
-                    "change too (kernel[grid] raises): restore the value, or define a new kernel that reads the new one"
-                )
-
-    def check_same(args) -> None:
-        for i, j in same:
-            if args[i] is not args[j]:
-                raise GuardError(
-                    f"inputs {names[j]!r} (position {j}) and {names[i]!r} (position {i}) were one tensor at capture, "
-                    "so the captured graph reads that tensor for both; pass one tensor in both positions again, or "
-                    "capture with distinct tensors"
-                )
+    guards = call_guards(gm)
+    gm.meta["trident_call_guards"] = guards
 
     def checked_call(self, *args, **kwargs):
         if kwargs or len(args) != n_inputs:
@@ -117,12 +90,10 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
                 f"optimized graph expected {n_inputs} positional inputs ({', '.join(names)}), "
                 f"got {len(args)} positional and {len(kwargs)} keyword"
             )
-        if constants:
-            check_constants(args)
-        if same:
-            check_same(args)
-        if watched:
-            check_globals()
+        if guards:
+            failed = first_failure(guards, args)
+            if failed is not None:
+                raise GuardError(failed.failure(args, names))
         try:
             return direct(self, *args)
         except TridentError:
@@ -136,7 +107,14 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     type(gm).__call__ = checked_call
 
 
-_MISSING = object()
+
+def call_guards(gm: torch.fx.GraphModule) -> list:
+    """The graph-level call guards (Note [One guard table]): captured constants, inputs that were
+    one tensor, the globals the regions' kernels read."""
+    guards: list = [ConstantInput(i, v) for i, v in dict(gm.meta.get("trident_constant_inputs", {})).items()]
+    guards += [SameTensor(i, j) for i, j in gm.meta.get("trident_same_inputs", ())]
+    guards += [KernelGlobal(kernel, name, value, held) for kernel, name, held, value in _kernel_globals(gm)]
+    return guards
 
 
 def _kernel_globals(gm: torch.fx.GraphModule) -> list:
@@ -280,6 +258,11 @@ def explain(gm) -> str:
     lines = []
     regions = _regions(gm)
     lines.append(f"{len(regions)} region(s)")
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    call = gm.meta.get("trident_call_guards", [])
+    if call:
+        lines.append("call guards (checked on every call, Note [One guard table]):")
+        lines.extend(f"  {describe(g, placeholders)}" for g in call)
     for rt in regions:
         s = rt.stats()
         lines.append(
@@ -287,6 +270,7 @@ def explain(gm) -> str:
             f"hits={s['hits']} misses={s['misses']} specializations={s['specializations']}"
         )
         lines.append(f"  operator calls: {_call_mix(rt)}")
+        lines.extend(f"  call guard {describe(g, [i.name for i in rt.program.inputs])}" for g in rt.guards)
         for spec in rt.scm.specializations:
             lines.append(f"  specialization {spec.index}:")
             lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)

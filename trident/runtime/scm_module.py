@@ -22,6 +22,7 @@ import torch
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
 from ..lowering import compile_host, emit_host_module, import_region
+from ..scm.guards import DisjointInputs
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
 from ..scm.printer import format_dtype, format_guard, format_scm
 from ..scm.specialize import build_specialization, triton_compile_seconds
@@ -84,8 +85,8 @@ def _checked_reads(step, w_name: str, refs: dict) -> list[str]:
     return [f"src_ptr_{pair}"] + ([] if step.args.get("INDEX_OFFSET") else ["index_ptr"])
 
 
-def disjoint_input_pairs(program: RegionProgram) -> list[tuple[int, int, str]]:
-    """(written input, read input, what) for each lowered index write between two region inputs."""
+def disjoint_input_guards(program: RegionProgram) -> list[DisjointInputs]:
+    """A DisjointInputs guard (Note [One guard table]) per lowered index write between two region inputs."""
     pairs = []
     for step in program.launches:
         if step.kernel_name not in _INDEX_WRITE_KERNELS:
@@ -102,7 +103,7 @@ def disjoint_input_pairs(program: RegionProgram) -> list[tuple[int, int, str]]:
                         f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
                         f"{program.inputs[r.index].name!r} ({r_name})"
                     )
-                    pairs.append((w.index, r.index, what))
+                    pairs.append(DisjointInputs(w.index, r.index, what))
     return pairs
 
 
@@ -137,7 +138,9 @@ class SCMRuntime:
             self._on_miss,
         )
         _REGISTRY[self.region_id] = self
-        native.C.set_disjoint_inputs(self.region_id, disjoint_input_pairs(program))
+        self.guards = disjoint_input_guards(program)  # the region's native call guards
+        # the native check raises the guard's own failure text (Note [One guard table])
+        native.C.set_disjoint_inputs(self.region_id, [(g.written, g.read, g.failure()) for g in self.guards])
         enabled, emulate, self.graph_reason = graphs.policy(program)
         native.C.set_graph_policy(
             self.region_id, enabled, emulate, knobs.graph_limit(), graphs.RECORD_AFTER,

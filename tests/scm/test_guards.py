@@ -1,0 +1,90 @@
+"""Note [One guard table] (trident/scm/guards.py): each call-guard kind checks and explains
+itself in the caller's names, serializes to plain data, and the native DisjointInputs check
+decides as its Python twin does on generated layouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import trident
+from tests import kernels as K
+from trident import knobs
+from trident.errors import GuardError
+from trident.runtime import SCMRuntime
+from trident.scm.guards import ConstantInput, DisjointInputs, KernelGlobal, SameTensor, describe, first_failure
+
+
+def test_kinds_check_and_explain_in_the_callers_names():
+    names = ["x", "scale", "y"]
+    t = torch.zeros(2)
+    c, same = ConstantInput(1, 3), SameTensor(0, 2)
+    assert c.check([t, 3, t]) and not c.check([t, 3.0, t]) and not c.check([t, 4, t])
+    assert "'scale' (position 1) was captured as the constant 3, got 4" in c.failure([t, 4, t], names)
+    assert same.check([t, 3, t]) and not same.check([t, 3, t.clone()])
+    assert "'y' (position 2) and 'x' (position 0) were one tensor" in same.failure([t, 3, t.clone()], names)
+    scope = {"__name__": "user_module", "BLOCK": 64}
+    g = KernelGlobal("my_kernel", "BLOCK", 64, scope)
+    assert g.check()
+    scope["BLOCK"] = 128
+    assert not g.check() and "was 64 when it was compiled and is 128 now" in g.failure()
+    assert first_failure([c, same, g], [t, 3, t]) is g
+    assert describe(c, names) == "scale == 3 (a captured constant)"
+    assert [k.record()["kind"] for k in (c, same, g)] == ["constant_input", "same_tensor", "kernel_global"]
+    assert g.record()["module"] == "user_module"
+
+
+def _write(cache, pos, src):
+    cache.index_copy_(0, pos, src)
+    return K.axpy(src.flatten(), src.flatten())
+
+
+def test_native_disjoint_check_equals_its_python_twin():
+    """400 random placements of a cache [8, 4] and a source row [1, 4] in one storage (and some
+    in two): the region refuses exactly the calls the twin says overlap, and eager's
+    index_copy_ refuses them too."""
+    with knobs.scope(triton_copies="all"):
+        opt = trident.optimize(trident.capture(_write, torch.zeros(8, 4), torch.tensor([2]), torch.ones(1, 4)))
+    (rid,) = opt.meta["trident_regions"]
+    rt = SCMRuntime.get(rid)
+    guards = rt.guards  # cache against src, cache against pos
+    assert len(guards) == 2 and all(isinstance(g, DisjointInputs) and g.native for g in guards)
+    region_names = [i.name for i in rt.program.inputs]
+    rng = random.Random(0)
+    refused = 0
+    for case in range(400):
+        base = torch.zeros(80)
+        other = torch.zeros(80)
+        c_off, s_off = rng.randrange(0, 48), rng.randrange(0, 76)
+        cache = base.as_strided((8, 4), (4, 1), c_off)
+        src = (other if case % 5 == 0 else base).as_strided((1, 4), (4, 1), s_off)
+        pos = torch.tensor([rng.randrange(8)])
+        by_name = {"cache": cache, "pos": pos, "src": src}
+        values = [by_name[n] for n in region_names]
+        twin_ok = all(g.check(values) for g in guards)
+        try:
+            opt(cache, pos, src)
+            native_ok = True
+        except RuntimeError as e:
+            assert any(g.failure() in str(e) for g in guards if not g.check(values)), str(e)
+            native_ok = False
+        assert native_ok == twin_ok, (case, c_off, s_off)
+        if not twin_ok:
+            refused += 1
+            with pytest.raises(RuntimeError, match="single memory location"):
+                cache.index_copy_(0, pos, src)  # eager refuses the same call
+    assert 50 < refused < 350, refused
+
+
+def test_explain_lists_the_call_guards():
+    def fn(x, n, y):
+        return K.axpy(x, y) * n
+
+    x = torch.randn(8)
+    opt = trident.optimize(trident.capture(fn, x, 2, x))
+    text = trident.explain(opt)
+    assert "call guards" in text and "n == 2 (a captured constant)" in text, text
+    with pytest.raises(GuardError, match="captured as the constant 2, got 3"):
+        opt(x, 3, x)
