@@ -62,7 +62,7 @@ def _product(v: torch.fx.Node):
     return node, chain
 
 
-def _dense(t) -> bool:
+def _contiguous_tensor(t) -> bool:
     return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_contiguous()
 
 
@@ -87,7 +87,7 @@ def _fuse(gm, add: torch.fx.Node, mode: str) -> bool:
             continue
         m, chain = found
         xv, vv, mv, rv = _val(x), _val(v), _val(m), _val(add)
-        if not all(_dense(t) for t in (xv, vv, mv, rv)):
+        if not all(_contiguous_tensor(t) for t in (xv, vv, mv, rv)):
             continue
         if not (xv.shape == vv.shape == rv.shape and xv.dtype == vv.dtype == rv.dtype and xv.device == vv.device):
             continue

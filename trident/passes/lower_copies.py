@@ -70,6 +70,7 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import knobs
+from ..layout import contiguous, dense, max_offset, non_overlapping
 from ..kernels.copy import index_copy_kernel, strided_copy_kernel
 
 aten = torch.ops.aten
@@ -114,37 +115,6 @@ def _device_allowed(t: torch.Tensor, mode: str) -> bool:
     return mode == "all" or t.device.type == "cuda"
 
 
-def _non_overlapping(sizes, strides) -> bool:
-    """Provably no two indices reach one element (sufficient, not necessary: a layout it cannot
-    prove stays with ATen, whose own check then decides)."""
-    dims = sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1)
-    reach = 0  # largest offset reachable with the dims so far
-    for st, sz in dims:
-        if st <= reach:
-            return False
-        reach += st * (sz - 1)
-    return True
-
-
-def _dense(sizes, strides) -> bool:
-    """Non-overlapping and dense: some order of the dims is contiguous (size-1 dims aside)."""
-    expected = 1
-    for st, sz in sorted((st, sz) for sz, st in zip(sizes, strides) if sz != 1):
-        if st != expected:
-            return False
-        expected *= sz
-    return True
-
-
-def _is_contiguous(sizes, strides) -> bool:
-    expected = 1
-    for sz, st in reversed(list(zip(sizes, strides))):
-        if sz != 1 and st != expected:
-            return False
-        expected *= sz
-    return True
-
-
 def _coalesce(sizes, *stride_lists):
     """Drop size-1 dims and merge neighbours that step through memory as one dim in every
     stride list (outer stride == inner stride * inner size). Returns (sizes, stride lists)."""
@@ -170,15 +140,11 @@ def _pad(sizes, stride_lists, rank):
     return [1] * n + list(sizes), [[1] * n + list(s) for s in stride_lists]
 
 
-def _max_offset(sizes, strides) -> int:
-    return sum((sz - 1) * st for sz, st in zip(sizes, strides))
-
-
 def _lane_reach(sizes, strides, grid_end: int) -> int:
     """1 + the largest offset any lane computes, masked-off lanes of the last block included
     (their outermost coordinate runs past sizes[0]); int32 arithmetic must hold it."""
     inner = math.prod(sizes[1:])
-    return _max_offset([-(-grid_end // inner), *sizes[1:]], strides) + 1
+    return max_offset([-(-grid_end // inner), *sizes[1:]], strides) + 1
 
 
 def _block(numel: int) -> int:
@@ -239,7 +205,7 @@ def _strided_plan(shape, src_strides, dst_strides):
     if len(sizes) > MAX_DIMS:
         return None
     numel = math.prod(shape)
-    contiguous = _is_contiguous(sizes, dst_st)
+    contiguous = contiguous(sizes, dst_st)
     sizes, (src_st, dst_st) = _pad(sizes, [src_st, dst_st], MAX_DIMS)
     block = _block(numel)
     grid_end = -(-numel // block) * block
@@ -282,7 +248,7 @@ def _clone_layout_ok(src, out, memory_format) -> bool:
         return False
     if out.dtype != src.dtype or out.shape != src.shape or out.device != src.device or out.numel() == 0:
         return False
-    return out.storage_offset() == 0 and _dense(out.shape, out.stride())
+    return out.storage_offset() == 0 and dense(out.shape, out.stride())
 
 
 def _fresh_like_ok(self_: torch.Tensor, out: torch.Tensor) -> bool:
@@ -355,7 +321,7 @@ def _lower_copy_(gm, node: torch.fx.Node, mode: str) -> bool:
         return False
     if src.dtype != dst.dtype or src.device != dst.device or dst.numel() == 0:
         return False
-    if not _non_overlapping(dst.shape, dst.stride()):
+    if not non_overlapping(dst.shape, dst.stride()):
         return False  # eager refuses to write one element twice
     src_strides = _broadcast_strides(src, dst.shape)
     if src_strides is None:
@@ -427,7 +393,7 @@ def _rows_ok(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> bool:
     """What index_copy_ and index_put_ both need besides shapes and dtypes."""
     if not (dst.device == src.device == index.device):
         return False
-    if not _non_overlapping(dst.shape, dst.stride()):
+    if not non_overlapping(dst.shape, dst.stride()):
         return False
     if _storage(dst) in (_storage(src), _storage(index)):
         return False
@@ -453,7 +419,7 @@ def _rows_plan(dst: torch.Tensor, d: int, index: torch.Tensor, shape, src_stride
     numel = math.prod(shape)
     block = _block(numel)
     grid_end = -(-numel // block) * block
-    dst_reach = _max_offset(dst.shape, dst.stride()) + 1  # through the index, in-range rows only
+    dst_reach = max_offset(dst.shape, dst.stride()) + 1  # through the index, in-range rows only
     src_reach = _lane_reach(sizes, src_st, grid_end)
     index_reach = _lane_reach(sizes, [index.stride(0), 0, 0, 0, 0], grid_end)
     big = max(grid_end, dst_reach, src_reach, index_reach) > _INT32_MAX

@@ -28,6 +28,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from ..layout import span_bytes
+
 _MISSING = object()
 
 
@@ -95,14 +97,6 @@ class KernelGlobal:
     def record(self) -> dict:
         return {"kind": "kernel_global", "kernel": self.kernel, "name": self.name, "value": repr(self.value),
                 "module": self.scope.get("__name__")}  # fmt: skip
-
-
-def span_bytes(t: torch.Tensor) -> int:
-    """Bytes from t's first element to the end of its last (0 when empty): what native code
-    compares (span_bytes in trident/csrc/scm_runtime.cpp)."""
-    if t.numel() == 0:
-        return 0
-    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from typing import Any, Optional, Union
 
 import torch
 
+from ..layout import span
+
 
 @dataclass(frozen=True)
 class RegionInput:
@@ -133,14 +135,12 @@ class TensorFacts:
 
     def span(self) -> int:
         """Elements from the first to the last one the layout addresses (0 when empty)."""
-        if not all(self.sizes):
-            return 0
-        return sum((n - 1) * s for n, s in zip(self.sizes, self.strides)) + 1
+        return span(self.sizes, self.strides)
 
     def allocate(self, residue: int, zero: bool = False) -> torch.Tensor:
         """A fresh tensor with this layout at an address whose residue modulo 16 bytes is
         `residue` (a whole number of elements): what a specialization assumed of a tensor."""
-        item = torch.empty((), dtype=self.dtype).element_size()
+        item = self.dtype.itemsize
         make = torch.zeros if zero else torch.empty
         base = make(self.span() + 16 // item, dtype=self.dtype, device=self.device)
         shift = ((residue - base.data_ptr() % 16) % 16) // item

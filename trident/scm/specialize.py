@@ -335,7 +335,7 @@ def plan_arena(
         if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda"):
             continue
         extent = 1 + sum((n - 1) * st for n, st in zip(f.sizes, f.strides)) if all(f.sizes) else 0
-        nbytes = (extent * _itemsize(f.dtype) + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+        nbytes = (extent * f.dtype.itemsize + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
         if nbytes == 0:
             continue
         begin = step_of[id(plan.step)]
@@ -414,7 +414,7 @@ def plan_views(program, inputs, value_facts, value_offsets) -> dict:
         if facts.dtype != base_facts.dtype or facts.device != base_facts.device:
             continue
         delta = value_offsets[out] - base_offset
-        candidates[step.name] = (step, base, base_facts, facts, delta, delta * _itemsize(facts.dtype))
+        candidates[step.name] = (step, base, base_facts, facts, delta, delta * facts.dtype.itemsize)
     # A value needs a tensor when an operator reads it, when it leaves the region, or when a
     # view of it needs a tensor; kernels only need its address.
     needs_tensor = {o.index for o in program.outputs}
@@ -431,6 +431,3 @@ def plan_views(program, inputs, value_facts, value_offsets) -> dict:
         for name, (step, base, bf, f, delta, dbytes) in candidates.items()
     }
 
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
