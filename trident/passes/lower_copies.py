@@ -70,7 +70,8 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import knobs
-from ..layout import contiguous, dense, max_offset, non_overlapping
+from ..layout import dense, max_offset, non_overlapping
+from ..layout import contiguous as contiguous_layout
 from ..kernels.copy import index_copy_kernel, strided_copy_kernel
 
 aten = torch.ops.aten
@@ -205,7 +206,7 @@ def _strided_plan(shape, src_strides, dst_strides):
     if len(sizes) > MAX_DIMS:
         return None
     numel = math.prod(shape)
-    contiguous = contiguous(sizes, dst_st)
+    contiguous = contiguous_layout(sizes, dst_st)
     sizes, (src_st, dst_st) = _pad(sizes, [src_st, dst_st], MAX_DIMS)
     block = _block(numel)
     grid_end = -(-numel // block) * block
