@@ -19,7 +19,7 @@ from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime, graphs
-from .scm.guards import ConstantInput, KernelGlobal, SameTensor, describe, first_failure
+from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, describe, first_failure
 from .scm.ir import RegionProgram
 from .scm.printer import format_guard, format_scm
 
@@ -111,7 +111,7 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
 def call_guards(gm: torch.fx.GraphModule) -> list:
     """The graph-level call guards (Note [One guard table]): captured constants, inputs that were
     one tensor, the globals the regions' kernels read."""
-    guards: list = [ConstantInput(i, v) for i, v in dict(gm.meta.get("trident_constant_inputs", {})).items()]
+    guards = GuardList(ConstantInput(i, v) for i, v in dict(gm.meta.get("trident_constant_inputs", {})).items())
     guards += [SameTensor(i, j) for i, j in gm.meta.get("trident_same_inputs", ())]
     guards += [KernelGlobal(kernel, name, value, held) for kernel, name, held, value in _kernel_globals(gm)]
     return guards

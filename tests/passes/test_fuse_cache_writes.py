@@ -305,3 +305,62 @@ def test_compiled_cache_write_equals_eager_on_cuda(b, h, s, d, dtype, alias):
             _assert_same(x, y)
     torch.cuda.synchronize()
     assert int(got[2]) == 12 * s
+
+
+def test_writes_through_views_of_the_counter_or_pos_keep_the_launches_apart():
+    """Review finds: a closed-over counter bumped through a view (`cnt[0] += 5`) or pos changed
+    in place before the writes: the fused kernel would read the wrong base; left apart, eager's."""
+    cnt = torch.tensor([2])
+    keys, values = torch.zeros(1, 2, 16, 4), torch.zeros(1, 2, 16, 4)
+
+    def through_view(k, v):
+        pos = torch.arange(1) + cnt
+        cnt.view(-1).add_(5)
+        cnt.add_(1)
+        keys.index_copy_(2, pos, k)
+        values.index_copy_(2, pos, v)
+        return keys.sum(-1)
+
+    def pos_changed(k, v):
+        pos = torch.arange(1) + cnt
+        pos.view(-1).remainder_(8)
+        cnt.add_(1)
+        keys.index_copy_(2, pos, k)
+        values.index_copy_(2, pos, v)
+        return keys.sum(-1)
+
+    k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+    for fn in (through_view, pos_changed):
+        gm = _lowered(fn, [k, v])
+        assert fuse_cache_writes(gm) == 0, gm.code
+        for t in (cnt, keys, values):
+            t.zero_()
+        cnt.fill_(9 if fn is pos_changed else 2)
+        want_keys = keys.clone()
+        want_cnt = cnt.clone()
+        opt = _optimize(fn, [k, v])
+        for t, w in ((cnt, want_cnt), (keys, want_keys)):
+            t.copy_(w)
+        values.zero_()
+        got = opt(k, v)
+        got_state = (cnt.clone(), keys.clone(), values.clone())
+        cnt.copy_(want_cnt)
+        keys.copy_(want_keys)
+        values.zero_()
+        want = fn(k, v)
+        _assert_same(got, want)
+        for a, b in zip(got_state, (cnt, keys, values)):
+            _assert_same(a, b)
+
+
+def test_an_int32_counter_at_call_time():
+    """Captured with an int64 counter, called with an int32 one: a new specialization of the
+    fused kernel (the index is computed in int64, the bump wraps in int32), eager's result."""
+    args = _args()
+    opt = _optimize(_layer, args)
+    got, want = _clone(args), _clone(args)
+    got[2] = torch.tensor(3, dtype=torch.int32)
+    want[2] = torch.tensor(3, dtype=torch.int32)
+    _assert_same(opt(*got), _layer(*want))
+    for a, b in zip(got[:3], want[:3]):
+        _assert_same(a, b)

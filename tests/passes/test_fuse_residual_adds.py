@@ -1,6 +1,7 @@
 """trident/passes/fuse_residual_adds.py (Note [Residual adds in the GEMM]): `residual + a @ b`
-becomes one aten.addmm -- where the knob allows it (bf16/fp16 CUDA by default, "all" here) --
-whose result is addmm's (one rounding); what the pass cannot prove stays an add."""
+becomes one trident.residual_mm -- where the knob allows it (bf16/fp16 CUDA by default, "all"
+here) -- whose result is addmm's (one rounding), or eager's promotion when a later call brings
+other dtypes; what the pass cannot prove stays an add."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_both_residual_adds_fold_and_equal_addmm():
     with knobs.scope(gemm_epilogues="all"):
         gm = _captured(_block, args)
         assert fuse_residual_adds(gm) == 2, gm.code
-        assert _count(gm, aten.add.Tensor) == 0 and _count(gm, aten.mm.default) == 0 and _count(gm, aten.addmm.default) == 2
+        assert _count(gm, aten.add.Tensor) == 0 and _count(gm, aten.mm.default) == 0 and _count(gm, torch.ops.trident.residual_mm.default) == 2
         opt = trident.optimize(_captured(_block, args))
     got = opt(*args)
     assert torch.equal(got, _reference(*args))
@@ -143,11 +144,55 @@ def forward(self, x, w1, w2, res):
     view_1 = torch.ops.aten.view.default(view, [1, 64]);  view = None
     t = torch.ops.aten.t.default(w1);  w1 = None
     view_default = torch.ops.aten.view.default(res, [1, 64]);  res = None
-    addmm_default = torch.ops.aten.addmm.default(view_default, view_1, t);  view_default = view_1 = t = None
-    view_default_1 = torch.ops.aten.view.default(addmm_default, [1, 1, 64]);  addmm_default = None
+    residual_mm_default = torch.ops.trident.residual_mm.default(view_default, view_1, t);  view_default = view_1 = t = None
+    view_default_1 = torch.ops.aten.view.default(residual_mm_default, [1, 1, 64]);  residual_mm_default = None
     view_3 = torch.ops.aten.view.default(view_default_1, [1, 64])
     t_1 = torch.ops.aten.t.default(w2);  w2 = None
     view_default_2 = torch.ops.aten.view.default(view_default_1, [1, 64]);  view_default_1 = None
-    addmm_default_1 = torch.ops.aten.addmm.default(view_default_2, view_3, t_1);  view_default_2 = view_3 = t_1 = None
-    view_default_3 = torch.ops.aten.view.default(addmm_default_1, [1, 1, 64]);  addmm_default_1 = None
+    residual_mm_default_1 = torch.ops.trident.residual_mm.default(view_default_2, view_3, t_1);  view_default_2 = view_3 = t_1 = None
+    view_default_3 = torch.ops.aten.view.default(residual_mm_default_1, [1, 1, 64]);  residual_mm_default_1 = None
     return view_default_3""")
+
+
+def test_a_product_added_to_itself_stays_an_add():
+    def fn(x, w):
+        y = (K.axpy(x, x).view(2, 32) @ w).view(2, 4, 16)
+        return y + y
+
+    args = [torch.randn(64), torch.randn(32, 64)]
+    with knobs.scope(gemm_epilogues="all"):
+        gm = _captured(fn, args)
+        assert fuse_residual_adds(gm) == 0
+        opt = trident.optimize(_captured(fn, args))
+    assert torch.equal(opt(*args), fn(*args))
+
+
+def test_residual_mm_operator():
+    """The operator: addmm for one dtype, eager's promotion otherwise; opcheck (schema, fake
+    tensors, AOT dispatch)."""
+    g = torch.Generator().manual_seed(3)
+    x, a, b = torch.randn(3, 5, generator=g), torch.randn(3, 4, generator=g), torch.randn(4, 5, generator=g)
+    op = torch.ops.trident.residual_mm.default
+    assert torch.equal(op(x, a, b), torch.addmm(x, a, b))
+    assert torch.equal(op(x.double(), a, b), x.double() + a @ b)  # promotion, as eager's add
+    assert torch.equal(op(x[0], a, b), x[0] + a @ b)  # broadcasting
+    torch.library.opcheck(op, (x, a, b))
+    torch.library.opcheck(op, (x.double(), a, b))
+
+
+def test_other_dtypes_at_call_time_get_eagers_promotion():
+    """Captured with one dtype (the rewrite applies), called with a float64 residual: a new
+    specialization of the same graph, eager's x + mm(a, b) (not addmm's dtype error)."""
+    def fn(x, w1, w2, res):
+        h = K.axpy(x, x).view(1, 64)
+        return res + (h @ w1.t()).view(1, 1, 64), (h @ w2.t()).view(1, 1, 64) + res
+
+    args = _args()
+    with knobs.scope(gemm_epilogues="all"):
+        gm = _captured(fn, args)
+        assert fuse_residual_adds(gm) == 2
+        opt = trident.optimize(_captured(fn, args))
+    got_args = list(args)
+    got_args[3] = args[3].double()
+    for got, want in zip(opt(*got_args), fn(*got_args)):
+        assert got.dtype == want.dtype == torch.float64 and torch.equal(got, want)

@@ -31,6 +31,8 @@ def test_kinds_check_and_explain_in_the_callers_names():
     scope["BLOCK"] = 128
     assert not g.check() and "was 64 when it was compiled and is 128 now" in g.failure()
     assert first_failure([c, same, g], [t, 3, t]) is g
+    nan, zero = ConstantInput(0, float("nan")), ConstantInput(0, 0.0)
+    assert nan.check([float("nan")]) and zero.check([0.0]) and not zero.check([-0.0]) and not zero.check([0])
     assert describe(c, names) == "scale == 3 (a captured constant)"
     assert [k.record()["kind"] for k in (c, same, g)] == ["constant_input", "same_tensor", "kernel_global"]
     assert g.record()["module"] == "user_module"
@@ -88,3 +90,14 @@ def test_explain_lists_the_call_guards():
     assert "call guards" in text and "n == 2 (a captured constant)" in text, text
     with pytest.raises(GuardError, match="captured as the constant 2, got 3"):
         opt(x, 3, x)
+
+
+def test_an_optimized_graph_with_kernel_globals_deep_copies():
+    import copy
+
+    from trident.scm.guards import KernelGlobal
+
+    opt = trident.optimize(trident.capture(lambda x: K.scale_by_global(x), torch.randn(8)))
+    assert any(isinstance(g, KernelGlobal) for g in opt.meta["trident_call_guards"])
+    twin = copy.deepcopy(opt)
+    assert twin.meta["trident_call_guards"] is opt.meta["trident_call_guards"]

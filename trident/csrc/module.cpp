@@ -131,9 +131,9 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
 int64_t add_aten(const std::string& name, const std::string& overload, py::list args, std::vector<int64_t> out_slots,
                  bool cached, bool typed, bool gemm) {
   auto e = std::make_shared<AtenEntry>();
-  if (gemm && (name == "aten::mm" || name == "aten::addmm") && overload.empty()) {
+  if (gemm && (name == "aten::mm" || name == "aten::addmm" || name == "trident::residual_mm") && overload.empty()) {
     e->gemm = std::make_unique<blas::GemmCache>();
-    e->gemm_c = name == "aten::addmm";
+    e->gemm_c = name != "aten::mm";
   }
   e->cached = cached;
   e->op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
@@ -295,7 +295,22 @@ TORCH_LIBRARY(trident, m) {
   // triton_kernel_wrapper_functional does). Never executed.
   m.def("triton_launch(int launch, Tensor[] reads, Tensor[] writes) -> Tensor[]");
   m.def("scm_functional(int region, Tensor[] mutated, Tensor[] inputs) -> Tensor[]", {at::Tag::pt2_compliant_tag});
+  // x + a @ b with the sum formed in the product (Note [Residual adds in the GEMM]): addmm(x, a, b)
+  // when x, a and b have one dtype and x is the product's [m, n], else eager's x + mm(a, b)
+  // (type promotion, broadcasting). In regions the runtime runs it as one cuBLASLt matmul.
+  m.def("residual_mm(Tensor x, Tensor a, Tensor b) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
+
+namespace trident {
+at::Tensor residual_mm(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b) {
+  const bool one_dtype = x.scalar_type() == a.scalar_type() && a.scalar_type() == b.scalar_type();
+  if (one_dtype && x.dim() == 2 && a.dim() == 2 && b.dim() == 2 && x.size(0) == a.size(0) && x.size(1) == b.size(1))
+    return at::addmm(x, a, b);
+  return at::add(x, at::mm(a, b));
+}
+}  // namespace trident
+
+TORCH_LIBRARY_IMPL(trident, CompositeExplicitAutograd, m) { m.impl("residual_mm", &trident::residual_mm); }
 
 TORCH_LIBRARY_IMPL(trident, CPU, m) {
   m.impl("scm", &trident::scm_kernel);

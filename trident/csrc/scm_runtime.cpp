@@ -328,7 +328,9 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
         const at::Tensor* a = tensor_arg(e->args[0], ctx);
         const at::Tensor* b = tensor_arg(e->args[1], ctx);
         taken = a && b && blas::try_mm(*e->gemm, *a, *b, ctx->device_index, ctx->stream, out);
-      } else if (unit_scalar(e->args[3]) && unit_scalar(e->args[4])) {  // addmm(self, a, b, beta, alpha)
+      } else if (e->args.size() == 3 || (unit_scalar(e->args[3]) && unit_scalar(e->args[4]))) {
+        // trident::residual_mm(x, a, b), or addmm(self, a, b, beta=1, alpha=1); try_mm declines
+        // when dtypes or the layout of C differ, and the operator then runs (residual_mm: x + mm)
         const at::Tensor* c = tensor_arg(e->args[0], ctx);
         const at::Tensor* a = tensor_arg(e->args[1], ctx);
         const at::Tensor* b = tensor_arg(e->args[2], ctx);

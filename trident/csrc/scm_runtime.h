@@ -170,8 +170,9 @@ struct AtenEntry {
   ProfCounter prof;
   FastCall fast = nullptr;  // typed entry (aten_fast.h), when the operator has one
   // aten::mm on CUDA: cuBLASLt with cached plans (Note [Cached GEMM plans]); null when off.
-  // Also aten::addmm(self, a, b) with a row-major [m, n] self and beta = alpha = 1 (gemm_c:
-  // self is cuBLASLt's C; Note [Residual adds in the GEMM]); a bias vector goes to ATen.
+  // Also trident::residual_mm(x, a, b) and aten::addmm(self, a, b) with a row-major [m, n]
+  // self and beta = alpha = 1 (gemm_c: x / self is cuBLASLt's C; Note [Residual adds in the
+  // GEMM]); a bias vector, or dtypes that differ, go to the operator.
   std::unique_ptr<blas::GemmCache> gemm;
   bool gemm_c = false;
   std::optional<c10::OperatorHandle> op;

@@ -262,7 +262,10 @@ def _index_copy_block(
     never materialized: Note [Cache writes in one program])."""
     tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
     INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
-    tl.static_assert(INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES), "index must be int64")
+    # an offset index (arange(n) + counter) is int64 whatever integer type the counter has
+    tl.static_assert(INDEX_OFFSET or INDEX_TY == tl.int64 or (INDEX_TY == tl.int32 and not ATEN_RULES),
+                     "index must be int64")
+    tl.static_assert(not INDEX_OFFSET or INDEX_TY.is_int(), "the index base must be an integer")
     tl.static_assert(not (ATEN_RULES and dst_ptr.dtype.element_ty.is_fp8()), "index_copy_: no float8 kernel in ATen")
     mask = offs < numel
     rem = offs
@@ -405,7 +408,8 @@ def index_copy2_kernel(
 # -- four launches of a few elements each (~1.3 us apiece on an H200 inside a CUDA graph; each
 # ~3 us of host time without one). trident/passes/fuse_cache_writes.py makes them ONE launch
 # of cache_write_kernel, which runs the calls in their program order in a single program:
-#   1. base = counter (INDEX_OFFSET: the index is arange(n) + base, never materialized);
+#   1. base = counter (INDEX_OFFSET: the index is arange(n) + base, never materialized; a
+#      barrier: every thread has read it before anything is written);
 #   2. INCREMENT: counter = base + increment (every thread has read base: a barrier first);
 #   3. pair 0's rows, then (PAIRS == 2, after a barrier) pair 1's rows.
 # One program and a CTA barrier between the phases give eager's order exactly, so nothing is
@@ -469,9 +473,9 @@ def cache_write_kernel(
     base = 0
     if INDEX_OFFSET:
         base = tl.load(index_ptr).to(tl.int64)
+        tl.debug_barrier()  # every thread has read the counter before anything is written
     if INCREMENT:
         tl.static_assert(INDEX_OFFSET, "the counter is the index base")
-        tl.debug_barrier()
         tl.store(index_ptr, (base + increment).to(index_ptr.dtype.element_ty))
         tl.debug_barrier()
     lanes = tl.arange(0, BLOCK)

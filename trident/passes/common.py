@@ -77,7 +77,7 @@ def operator_call_reason(node: torch.fx.Node) -> str | None:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return f"{getattr(target, '__name__', target)} is a Python callable, not an operator with a schema"
-    if target.namespace == "trident":
+    if target.namespace == "trident" and target is not torch.ops.trident.residual_mm.default:
         return "a Trident op"
     if _DATA_DEPENDENT_TAGS & set(target.tags) or target is torch.ops.aten._local_scalar_dense.default:
         return f"{target}: data-dependent output (needs the data before the plan can go on)"

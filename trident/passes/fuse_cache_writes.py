@@ -21,9 +21,10 @@ What must hold (else nothing changes):
     merged by CSE with layer 0's, feeds the rotary embedding and the mask); the bump, if any,
     is an add_ of a Python int (alpha 1) on that same tensor (the same node or the same
     get_attr), between pos and the first write, and nothing uses its result;
-  * from pos to the bump (or the first write) no node writes the counter or any graph input
-    (which the counter may be at run time): launches by torch's TTIR analysis, operators by
-    their schemas; the counter then holds pos's base up to the bump;
+  * from pos to the bump (or the first write) no node writes what may alias the counter, pos
+    or any graph input (which the counter may be at run time), views of them included (the
+    alias roots of Note [CSE under mutation]; launches by torch's TTIR analysis, operators by
+    their schemas): the counter then holds pos's base up to the bump, and pos is its value;
   * every other node from the bump (or the first write) to the last write only makes views or
     allocations, or names a module attribute (get_attr): no data is read or written there, so
     bumping the counter and writing the rows later, all at the last write's place, reads and
@@ -34,16 +35,15 @@ nothing is assumed about where the tensors live.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..kernels.copy import cache_write_kernel, index_copy_kernel
 from .common import ALLOCATION_OPS, is_launch, is_view_op
 from .lower_copies import LOWERED_COPY
-from .outline_regions import written_params
+from .cse import _BARRIER, _INPUTS
+from .cse import _roots as alias_roots
+from .cse import _written_nodes
 
 aten = torch.ops.aten
 
@@ -85,51 +85,14 @@ def _inert(node: torch.fx.Node) -> bool:
     return is_view_op(node) or node.target in _UNANNOTATED_VIEWS or node.target in ALLOCATION_OPS
 
 
-def _storage(node):
-    v = _val(node)
-    if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
-        return None
-    return StorageWeakRef(v.untyped_storage())
-
-
-def _input_storages(gm) -> set:
-    return {s for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and (s := _storage(n)) is not None}
-
-
-def _nodes_in(value) -> list:
-    if isinstance(value, torch.fx.Node):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [n for v in value for n in _nodes_in(v)]
-    return []
-
-
-def _written_storages(node: torch.fx.Node) -> "set | None":
-    """The storages `node` writes (None: cannot tell). Launches by torch's TTIR analysis,
-    operators by their schema's write annotations."""
-    if node.op in ("placeholder", "get_attr"):
-        return set()
-    if node.op != "call_function":
-        return None
-    if is_launch(node):
-        kw = node.kwargs["kwargs"]
-        targets = [kw[name] for name in written_params(node) if name in kw]
-    elif isinstance(node.target, torch._ops.OpOverload):
-        targets = []
-        for i, arg in enumerate(node.target._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                targets.append(node.args[i] if i < len(node.args) else node.kwargs.get(arg.name))
-    elif node.target is operator.getitem:
-        return set()
-    else:
-        return None
-    out = set()
-    for n in _nodes_in(targets):
-        st = _storage(n)
-        if st is None:
-            return None
-        out.add(st)
-    return out
+def _alias_roots(gm) -> dict:
+    """Per node, the storages it may alias (Note [CSE under mutation]: a view, an in-place
+    result or a getitem has its source's roots; every graph input and attribute has the one
+    root _INPUTS, since a caller may pass views of one tensor)."""
+    roots: dict = {}
+    for n in gm.graph.nodes:
+        roots[n] = alias_roots(n, roots)
+    return roots
 
 
 def _same_tensor(a, b) -> bool:
@@ -218,11 +181,12 @@ def _fuse(gm, pos: torch.fx.Node) -> "set | None":
     bump, increment = None, 0
     node = writes[0].next
     if counter is not None:
-        inputs, mine = _input_storages(gm), _storage(counter)
+        roots = _alias_roots(gm)
+        guarded = roots[counter] | roots[pos] | {_INPUTS}
         node = pos.next
         while node is not writes[0] and (m := _bump(node, counter)) is None:
-            written = _written_storages(node)
-            if written is None or mine in written or written & inputs:
+            written = _written_nodes(node)
+            if written is _BARRIER or any(roots.get(w, frozenset()) & guarded for w in written):
                 return None
             node = node.next
         if node is not writes[0]:

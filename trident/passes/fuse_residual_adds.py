@@ -1,4 +1,4 @@
-"""`x + a @ b` -> aten.addmm(x, a, b): the residual add of a projection in one matrix product.
+"""`x + a @ b` -> trident.residual_mm(x, a, b): the residual add of a projection in one matrix product.
 
 Note [Residual adds in the GEMM]
 A transformer layer ends both of its halves with `hidden = residual + proj(h)`: an aten.mm (the
@@ -7,10 +7,13 @@ kernel launch of its own (~1.4 us of device time each inside a CUDA graph at dec
 H200, two per layer). This pass rewrites
 
     m = aten.mm(a, b);  v = view(m, S);  r = aten.add.Tensor(x, v)     (or add(v, x))
- -> r = aten.view(aten.addmm(aten.view(x, [M, N]), a, b), S)
+ -> r = aten.view(trident.residual_mm(aten.view(x, [M, N]), a, b), S)
 
-and the SCM runs that addmm as ONE cuBLASLt matmul with C = x and beta = 1 (Note [Cached GEMM
-plans]; ATen's own addmm on CUDA copies x into the output first and is the fallback).
+and the SCM runs residual_mm as ONE cuBLASLt matmul with C = x and beta = 1 (Note [Cached GEMM
+plans]). The operator itself (trident/csrc/module.cpp) is aten.addmm(x, a, b) when x, a and b
+have one dtype -- ATen's addmm on CUDA copies x into the output first -- and eager's
+x + mm(a, b) otherwise, so a later call bringing other dtypes than the capture (a new
+specialization of the same graph) gets eager's type promotion, not addmm's dtype error.
 
 Numerics: the sum is formed in the product's fp32 accumulator and rounded once, where eager
 rounds the product to the tensor dtype and then rounds the sum again. That is aten.addmm's
@@ -86,6 +89,8 @@ def _fuse(gm, add: torch.fx.Node, mode: str) -> bool:
         if found is None:
             continue
         m, chain = found
+        if x is m or x in chain:
+            continue  # y + y: the product is the residual too
         xv, vv, mv, rv = _val(x), _val(v), _val(m), _val(add)
         if not all(_contiguous_tensor(t) for t in (xv, vv, mv, rv)):
             continue
@@ -104,7 +109,7 @@ def _fuse(gm, add: torch.fx.Node, mode: str) -> bool:
         with gm.graph.inserting_before(add):
             x2 = gm.graph.call_function(aten.view.default, (x, list(mv.shape)))
             x2.meta["val"] = xv.view(mv.shape)
-            prod = gm.graph.call_function(aten.addmm.default, (x2, a, b))
+            prod = gm.graph.call_function(torch.ops.trident.residual_mm.default, (x2, a, b))
             prod.meta.update({k: val for k, val in m.meta.items() if k != "val"})
             prod.meta["val"] = mv  # the product's layout: addmm's result has mm's
             out = gm.graph.call_function(aten.view.default, (prod, list(rv.shape)))

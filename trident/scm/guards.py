@@ -23,6 +23,7 @@ graph's placeholders; region guards (`native`) index the region's inputs.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -41,7 +42,11 @@ class ConstantInput:
 
     def check(self, values: Sequence) -> bool:
         got = values[self.position]
-        return type(got) is type(self.value) and got == self.value
+        if type(got) is not type(self.value):
+            return False
+        if type(got) is float:  # by bits: the captured nan passes, -0.0 is not 0.0 (1 / x differs)
+            return struct.pack("<d", got) == struct.pack("<d", self.value)
+        return got == self.value
 
     def failure(self, values: Sequence, names: Sequence[str]) -> str:
         i = self.position
@@ -126,6 +131,14 @@ class DisjointInputs:
 
 
 CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs
+
+
+class GuardList(list):
+    """The guards of one optimized graph, kept in its meta: copying the graph (deepcopy) shares
+    them, as they are immutable and a KernelGlobal's scope is the kernel's module dict itself."""
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def first_failure(guards: Sequence[CallGuard], values: Sequence) -> "CallGuard | None":
