@@ -101,3 +101,17 @@ def test_an_optimized_graph_with_kernel_globals_deep_copies():
     assert any(isinstance(g, KernelGlobal) for g in opt.meta["trident_call_guards"])
     twin = copy.deepcopy(opt)
     assert twin.meta["trident_call_guards"] is opt.meta["trident_call_guards"]
+
+
+def test_a_new_shape_fails_the_captured_layout_guard_in_the_callers_names():
+    from trident.scm.guards import CapturedLayout
+
+    opt = trident.optimize(trident.capture(lambda x, y: K.axpy(x, y), torch.randn(8), torch.randn(8)))
+    (rid,) = opt.meta["trident_regions"]
+    rt = SCMRuntime.get(rid)
+    assert [type(g) for g in rt.layout_guards] == [CapturedLayout, CapturedLayout]
+    assert rt.layout_guards[0].check([torch.randn(8), torch.randn(8)])
+    assert not rt.layout_guards[0].check([torch.randn(9), torch.randn(8)])
+    with pytest.raises(GuardError, match=r"expected sizes \[8\] and strides \[1\] as captured, got sizes \[9\]"):
+        opt(torch.randn(9), torch.randn(9))
+    assert rt.layout_guards[0].record() == {"kind": "captured_layout", "input": 0, "sizes": [8], "strides": [1]}

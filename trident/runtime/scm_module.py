@@ -22,7 +22,7 @@ import torch
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
 from ..lowering import compile_host, emit_host_module, import_region
-from ..scm.guards import DisjointInputs
+from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
 from ..scm.printer import format_dtype, format_guard, format_scm
 from ..scm.specialize import build_specialization, triton_compile_seconds
@@ -139,6 +139,10 @@ class SCMRuntime:
         )
         _REGISTRY[self.region_id] = self
         self.guards = disjoint_input_guards(program)  # the region's native call guards
+        self.layout_guards = [
+            CapturedLayout(i, inp.name, f.sizes, f.strides, program.name)
+            for i, (inp, f) in enumerate(zip(program.inputs, program.captured_inputs))
+        ]  # checked on a miss
         # the native check raises the guard's own failure text (Note [One guard table])
         native.C.set_disjoint_inputs(self.region_id, [(g.written, g.read, g.failure()) for g in self.guards])
         enabled, emulate, self.graph_reason = graphs.policy(program)
@@ -349,19 +353,11 @@ class SCMRuntime:
         return "; ".join(reasons)
 
     def _check_servable(self, inputs: Sequence) -> None:
-        """The captured program is static: grids and scalars were computed for the captured
-        sizes, so inputs must have them. Dtype, device and alignment may change."""
-        for i, (inp, t) in enumerate(zip(self.program.inputs, inputs)):
-            want = self.program.captured_inputs[i]
-            if not isinstance(t, torch.Tensor):
-                raise GuardError(f"input {inp.name!r}: expected a Tensor, got {type(t).__name__}")
-            if tuple(t.shape) != want.sizes or tuple(t.stride()) != want.strides:
-                raise GuardError(
-                    f"input {inp.name!r} of {self.program.name}: expected sizes {list(want.sizes)} and strides "
-                    f"{list(want.strides)} as captured, got sizes {list(t.shape)} and strides {list(t.stride())}. "
-                    "The graph was captured with static shapes (grids and size arguments are baked in); "
-                    "capture again with inputs of this shape."
-                )
+        """The captured program is static (CapturedLayout guards, Note [One guard table]):
+        inputs must have the captured sizes and strides; dtype, device and alignment may change."""
+        failed = first_failure(self.layout_guards, inputs)
+        if failed is not None:
+            raise GuardError(failed.failure(inputs))
 
     def _on_miss(self, region_id: int, inputs: list) -> None:
         with self._lock:

@@ -12,6 +12,8 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
   DisjointInputs   the region, natively   an input a lowered index write writes does not  RuntimeError
                                           overlap an input that call reads (Note [Inputs  (eager's own)
                                           a lowered index write must not overlap])
+  CapturedLayout   the region, on a miss  an input has its captured sizes and strides     GuardError
+                                          (static capture: grids and sizes are baked in)
 
 Every kind has `check(values) -> bool`, the test, and `failure(values, names) -> str`, what was
 expected, what came and what to do, in the caller's names (torch's guard manager's check and
@@ -130,7 +132,39 @@ class DisjointInputs:
         return {"kind": "disjoint_inputs", "written": self.written, "read": self.read, "what": self.what}
 
 
-CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs
+@dataclass(frozen=True)
+class CapturedLayout:
+    """A region input has the sizes and strides it was captured with: grids and size arguments
+    were computed for them (static capture). Checked on a miss, before planning: a new
+    specialization may change dtype, device and alignment, not the layout."""
+
+    input: int
+    name: str
+    sizes: tuple
+    strides: tuple
+    region: str = ""
+    native: ClassVar[bool] = False
+
+    def check(self, values: Sequence) -> bool:
+        t = values[self.input]
+        return isinstance(t, torch.Tensor) and tuple(t.shape) == self.sizes and tuple(t.stride()) == self.strides
+
+    def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        t = values[self.input]
+        if not isinstance(t, torch.Tensor):
+            return f"input {self.name!r}: expected a Tensor, got {type(t).__name__}"
+        return (
+            f"input {self.name!r} of {self.region}: expected sizes {list(self.sizes)} and strides "
+            f"{list(self.strides)} as captured, got sizes {list(t.shape)} and strides {list(t.stride())}. "
+            "The graph was captured with static shapes (grids and size arguments are baked in); "
+            "capture again with inputs of this shape."
+        )
+
+    def record(self) -> dict:
+        return {"kind": "captured_layout", "input": self.input, "sizes": list(self.sizes), "strides": list(self.strides)}
+
+
+CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout
 
 
 class GuardList(list):
@@ -156,4 +190,6 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
         return f"{names[guard.first]} is {names[guard.second]} (one tensor at capture)"
     if isinstance(guard, KernelGlobal):
         return f"global {guard.name} == {guard.value!r} (read by kernel {guard.kernel})"
+    if isinstance(guard, CapturedLayout):
+        return f"{guard.name}: sizes {list(guard.sizes)} strides {list(guard.strides)} (static capture, on a miss)"
     return f"disjoint: {guard.what} (natively, each call)"
