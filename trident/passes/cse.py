@@ -137,6 +137,20 @@ def _roots(node: torch.fx.Node, roots: dict) -> frozenset:
     return inputs | {node}
 
 
+# What other passes reuse of the alias analysis (trident/passes/fuse_cache_writes.py).
+GRAPH_INPUTS = _INPUTS  # the one root of every graph input and attribute
+WRITES_ANYTHING = _BARRIER  # written_nodes' answer for a node that may write any tensor
+written_nodes = _written_nodes
+
+
+def alias_roots(gm: torch.fx.GraphModule) -> dict:
+    """Per node, the roots of the storage its result may alias (Note [CSE under mutation])."""
+    roots: dict = {}
+    for node in gm.graph.nodes:
+        roots[node] = _roots(node, roots)
+    return roots
+
+
 def merge_attribute_reads(gm: torch.fx.GraphModule) -> int:
     """Every get_attr of one attribute -> its first get_attr. make_fx emits one get_attr per
     read of a closed-over tensor (a cache's keys read by the update, then by attention), and

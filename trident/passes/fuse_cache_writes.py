@@ -41,9 +41,7 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton
 from ..kernels.copy import cache_write_kernel, index_copy_kernel
 from .common import ALLOCATION_OPS, is_launch, is_view_op
 from .lower_copies import LOWERED_COPY
-from .cse import _BARRIER, _INPUTS
-from .cse import _roots as alias_roots
-from .cse import _written_nodes
+from .cse import GRAPH_INPUTS, WRITES_ANYTHING, alias_roots, written_nodes
 
 aten = torch.ops.aten
 
@@ -83,16 +81,6 @@ def _inert(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     return is_view_op(node) or node.target in _UNANNOTATED_VIEWS or node.target in ALLOCATION_OPS
-
-
-def _alias_roots(gm) -> dict:
-    """Per node, the storages it may alias (Note [CSE under mutation]: a view, an in-place
-    result or a getitem has its source's roots; every graph input and attribute has the one
-    root _INPUTS, since a caller may pass views of one tensor)."""
-    roots: dict = {}
-    for n in gm.graph.nodes:
-        roots[n] = alias_roots(n, roots)
-    return roots
 
 
 def _same_tensor(a, b) -> bool:
@@ -181,12 +169,12 @@ def _fuse(gm, pos: torch.fx.Node) -> "set | None":
     bump, increment = None, 0
     node = writes[0].next
     if counter is not None:
-        roots = _alias_roots(gm)
-        guarded = roots[counter] | roots[pos] | {_INPUTS}
+        roots = alias_roots(gm)  # views, in-place results and getitems share their source's roots
+        guarded = roots[counter] | roots[pos] | {GRAPH_INPUTS}
         node = pos.next
         while node is not writes[0] and (m := _bump(node, counter)) is None:
-            written = _written_nodes(node)
-            if written is _BARRIER or any(roots.get(w, frozenset()) & guarded for w in written):
+            written = written_nodes(node)
+            if written is WRITES_ANYTHING or any(roots.get(w, frozenset()) & guarded for w in written):
                 return None
             node = node.next
         if node is not writes[0]:
