@@ -497,3 +497,18 @@ def cache_write_kernel(
                 dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
                 index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE,
             )  # fmt: skip
+
+
+def index_write_checks(kernel_name: str, args: dict, writes) -> list[tuple[str, str]]:
+    """(written, read) parameter pairs one launch of an index-writing kernel must keep apart
+    (Note [Inputs a lowered index write must not overlap]); [] for other kernels. index_copy_kernel
+    and index_copy2_kernel: each destination against every parameter read. cache_write_kernel
+    runs its calls one after another (Note [Cache writes in one program]): each destination
+    against its own call's source and, unless the index is arange(n) + the counter, the index."""
+    if kernel_name in ("index_copy_kernel", "index_copy2_kernel"):
+        dsts = [w for w in writes if w.startswith("dst_ptr")]
+        return [(w, r) for w in dsts for r in args if r not in writes]
+    if kernel_name == "cache_write_kernel":
+        index = [] if args.get("INDEX_OFFSET") else ["index_ptr"]
+        return [(f"dst_ptr_{p}", r) for p in (0, 1) if f"dst_ptr_{p}" in writes for r in [f"src_ptr_{p}", *index]]
+    return []

@@ -98,6 +98,20 @@ def is_view_op(node: torch.fx.Node) -> bool:
     return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
 
 
+# Results that alias an argument without saying so in the schema.
+UNANNOTATED_VIEWS = {aten._unsafe_view.default}
+
+
+def moves_no_data(node: torch.fx.Node) -> bool:
+    """Reads and writes no tensor data: a view, a fresh allocation, or the name of a module
+    attribute (get_attr). The fusion passes move launches and products past such nodes."""
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function":
+        return False
+    return is_view_op(node) or node.target in UNANNOTATED_VIEWS or node.target in ALLOCATION_OPS
+
+
 def inplace_root(node: torch.fx.Node):
     """For an in-place/out= op, the argument node its result aliases (and writes), else None."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):

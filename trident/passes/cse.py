@@ -35,13 +35,11 @@ import struct
 import torch
 from torch.fx.passes.dialect.common.cse_pass import rand_ops
 
-from .common import ALLOCATION_OPS, is_launch, written_args
+from .common import ALLOCATION_OPS, UNANNOTATED_VIEWS, is_launch, written_args
 
 _INPUTS = "<graph inputs>"  # the one root every placeholder/get_attr shares
 _BARRIER = object()  # "may write anything"
 _NAMESPACES = {"aten", "prims"}
-# Results that alias an argument without saying so in the schema.
-_UNANNOTATED_ALIASES = {torch.ops.aten._unsafe_view.default}
 _ENUM_TYPES = (str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
@@ -85,7 +83,7 @@ def _call_key(node: torch.fx.Node):
 
 
 def _returns_alias(op: torch._ops.OpOverload) -> bool:
-    return op in _UNANNOTATED_ALIASES or any(r.alias_info is not None for r in op._schema.returns)
+    return op in UNANNOTATED_VIEWS or any(r.alias_info is not None for r in op._schema.returns)
 
 
 def _is_pure(node: torch.fx.Node) -> bool:

@@ -19,8 +19,8 @@ What must hold (else nothing changes):
   * pos is arange(n) (int64, start 0, step 1) plus a 1-element int64 tensor on pos's device
     (pos stays for its other users, if any: cache_position, computed once by the model and
     merged by CSE with layer 0's, feeds the rotary embedding and the mask); the bump, if any,
-    is an add_ of a Python int (alpha 1) on that same tensor (the same node or the same
-    get_attr), between pos and the first write, and nothing uses its result;
+    is an add_ of a Python int (alpha 1) on that same tensor (the same node: CSE has merged
+    the reads of one attribute), between pos and the first write, and nothing uses its result;
   * from pos to the bump (or the first write) no node writes what may alias the counter, pos
     or any graph input (which the counter may be at run time), views of them included (the
     alias roots of Note [CSE under mutation]; launches by torch's TTIR analysis, operators by
@@ -39,7 +39,7 @@ import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
 
 from ..kernels.copy import cache_write_kernel, index_copy_kernel
-from .common import ALLOCATION_OPS, is_launch, is_view_op
+from .common import is_launch, moves_no_data
 from .lower_copies import LOWERED_COPY
 from .cse import GRAPH_INPUTS, WRITES_ANYTHING, alias_roots, written_nodes
 
@@ -48,7 +48,6 @@ aten = torch.ops.aten
 FUSE_MAX_NUMEL = 16384  # elements per pair one program copies (a decode step: a few hundred)
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 _BUMPS = (aten.add_.Tensor, aten.add_.Scalar)
-_UNANNOTATED_VIEWS = {aten._unsafe_view.default}  # trident/passes/cse.py
 _SHARED = ("size0", "size1", "size2", "size3", "size4", "dim_size", "numel",
            "ATEN_RULES", "WRAP_NEGATIVE", "OFFSETS_64")  # fmt: skip
 
@@ -72,22 +71,6 @@ def _index_write(node: torch.fx.Node):
     if not isinstance(kw.get("numel"), int) or kw["numel"] > FUSE_MAX_NUMEL:
         return None
     return kw
-
-
-def _inert(node: torch.fx.Node) -> bool:
-    """Reads and writes no tensor data (Note in the module docstring)."""
-    if node.op == "get_attr":
-        return True
-    if node.op != "call_function":
-        return False
-    return is_view_op(node) or node.target in _UNANNOTATED_VIEWS or node.target in ALLOCATION_OPS
-
-
-def _same_tensor(a, b) -> bool:
-    if a is b:
-        return True
-    return (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and a.op == b.op == "get_attr"
-            and a.target == b.target)  # fmt: skip
 
 
 def _arange_n(node) -> "int | None":
@@ -130,7 +113,7 @@ def _bump(node: torch.fx.Node, counter) -> "int | None":
     """m when `node` is counter.add_(m) (a Python int, alpha 1) whose result nothing uses."""
     if node.op != "call_function" or node.target not in _BUMPS or node.users or len(node.args) != 2:
         return None
-    if not _same_tensor(node.args[0], counter) or node.kwargs.get("alpha", 1) != 1:
+    if node.args[0] is not counter or node.kwargs.get("alpha", 1) != 1:
         return None
     m = node.args[1]
     return m if type(m) is int and -(2**63) <= m < 2**63 else None
@@ -180,7 +163,7 @@ def _fuse(gm, pos: torch.fx.Node) -> "set | None":
         if node is not writes[0]:
             bump, increment, node = node, m, node.next
     while node is not writes[-1]:
-        if node not in writes and not _inert(node):
+        if node not in writes and not moves_no_data(node):
             return None
         node = node.next
     pairs = [kws[0], kws[-1]]

@@ -14,9 +14,10 @@ A launch A and the next launch B are merged when
   * they have the same grid and equal shared arguments (sizes, numel, dim_size and every
     constexpr, compared with their type); only the pointers and the per-operand strides
     (src_stride*, dst_stride*, index_stride) may differ;
-  * every node between them only makes views or allocations (no data is read or written
-    there), and neither launch has users: the merged launch takes B's place, where all of A's
-    operands are defined, and moving A's writes past views and fresh allocations changes nothing;
+  * every node between them only makes views or allocations or names an attribute
+    (common.moves_no_data: no data is read or written there), and neither launch has users:
+    the merged launch takes B's place, where all of A's operands are defined, and moving A's
+    writes past views and fresh allocations changes nothing;
   * they are independent (Note [Independent copy launches]).
 
 Note [Independent copy launches]
@@ -41,7 +42,7 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..kernels.copy import index_copy2_kernel, index_copy_kernel, strided_copy2_kernel, strided_copy_kernel
-from .common import ALLOCATION_OPS, is_launch, is_view_op
+from .common import is_launch, moves_no_data
 from .lower_copies import LOWERED_COPY
 
 aten = torch.ops.aten
@@ -49,8 +50,6 @@ aten = torch.ops.aten
 _FUSED = {strided_copy_kernel: strided_copy2_kernel, index_copy_kernel: index_copy2_kernel}
 _WRITES = ("dst_ptr",)
 _READS = ("src_ptr", "index_ptr")
-# Views the schema does not annotate as such (trident/passes/cse.py).
-_UNANNOTATED_VIEWS = {aten._unsafe_view.default}
 
 
 def _per_pair(name: str) -> bool:
@@ -67,13 +66,6 @@ def _copy_kernel(node: torch.fx.Node):
     if len(node.kwargs["grid"]) != 1 or tuple(node.kwargs["grid"][0])[1:] != (1, 1):
         return None
     return kernel
-
-
-def _movable_past(node: torch.fx.Node) -> bool:
-    """Reads and writes no tensor data: a view, or a fresh allocation."""
-    if node.op != "call_function":
-        return False
-    return is_view_op(node) or node.target in _UNANNOTATED_VIEWS or node.target in ALLOCATION_OPS
 
 
 def _storage(node):
@@ -159,7 +151,7 @@ def fuse_copy_launches(gm: torch.fx.GraphModule) -> int:
             node = node.next
             continue
         b = node.next
-        while b.op != "root" and _movable_past(b):
+        while b.op != "root" and moves_no_data(b):
             b = b.next
         if b.op != "root" and _copy_kernel(b) is kernel and _args_match(node, b):
             if _one_way_ok(node, b, inputs) and _one_way_ok(b, node, inputs):

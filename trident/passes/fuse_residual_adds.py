@@ -37,7 +37,7 @@ import math
 import torch
 
 from .. import knobs
-from .common import ALLOCATION_OPS, is_view_op
+from .common import moves_no_data
 
 aten = torch.ops.aten
 
@@ -73,12 +73,6 @@ def _allowed(t: torch.Tensor, mode: str) -> bool:
     return mode == "all" or (t.device.type == "cuda" and t.dtype in _DTYPES)
 
 
-def _inert(node: torch.fx.Node) -> bool:
-    if node.op == "get_attr":
-        return True
-    return node.op == "call_function" and (is_view_op(node) or node.target in _VIEWS or node.target in ALLOCATION_OPS)
-
-
 def _fuse(gm, add: torch.fx.Node, mode: str) -> bool:
     if len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1 or set(add.kwargs) - {"alpha"}:
         return False
@@ -101,7 +95,7 @@ def _fuse(gm, add: torch.fx.Node, mode: str) -> bool:
         if math.prod(xv.shape) != math.prod(mv.shape) or mv.dim() != 2:
             continue
         node, members = m.next, set(chain)
-        while node is not add and (node in members or _inert(node)):
+        while node is not add and (node in members or moves_no_data(node)):
             node = node.next
         if node is not add:
             continue

@@ -22,6 +22,7 @@ import torch
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
 from ..lowering import compile_host, emit_host_module, import_region
+from ..kernels.copy import index_write_checks
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
 from ..scm.printer import format_dtype, format_guard, format_scm
@@ -72,38 +73,25 @@ def check_verbose(guard: TensorGuard, value) -> Optional[str]:
 # launches, that check is gone, and a caller passing overlapping tensors as two graph inputs
 # would get an unspecified result. So each call checks, natively, that the bytes spanned by
 # every input such a launch writes and by every input it reads do not intersect, and raises the
-# same error otherwise (also for layouts ATen's check finds too hard and lets through).
-# cache_write_kernel runs its calls one after another (Note [Cache writes in one program]): each
-# written tensor is checked against its own call's source and (a materialized) index only.
-_INDEX_WRITE_KERNELS = ("index_copy_kernel", "index_copy2_kernel", "cache_write_kernel")
-
-
-def _checked_reads(step, w_name: str, refs: dict) -> list[str]:
-    if step.kernel_name != "cache_write_kernel":
-        return [r for r in refs if r not in step.writes]
-    pair = w_name.rsplit("_", 1)[-1]
-    return [f"src_ptr_{pair}"] + ([] if step.args.get("INDEX_OFFSET") else ["index_ptr"])
+# same error otherwise (also for layouts ATen's check finds too hard and lets through). Which
+# parameters one call keeps apart is the kernel's to say (trident/kernels/copy.py,
+# index_write_checks).
 
 
 def disjoint_input_guards(program: RegionProgram) -> list[DisjointInputs]:
     """A DisjointInputs guard (Note [One guard table]) per lowered index write between two region inputs."""
     pairs = []
     for step in program.launches:
-        if step.kernel_name not in _INDEX_WRITE_KERNELS:
-            continue
+        checks = index_write_checks(step.kernel_name, step.args, step.writes)
         refs = {name: v for name, v in step.args.items() if getattr(v, "kind", None) == "input"}
-        for w_name in step.writes:
-            w = refs.get(w_name)
-            if w is None or not w_name.startswith("dst_ptr"):
-                continue
-            for r_name in _checked_reads(step, w_name, refs):
-                r = refs.get(r_name)
-                if r is not None and r.index != w.index:
-                    what = (
-                        f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
-                        f"{program.inputs[r.index].name!r} ({r_name})"
-                    )
-                    pairs.append(DisjointInputs(w.index, r.index, what))
+        for w_name, r_name in checks:
+            w, r = refs.get(w_name), refs.get(r_name)
+            if w is not None and r is not None and r.index != w.index:
+                what = (
+                    f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
+                    f"{program.inputs[r.index].name!r} ({r_name})"
+                )
+                pairs.append(DisjointInputs(w.index, r.index, what))
     return pairs
 
 

@@ -161,7 +161,8 @@ class CapturedLayout:
         )
 
     def record(self) -> dict:
-        return {"kind": "captured_layout", "input": self.input, "sizes": list(self.sizes), "strides": list(self.strides)}
+        return {"kind": "captured_layout", "input": self.input, "sizes": list(self.sizes),
+                "strides": list(self.strides)}  # fmt: skip
 
 
 CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout
