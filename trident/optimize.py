@@ -21,7 +21,7 @@ from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime, graphs
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, describe, first_failure
 from .scm.ir import RegionProgram
-from .scm.printer import format_guard, format_scm
+from .scm.printer import format_guard, format_scm, format_symbols
 
 
 def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -148,16 +148,21 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     decompose_functional_launches(new)
     drop_unused_projections(new)
     cse_removed = eliminate_common_subexpressions(new)
-    fuse_residual_adds(new)
-    lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
-    fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
-    fuse_copy_launches(new)
+    symbolic = gm.meta.get("trident_shape_env") is not None
+    if not symbolic:
+        # These passes plan with static layouts (grids of the kernels they emit, byte spans);
+        # a symbolic capture keeps the ops they would rewrite (Note [Symbolic sizes]).
+        fuse_residual_adds(new)
+        lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
+        fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
+        fuse_copy_launches(new)
     sink_allocations(new)
     part = partition_regions(new)
     region_ids, skipped = outline_regions(new, part.regions, _make_scm)
     new.meta["trident_regions"] = region_ids
     new.meta["trident_cuts"] = part.cuts + skipped
     new.meta["trident_cse_removed"] = cse_removed
+    new.meta["trident_symbolic"] = symbolic
     _install_input_checks(new)
     return new
 
@@ -271,9 +276,18 @@ def explain(gm) -> str:
         )
         lines.append(f"  operator calls: {_call_mix(rt)}")
         lines.extend(f"  call guard {describe(g, [i.name for i in rt.program.inputs])}" for g in rt.guards)
+        names = [i.name for i in rt.program.inputs]
+        if rt.program.symbolic:
+            lines.append(f"  symbolic sizes: {format_symbols(rt.program)} (one specialization per Triton key)")
+            lines.extend(f"  size guard {describe(g, names)} (every call)" for g in rt.program.size_guards)
+        program_guards = set(map(id, rt.program.size_guards))
         for spec in rt.scm.specializations:
             lines.append(f"  specialization {spec.index}:")
-            lines.extend(f"    guard {format_guard(g)}" for g in spec.guards)
+            exprs = rt.program.input_exprs if rt.program.symbolic else None
+            lines.extend(f"    guard {format_guard(g, exprs[g.input] if exprs else ())}" for g in spec.guards)
+            lines.extend(
+                f"    guard {describe(g, names)}" for g in spec.size_guards if id(g) not in program_guards
+            )
             for launch in spec.launches:
                 extra = f" num_ctas={launch.num_ctas} (clusters: cuLaunchKernelEx)" if launch.num_ctas > 1 else ""
                 lines.append(f"    launch {launch.step.kernel_name} key={launch.key}{extra}")
@@ -290,6 +304,11 @@ def explain(gm) -> str:
         lines.extend("  " + line for line in graphs.describe(rt.region_id, names, rt.graph_reason, devices))
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
+    if gm.meta.get("trident_symbolic"):
+        lines.append(
+            "captured with symbolic sizes: lower_copies and the fusion passes (residual adds, cache writes, copy "
+            "launches) were not run; they plan static layouts"
+        )
     removed = gm.meta.get("trident_cse_removed", 0)
     if removed:
         lines.append(f"common subexpressions removed: {removed} node(s)")

@@ -28,7 +28,7 @@ def has_triton_ops(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and triton_op_body(n.target) is not None for n in gm.graph.nodes)
 
 
-def inline_triton_ops(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
+def inline_triton_ops(gm: torch.fx.GraphModule, example_inputs, tracing_mode: str = "fake") -> torch.fx.GraphModule:
     class Inliner(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
             body = triton_op_body(target)
@@ -39,4 +39,4 @@ def inline_triton_ops(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.Grap
     def run(*args):
         return Inliner(gm).run(*args)
 
-    return make_fx(run, tracing_mode="fake")(*example_inputs)
+    return make_fx(run, tracing_mode=tracing_mode)(*example_inputs)

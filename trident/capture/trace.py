@@ -206,10 +206,18 @@ def _no_real_compute():
         fake_tensor.should_allow_numbers_as_tensors = original
 
 
-def capture(fn: Callable[..., Any], *example_inputs: Any, input_names: Optional[Sequence[str]] = None) -> torch.fx.GraphModule:
+def capture(
+    fn: Callable[..., Any],
+    *example_inputs: Any,
+    input_names: Optional[Sequence[str]] = None,
+    dynamic: bool = False,
+) -> torch.fx.GraphModule:
     """Trace `fn(*example_inputs)` into an FX GraphModule of ATen ops and Triton launches.
 
-    Tensor inputs become placeholders; sizes are those of the examples (static capture).
+    Tensor inputs become placeholders; sizes are those of the examples (static capture), or,
+    with `dynamic=True`, symbols (make_fx's symbolic tracing; Note [Symbolic sizes]): sizes 0
+    and 1 and the sizes of tensors `fn` closes over stay static, every other size and stride of
+    an input is a symbol, and the graph serves every size its shape guards admit.
     Non-tensor inputs are captured as the constants they were: the optimized module checks
     them on every call and raises GuardError if they change.
     Graph inputs carry the caller's names (Note [The caller's names]): `fn`'s parameter names,
@@ -225,10 +233,11 @@ def capture(fn: Callable[..., Any], *example_inputs: Any, input_names: Optional[
         with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
-            gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
+            mode = "symbolic" if dynamic else "fake"
+            gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
             if has_triton_ops(gm):
                 log.clear()  # the graph of the second trace is the one kept
-                gm = inline_triton_ops(gm, example_inputs)
+                gm = inline_triton_ops(gm, example_inputs, mode)
         _tag_heuristics(gm, log)
     except CaptureError:
         raise
@@ -255,8 +264,20 @@ def capture(fn: Callable[..., Any], *example_inputs: Any, input_names: Optional[
                 same.append((i, first))
     gm.meta["trident_same_inputs"] = same
     gm.meta["trident_num_inputs"] = len(example_inputs)
+    if dynamic:
+        gm.meta["trident_shape_env"] = _shape_env(gm)
     _name_inputs(gm, fn, example_inputs, input_names)
     return gm
+
+
+def _shape_env(gm: torch.fx.GraphModule):
+    """The ShapeEnv of a symbolic trace (None when no value of the graph is symbolic)."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        for v in val.shape if isinstance(val, torch.Tensor) else [val]:
+            if isinstance(v, torch.SymInt):
+                return v.node.shape_env
+    return None
 
 
 # Note [The caller's names]

@@ -78,10 +78,13 @@ int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, 
 }
 
 int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, const at::Tensor& dtype_of,
-                  const std::string& device, bool zero, int64_t slot, int64_t arena_offset, int64_t arena_bytes) {
+                  const std::string& device, bool zero, int64_t slot, int64_t arena_offset, int64_t arena_bytes,
+                  bool dynamic) {
   TORCH_CHECK(arena_offset < 0 || (arena_offset % 256 == 0 && arena_offset < arena_bytes),
               "trident: arena offset ", arena_offset, " outside an arena of ", arena_bytes, " bytes");
+  TORCH_CHECK(!dynamic || arena_offset < 0, "trident: an allocation with symbolic sizes cannot be in the arena");
   AllocEntry a;
+  a.dynamic = dynamic;
   a.arena_offset = arena_offset;
   a.arena_bytes = arena_bytes;
   a.sizes = std::move(sizes);
@@ -94,7 +97,8 @@ int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, cons
 }
 
 // spec: one entry per schema argument, a tuple ("const", value) | ("input", i) |
-// ("value", slot) | ("default",) | ("list", [entries]).
+// ("value", slot) | ("default",) | ("list", [entries]) | ("sym", k) (an int the host program
+// computed, Note [Symbolic sizes]) | ("intlist", [("const", int) | ("sym", k)]).
 AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
   py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
   std::string kind = t[0].cast<std::string>();
@@ -109,6 +113,23 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
     c10::TypePtr item_type = elem->castRaw<c10::ListType>()->getElementType();
     a.optional_items = item_type->kind() == c10::TypeKind::OptionalType;
     for (const py::handle& item : py::reinterpret_borrow<py::list>(t[1])) a.items.push_back(parse_arg(item, item_type));
+  } else if (kind == "sym") {
+    a.kind = AtenArg::kSym;
+    a.index = t[1].cast<int64_t>();
+  } else if (kind == "intlist") {
+    a.kind = AtenArg::kIntList;
+    for (const py::handle& item : py::reinterpret_borrow<py::list>(t[1])) {
+      py::tuple it = py::reinterpret_borrow<py::tuple>(item);
+      AtenArg x;
+      if (it[0].cast<std::string>() == "sym") {
+        x.kind = AtenArg::kSym;
+        x.index = it[1].cast<int64_t>();
+      } else {
+        x.kind = AtenArg::kConst;
+        x.constant = c10::IValue(it[1].cast<int64_t>());
+      }
+      a.items.push_back(std::move(x));
+    }
   } else if (kind == "const") {
     a.kind = AtenArg::kConst;
     PyObject* v = t[1].ptr();

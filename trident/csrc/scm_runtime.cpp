@@ -121,7 +121,21 @@ int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
       return kAllocFailed;
     }
     at::Tensor t;
-    if (a.arena_offset >= 0) {
+    if (a.dynamic) {  // Note [Symbolic sizes]: this call's sizes, then strides
+      const int64_t rank = static_cast<int64_t>(a.sizes.size());
+      if (ctx->sizes == nullptr) {
+        ctx->error = "allocation with symbolic sizes called without its sizes";
+        return kAllocFailed;
+      }
+      c10::IntArrayRef sizes(ctx->sizes, rank), strides(ctx->sizes + rank, rank);
+      for (int64_t d = 0; d < rank; ++d) {
+        if (sizes[d] < 0) {
+          ctx->error = "allocation with a negative size " + std::to_string(sizes[d]) + " at dimension " + std::to_string(d);
+          return kAllocFailed;
+        }
+      }
+      t = empty_on(a, sizes, strides, a.dtype);
+    } else if (a.arena_offset >= 0) {
       if (!ctx->arena.defined()) {
         const int64_t bytes = a.arena_bytes;
         ctx->arena = empty_on(a, {bytes}, {1}, at::kByte);
@@ -269,6 +283,15 @@ c10::IValue materialize(const AtenArg& a, HostCtx* ctx) {
       return (*ctx->inputs)[a.index];
     case AtenArg::kValue:
       return ctx->values[a.index];
+    case AtenArg::kSym:
+      return c10::IValue(ctx->sizes[a.index]);
+    case AtenArg::kIntList: {
+      std::vector<int64_t> values;
+      values.reserve(a.items.size());
+      for (const AtenArg& item : a.items)
+        values.push_back(item.kind == AtenArg::kSym ? ctx->sizes[item.index] : item.constant.toInt());
+      return c10::IValue(std::move(values));
+    }
     case AtenArg::kList: {
       if (a.optional_items) {
         c10::List<std::optional<at::Tensor>> list;
@@ -410,7 +433,12 @@ int64_t rt_release(HostCtx* ctx, int64_t slot) noexcept {
   return 0;
 }
 
-RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_view, &rt_release};
+int64_t rt_set_sizes(HostCtx* ctx, const int64_t* values) noexcept {
+  ctx->sizes = values;
+  return 0;
+}
+
+RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_view, &rt_release, &rt_set_sizes};
 
 thread_local std::vector<int64_t> tls_facts;
 

@@ -76,6 +76,10 @@ struct RuntimeTable {
   int64_t (*value_ptr)(HostCtx*, int64_t slot);      // -> data pointer of a region value
   int64_t (*view)(HostCtx*, int64_t view_index);     // -> 0, or -2
   int64_t (*release)(HostCtx*, int64_t slot);        // -> 0 (Note [Early release], scm/specialize.py)
+  // Note [Symbolic sizes] (trident/scm/sizes.py): the sizes the host program computed for the
+  // next alloc or aten call (a dynamic allocation's sizes then strides; an operator's size
+  // arguments, AtenArg::kSym indexes them). The array lives until the host program returns.
+  int64_t (*set_sizes)(HostCtx*, const int64_t* values);  // -> 0
 };
 
 constexpr int64_t kFactsFixed = 3;
@@ -140,12 +144,17 @@ struct AllocEntry {
   // offset); arena_bytes is the arena's size for the specialization this entry belongs to.
   int64_t arena_offset = -1;
   int64_t arena_bytes = 0;
+  // Sizes that depend on the input sizes (Note [Symbolic sizes]): the rank's sizes then strides
+  // come from HostCtx::sizes (set_sizes) instead of `sizes` / `strides`; never in the arena.
+  bool dynamic = false;
 };
 
 // One ATen (or any schema'd) operator call: a boxed call through the dispatcher with an
 // argument template over region values.
 struct AtenArg {
-  enum Kind { kConst, kInput, kValue, kDefault, kList };
+  // kSym: an int the host program computed (HostCtx::sizes[index], Note [Symbolic sizes]);
+  // kIntList: an int[] / SymInt[] argument whose items are kConst ints and kSym.
+  enum Kind { kConst, kInput, kValue, kDefault, kList, kSym, kIntList };
   Kind kind = kConst;
   int64_t index = -1;
   c10::IValue constant;
@@ -194,6 +203,7 @@ struct HostCtx {
   std::vector<at::Tensor> values;  // the region's value table (allocations, ATen results)
   std::vector<at::Tensor> temps;   // scratch buffers kept alive until the call returns
   at::Tensor arena;                // Note [Allocation arena]: this call's arena, once made
+  const int64_t* sizes = nullptr;  // Note [Symbolic sizes]: set_sizes' array, for the next service
   void* stream = nullptr;
   int64_t device_index = -1;
   std::string error;

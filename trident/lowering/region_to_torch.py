@@ -118,6 +118,22 @@ def import_reason(node: torch.fx.Node) -> str | None:
     return f"{node.target}: torch-mlir's FX importer drops it (no torch-dialect form)" if dropped else None
 
 
+def _is_size_read(node: torch.fx.Node) -> bool:
+    from ..passes.outline_regions import _size_value
+
+    return node.op == "call_function" and (
+        node.target in (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int) or node.target is _size_value
+    )
+
+
+def _captured_size(program: RegionProgram, placeholders, node: torch.fx.Node, current) -> int:
+    if node.target is torch.ops.aten.sym_size.int or node.target is torch.ops.aten.sym_stride.int:
+        facts = program.captured_inputs[placeholders.index(node.args[0])]
+        return (facts.sizes if node.target is torch.ops.aten.sym_size.int else facts.strides)[node.args[1]]
+    expr, names, *values = node.args
+    return expr.evaluate(dict(zip(names, [current[v] if isinstance(v, torch.fx.Node) else v for v in values])))
+
+
 def functional_region_graph(program: RegionProgram) -> torch.fx.Graph:
     src = program.graph_module.graph
     g = torch.fx.Graph()
@@ -142,12 +158,16 @@ def functional_region_graph(program: RegionProgram) -> torch.fx.Graph:
             _locate(p, None, node.name)
             env[node] = current[node] = p
             placeholders.append(node)
+        elif _is_size_read(node):
+            # Note [Symbolic sizes]: the region's sizes are computed by the host program from the
+            # SCM IR's SizeExprs; here they are the captured example values.
+            current[node] = _captured_size(program, placeholders, node, current)
         elif node.op == "output":
             outputs = node.args[0]
         elif node.target is torch.ops.higher_order.triton_kernel_wrapper_mutation:
             step = program.launches[launch_index]
             kw = node.kwargs["kwargs"]
-            tensors = {k: v for k, v in kw.items() if isinstance(v, torch.fx.Node)}
+            tensors = {k: v for k, v in kw.items() if isinstance(v, torch.fx.Node) and not _is_size_read(v)}
             writes = [k for k in tensors if k in step.writes]
             reads = [k for k in tensors if k not in step.writes]
             call = g.call_function(

@@ -12,7 +12,10 @@ and `scm_host(rt, ctx) -> i64`, which calls it and runs the plan. Together they
      runtime's `launch` service with the kernel's handle and grid;
   3. returns the specialization's index, -1 when no guard set holds (a miss), -2 when a
      runtime service failed.
-Every constant a decision needs (expected codes, handles, grids, scalar bits) is baked in.
+Every constant a decision needs (expected codes, handles, grids, scalar bits) is baked in; in
+a symbolic program (Note [Symbolic sizes]) grids, integer arguments and the sizes of dynamic
+allocations and size arguments are computed from the input facts, and the size guards (shape
+relations, facts tied to symbols, Triton's integer keys) join the tensor guards in scm_select.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import torch
 from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, func, llvm
 
+from ..scm import sizes as S
+from ..scm.guards import FactEquals, IntegerKey, SizeRelation
 from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Specialization, ValueRef
 from .region_to_torch import LAUNCH_OP_NAME, op_step
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
-RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW, RT_RELEASE = 0, 1, 2, 3, 4, 5  # field order of RuntimeTable
+RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW, RT_RELEASE, RT_SET_SIZES = 0, 1, 2, 3, 4, 5, 6  # RuntimeTable
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
 
@@ -248,6 +253,15 @@ class _Emitter:
             self.release_fn = self.load_at(rt, RT_RELEASE, self.ptr)
             max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
             self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
+            if self.scm.program.symbolic:  # Note [Symbolic sizes]: sizes handed to alloc / aten
+                from ..runtime.native import aten_sizes
+
+                self.set_sizes_fn = self.load_at(rt, RT_SET_SIZES, self.ptr)
+                max_sizes = max(
+                    [2 * len(a.sizes_expr) for s in specs for a in s.allocs if a.dynamic]
+                    + [len(aten_sizes(st)) for st in self.scm.program.atens] + [1]
+                )
+                self.sizes_buf = llvm.AllocaOp(self.ptr, self.const(max_sizes), self.i64).result
             selected = func.CallOp([self.i64], SELECT_SYMBOL, [rt, ctx]).result
             cf.BranchOp([], dispatch_blocks[0] if specs else miss)
         self.entry_done = True
@@ -269,8 +283,10 @@ class _Emitter:
                 (1, meta_code(f.dtype, f.device)),
                 (2, len(f.sizes)),
             ]
-            checks += [(FACTS_FIXED + d, s) for d, s in enumerate(f.sizes)]
-            checks += [(FACTS_FIXED + self.scm.max_rank + d, s) for d, s in enumerate(f.strides)]
+            checks += [(FACTS_FIXED + d, s) for d, s in enumerate(f.sizes) if d not in g.free_sizes]
+            checks += [
+                (FACTS_FIXED + self.scm.max_rank + d, s) for d, s in enumerate(f.strides) if d not in g.free_strides
+            ]
             for offset, expected in checks:
                 ok = arith.AndIOp(ok, self.eq(self.fact(g.input, offset), self.const(expected))).result
             if g.residue16 is not None:
@@ -280,7 +296,38 @@ class _Emitter:
                 is_aligned = self.aligned16(self.fact(g.input, 0))
                 want = arith.constant(self.i1, 1 if g.aligned16 else 0)
                 ok = arith.AndIOp(ok, self.eq(is_aligned, want)).result
+        for g in spec.size_guards:
+            ok = arith.AndIOp(ok, self.size_guard(g)).result
         return ok
+
+    # -- Note [Symbolic sizes] ------------------------------------------------------------
+    def symbol(self, name: str):
+        b = self.scm.program.symbols[name]
+        offset = FACTS_FIXED + b.dim if b.kind == "size" else FACTS_FIXED + self.scm.max_rank + b.dim
+        return self.fact(b.input, offset)
+
+    def size(self, value):
+        """An i64 for an int or a SizeExpr."""
+        if isinstance(value, S.SizeExpr):
+            return S.emit(value.expr, self.symbol, self.const)
+        return self.const(int(value))
+
+    def size_guard(self, g):
+        if isinstance(g, SizeRelation):
+            return S.emit(g.expr.expr, self.symbol, self.const)
+        if isinstance(g, FactEquals):
+            offset = FACTS_FIXED + g.dim if g.kind == "size" else FACTS_FIXED + self.scm.max_rank + g.dim
+            return self.eq(self.fact(g.input, offset), self.size(g.expr))
+        if isinstance(g, IntegerKey):
+            return self.eq(emit_int_key(self.size(g.expr), g.specialize), self.const(g.code))
+        raise TypeError(f"no native form for guard {g!r}")
+
+    def set_sizes(self, values) -> None:
+        """Stores the i64s `values` in the sizes buffer and hands it to the runtime (set_sizes)."""
+        for k, v in enumerate(values):
+            addr = llvm.GEPOp(self.ptr, self.sizes_buf, [], [k], self.i64, 0).result
+            llvm.StoreOp(v, addr)
+        llvm.CallOp(self.i64, [self.set_sizes_fn, self.ctx, self.sizes_buf], [], [])
 
     def _continue(self, cond_ok, fail, region):
         """Branch to `fail` unless cond_ok; returns the block to keep emitting into."""
@@ -308,6 +355,8 @@ class _Emitter:
         with ir.InsertionPoint(cur):
             if isinstance(step, AllocStep):
                 plan = allocs[step.slot]
+                if plan.dynamic:
+                    self.set_sizes([self.size(v) for v in tuple(plan.sizes_expr) + tuple(plan.strides_expr)])
                 p = llvm.CallOp(self.i64, [self.alloc_fn, self.ctx, self.const(plan.handle)], [], []).result
                 self.values[step.slot] = p
                 return self._continue(self.ne(p, self.const(-1)), fail, region)
@@ -319,18 +368,23 @@ class _Emitter:
                 if view is not None:
                     r = llvm.CallOp(self.i64, [self.view_fn, self.ctx, self.const(view.handle)], [], []).result
                 else:
+                    from ..runtime.native import aten_sizes
+
+                    syms = aten_sizes(step)
+                    if syms:
+                        self.set_sizes([self.size(v) for v in syms])
                     r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
                 return self._continue(self.eq(r, self.const(0)), fail, region)
             launch = next(launches)
             ok = self.store_params(launch)
-            gx, gy, gz = launch.step.grid
+            gx, gy, gz = launch.grid or launch.step.grid
             if ok is not None:  # pointers the kernel was specialized as 16-byte aligned
                 cur = self._continue(ok, fail, region)
         with ir.InsertionPoint(cur):
             r = llvm.CallOp(
                 self.i64,
-                [self.launch_fn, self.ctx, self.const(launch.handle), self.const(gx), self.const(gy),
-                 self.const(gz), self.slots],
+                [self.launch_fn, self.ctx, self.const(launch.handle), self.size(gx), self.size(gy),
+                 self.size(gz), self.slots],
                 [],
                 [],
             ).result
@@ -350,6 +404,12 @@ class _Emitter:
         src = p.source
         if isinstance(src, ValueRef):
             return self.fact(src.index, 0) if src.kind == "input" else self.value_pointer(src.index)
+        if isinstance(src, S.SizeExpr):  # an integer computed from sizes; its key is guarded
+            value = self.size(src)
+            width = int(p.ty[1:]) if p.ty[0] in "iu" and p.ty[1:].isdigit() else 64
+            if width < 64:  # the slot holds the raw bits zero-extended (Note [Host ABI])
+                value = arith.AndIOp(value, self.const((1 << width) - 1)).result
+            return value
         return self.const(slot_bits(p.ty, src))
 
     def store_params(self, launch: LaunchPlan):

@@ -56,10 +56,20 @@ def _returns_supported(schema) -> bool:
     return True
 
 
+def is_size_node(node: torch.fx.Node) -> bool:
+    """A node of a symbolic trace computing a size (sym_size, sym_numel, s0 + 63, ...): its value
+    is a SymInt. Regions do not contain such nodes: they read their values as SizeExprs (Note
+    [Symbolic sizes])."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat))
+
+
 def _arg_reason(value) -> str | None:
     if isinstance(value, torch.fx.Node):
-        if not isinstance(value.meta.get("val"), torch.Tensor):
-            return f"argument {value.name} is a traced non-tensor value (symbolic scalars come later)"
+        val = value.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            return None  # a size: the host program computes it (Note [Symbolic sizes])
+        if not isinstance(val, torch.Tensor):
+            return f"argument {value.name} is a traced non-tensor value ({type(val).__name__}); only tensors and integer sizes are"
         return None
     if isinstance(value, (list, tuple)):
         for v in value:

@@ -26,12 +26,15 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import knobs
 from ..errors import UnsupportedError
+from ..scm import sizes as S
+from ..scm.guards import FactEquals, SizeRelation
 from ..scm.ir import DEFAULT, AllocStep, AtenStep, LaunchStep, RegionInput, RegionProgram, TensorFacts, ValueRef
 from .common import (
     ALLOCATION_OPS,
     inplace_root,
     is_allocation,
     is_launch,
+    is_size_node,
     is_view_op,
     launch_kernel,
     launch_kwargs,
@@ -202,6 +205,7 @@ def _mark_constant_calls(steps, outputs, refs, region):
                 and torch.Tag.nondeterministic_seeded not in op.tags
                 and not any(a.alias_info is not None for a in op._schema.arguments)
                 and not any(refs_in(a) for a in step.args)
+                and not S.has_symbols(list(step.args))  # its result depends on the sizes
                 and not any(o >= 0 and (o in written or o in viewed or o in leaving) for o in step.outputs)
             )
             if constant:
@@ -216,8 +220,15 @@ def region_program(region: Region):
     members = set(region.nodes)
     results, redirects, views = _leaving_values(region)
     inputs: list[torch.fx.Node] = []
+    size_nodes: list[torch.fx.Node] = []  # sizes computed outside (Note [Symbolic sizes])
     for node in region.nodes:
         for inp in node.all_input_nodes:
+            if is_size_node(inp):
+                if not isinstance(inp.meta.get("val"), torch.SymInt):
+                    raise UnsupportedError(f"region reads {inp.name}, a {type(inp.meta['val']).__name__}: only integer sizes")
+                if inp not in size_nodes:
+                    size_nodes.append(inp)
+                continue
             if inp not in members and inp not in inputs:
                 if not isinstance(inp.meta.get("val"), torch.Tensor):
                     raise UnsupportedError(f"region input {inp.name} is not a tensor")
@@ -250,6 +261,8 @@ def region_program(region: Region):
 
     def to_arg(v):
         if isinstance(v, torch.fx.Node):
+            if v in size_nodes:
+                return S.size_of(v.meta["val"])
             return refs[v]
         if isinstance(v, (list, tuple)):
             return [to_arg(x) for x in v]
@@ -265,10 +278,10 @@ def region_program(region: Region):
             kernel = launch_kernel(node)
             args = {k: to_arg(v) for k, v in launch_kwargs(node).items()}
             tuner = launch_tuner(node)
-            grids = tuple(tuple(g) for g in node.kwargs["grid"]) if tuner is not None else ()
+            grids = tuple(tuple(to_arg(x) for x in g) for g in node.kwargs["grid"]) if tuner is not None else ()
             steps.append(
                 LaunchStep(
-                    node.name, kernel, kernel.fn.__name__, tuple(node.kwargs["grid"][0]), args,
+                    node.name, kernel, kernel.fn.__name__, tuple(to_arg(x) for x in node.kwargs["grid"][0]), args,
                     tuple(writes_by_node[node]), tuner=tuner, grids=grids,
                     heuristics=node.meta.get("trident_heuristics"),
                 )
@@ -300,6 +313,9 @@ def region_program(region: Region):
         p = graph.placeholder(n.name)
         p.meta["val"] = n.meta["val"]
         env[n] = p
+    symbolic = _symbolic_facts(inputs, steps, value_names, region, refs, size_nodes)
+    for n in size_nodes:  # each size read from the inputs it is bound to, then evaluated
+        env[n] = _size_node(graph, S.size_of(n.meta["val"]), symbolic[0], [env[i] for i in inputs])
     for node in region.nodes:
         env[node] = graph.node_copy(node, lambda x: env[x])
     graph.output(tuple(env[n] for n in results))
@@ -312,9 +328,150 @@ def region_program(region: Region):
         outputs=[refs[n] for n in results],
         value_names=value_names,
         graph_module=sub,
-        captured_inputs=[TensorFacts.of(n.meta["val"]) for n in inputs],
+        captured_inputs=[_hinted_facts(n.meta["val"]) for n in inputs],
     )
+    if symbolic[0]:
+        program.symbols, program.input_exprs, program.value_exprs, program.size_guards = symbolic
     return program, inputs, results, redirects, views
+
+
+def _hint(v) -> int:
+    """The example value of a size (never a guard: int() of a SymInt would specialize it)."""
+    if isinstance(v, torch.SymInt):
+        node = v.node
+        if node.hint is not None:
+            return int(node.hint)
+        return int(node.shape_env.size_hint(node.expr))  # torch 2.11 and 2.13 both have these
+    return int(v)
+
+
+def _hinted_facts(val: torch.Tensor) -> TensorFacts:
+    return TensorFacts(val.dtype, val.device, tuple(_hint(s) for s in val.shape), tuple(_hint(s) for s in val.stride()))
+
+
+def _layout_exprs(val: torch.Tensor) -> tuple:
+    return (
+        tuple(S.size_of(s) for s in val.shape),
+        tuple(S.size_of(s) for s in val.stride()),
+        S.size_of(val.storage_offset()),
+    )
+
+
+def _symbolic_facts(inputs, steps, value_names, region, refs, size_nodes) -> tuple:
+    """Note [Symbolic sizes]: (symbol bindings, per input (sizes, strides), per value slot
+    (sizes, strides, offset), the program's size guards), or ({}, [], [], []) when no size of the
+    region is symbolic. Raises UnsupportedError for a size the host program cannot compute."""
+    vals = [n.meta["val"] for n in inputs]
+    input_exprs = [_layout_exprs(v)[:2] for v in vals]
+    by_name = {}
+    for node in region.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            by_name[node.name] = val
+        elif isinstance(val, (list, tuple)):
+            for k, v in enumerate(val):
+                if isinstance(v, torch.Tensor):
+                    by_name[f"{node.name}[{k}]"] = v
+    value_exprs = [_layout_exprs(by_name[name]) for name in value_names]
+    used = [x for st in steps for x in _step_sizes(st)]
+    if not size_nodes and not any(S.has_symbols(e) for e in input_exprs + value_exprs):
+        return {}, [], [], []
+    symbols: dict[str, S.Binding] = {}
+    for kind, k in (("size", 0), ("stride", 1)):  # a size binds a symbol before a stride does
+        for i, exprs in enumerate(input_exprs):
+            for d, e in enumerate(exprs[k]):
+                if isinstance(e, S.SizeExpr) and len(e.symbols) == 1 and e.expr.is_Symbol and str(e) not in symbols:
+                    symbols[str(e)] = S.Binding(i, kind, d)
+    everything = [e for ex in input_exprs + value_exprs for part in ex for e in (part if isinstance(part, tuple) else (part,))]
+    for e in everything + used:
+        if isinstance(e, S.SizeExpr):
+            S.check_native(e.expr)
+            missing = e.symbols - symbols.keys()
+            if missing:
+                raise UnsupportedError(
+                    f"size {e} depends on {', '.join(sorted(missing))}, which is no size or stride of a region input"
+                )
+    guards: list = []
+    for i, (node, exprs) in enumerate(zip(inputs, input_exprs)):
+        for kind, k in (("size", 0), ("stride", 1)):
+            for d, e in enumerate(exprs[k]):
+                if isinstance(e, S.SizeExpr) and symbols.get(str(e)) != S.Binding(i, kind, d):
+                    guards.append(FactEquals(i, node.name, kind, d, e, symbols))
+    shape_env = next((s.node.shape_env for v in vals for s in tuple(v.shape) + tuple(v.stride()) if isinstance(s, torch.SymInt)), None)
+    if shape_env is not None:
+        guards += _shape_guards(shape_env, symbols)
+    return symbols, input_exprs, value_exprs, guards
+
+
+def _shape_guards(shape_env, symbols: dict) -> list:
+    """The shape environment's guards and value ranges over the region's symbols."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    out = []
+    seen = set()
+    for g in shape_env.guards:
+        expr = shape_env.replace(g.expr)
+        if expr is sympy.true or expr in seen:
+            continue
+        names = {s.name for s in expr.free_symbols}
+        if not names & symbols.keys():
+            continue  # about tensors this region does not read
+        if names - symbols.keys():
+            raise UnsupportedError(
+                f"shape guard {expr} relates this region's sizes to {', '.join(sorted(names - symbols.keys()))}, "
+                "which the region does not read"
+            )
+        S.check_native(expr)
+        seen.add(expr)
+        out.append(SizeRelation(S.SizeExpr(expr), symbols, "shape guard"))
+    for name in symbols:
+        sym = next((s for s in shape_env.var_to_range if getattr(s, "name", None) == name), None)
+        if sym is None:
+            continue
+        vr = shape_env.var_to_range[sym]
+        if vr.lower not in (-int_oo, -sympy.oo) and vr.lower is not None:
+            out.append(SizeRelation(S.SizeExpr(sympy.Ge(sym, int(vr.lower))), symbols, "range"))
+        if vr.upper not in (int_oo, sympy.oo) and vr.upper is not None:
+            out.append(SizeRelation(S.SizeExpr(sympy.Le(sym, int(vr.upper))), symbols, "range"))
+    return out
+
+
+def _step_sizes(step) -> list:
+    found = []
+
+    def walk(v):
+        if isinstance(v, S.SizeExpr):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    if isinstance(step, LaunchStep):
+        walk(step.grid), walk(step.grids), walk(step.args)
+    elif isinstance(step, AtenStep):
+        walk(step.args)
+    return found
+
+
+def _size_value(expr, names, *values):
+    return expr.evaluate(dict(zip(names, values)))
+
+
+def _size_node(graph: torch.fx.Graph, size, symbols: dict, placeholders: list) -> torch.fx.Node:
+    """A node of the region's own graph computing `size` from the region's inputs."""
+    if not isinstance(size, S.SizeExpr):
+        return size
+    names = sorted(size.symbols)
+    reads = []
+    for name in names:
+        b = symbols[name]
+        op = torch.ops.aten.sym_size.int if b.kind == "size" else torch.ops.aten.sym_stride.int
+        reads.append(graph.call_function(op, (placeholders[b.input], b.dim)))
+    return graph.call_function(_size_value, (size, tuple(names), *reads))
 
 
 def outline_regions(
@@ -366,6 +523,9 @@ def outline_regions(
                 if user not in members and user is not target:
                     user.replace_input_with(node, target)
         for node in reversed(region.nodes):
+            gm.graph.erase_node(node)
+    for node in reversed(list(gm.graph.nodes)):  # sizes only regions read: the host computes them
+        if is_size_node(node) and not node.users:
             gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()

@@ -13,7 +13,15 @@ from triton.runtime.jit import JITFunction
 
 import operator
 
-from .common import is_allocation, is_launch, launch_kernel, launch_kwargs, launch_tuner, operator_call_reason
+from .common import (
+    is_allocation,
+    is_launch,
+    is_size_node,
+    launch_kernel,
+    launch_kwargs,
+    launch_tuner,
+    operator_call_reason,
+)
 
 
 @dataclass
@@ -38,19 +46,26 @@ def unsupported_launch_reason(node: torch.fx.Node) -> str | None:
     grid = node.kwargs["grid"]
     tuner = launch_tuner(node)
     want = len(tuner.configs) if tuner is not None else 1
-    if len(grid) != want or not all(isinstance(g, int) for gr in grid for g in gr):
+    if len(grid) != want or not all(_is_size(g) for gr in grid for g in gr):
         what = f"one per config ({want})" if tuner is not None else "one"
-        return f"grid {grid} is not {what} static (x, y, z)"
+        return f"grid {grid} is not {what} (x, y, z) of integers"
     for name, value in launch_kwargs(node).items():
         if isinstance(value, torch.fx.Node):
             val = value.meta.get("val")
-            if not isinstance(val, torch.Tensor):
-                return f"argument {name!r} is a traced non-tensor value; symbolic scalars come later"
+            if not isinstance(val, (torch.Tensor, torch.SymInt)):
+                return f"argument {name!r} is a traced non-tensor value ({type(val).__name__}); only tensors and integer sizes are"
         elif isinstance(value, (tuple, list)):
             return f"argument {name!r} is a tuple; tuple arguments are not supported yet"
         elif isinstance(value, torch.Tensor):
             return f"argument {name!r} is a tensor constant baked into the graph"
     return None
+
+
+def _is_size(g) -> bool:
+    """An int, or a node of a symbolic trace computing one (Note [Symbolic sizes])."""
+    if isinstance(g, torch.fx.Node):
+        return isinstance(g.meta.get("val"), torch.SymInt)
+    return isinstance(g, int)
 
 
 def _wrapper_reason(kernel) -> str:
@@ -121,6 +136,8 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
         if is_allocation(node):
             current.append(node)
             continue
+        if is_size_node(node):
+            continue  # sizes stay outside; regions read them as expressions (Note [Symbolic sizes])
         if node.op == "output":
             close(None, None)
             continue

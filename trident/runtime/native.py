@@ -9,6 +9,7 @@ import torch
 from .. import _C  # noqa: F401  (loading it registers torch.ops.trident.*)
 from .. import knobs
 from ..scm.ir import DEFAULT, AllocPlan, AtenStep, LaunchPlan, ValueRef
+from ..scm.sizes import SizeExpr
 from .cpu_launcher import make_cpu_runner
 
 C = _C
@@ -57,27 +58,43 @@ def register_alloc(plan: AllocPlan) -> int:
     f = plan.facts
     return C.add_alloc(
         list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero, plan.step.slot,
-        plan.arena_offset, plan.arena_bytes,
+        plan.arena_offset, plan.arena_bytes, plan.dynamic,
     )
 
 
-def _arg_spec(value):
+def _arg_spec(value, syms: list):
+    """The native argument template of one operator argument; the SizeExprs in it are appended to
+    `syms` and named by their index there (the host program computes them: Note [Symbolic sizes])."""
     if isinstance(value, ValueRef):
         return (value.kind, value.index)
     if value is DEFAULT:
         return ("default",)
+    if isinstance(value, SizeExpr):
+        syms.append(value)
+        return ("sym", len(syms) - 1)
+    if isinstance(value, list) and any(isinstance(v, SizeExpr) for v in value):
+        return ("intlist", [_arg_spec(v, syms) if isinstance(v, SizeExpr) else ("const", int(v)) for v in value])
     if isinstance(value, list) and any(isinstance(v, ValueRef) for v in value):
-        return ("list", [_arg_spec(v) for v in value])
+        return ("list", [_arg_spec(v, syms) for v in value])
     return ("const", value)
+
+
+def aten_sizes(step: AtenStep) -> list:
+    """The SizeExprs of an operator step, in the order its native template indexes them."""
+    syms: list = []
+    for a in step.args:
+        _arg_spec(a, syms)
+    return syms
 
 
 def register_aten(step: AtenStep) -> int:
     """Native call entry for an operator step: the op by name, an argument template."""
     schema = step.op._schema
     name, _, overload = schema.name, None, schema.overload_name
+    syms: list = []
     return C.add_aten(
-        name, overload, [_arg_spec(a) for a in step.args], list(step.outputs), step.cached, knobs.native_path("typed"),
-        knobs.native_path("gemm"),
+        name, overload, [_arg_spec(a, syms) for a in step.args], list(step.outputs), step.cached,
+        knobs.native_path("typed") and not syms, knobs.native_path("gemm"),
     )
 
 

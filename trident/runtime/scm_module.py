@@ -25,6 +25,7 @@ from ..lowering import compile_host, emit_host_module, import_region
 from ..kernels.copy import index_write_checks
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
+from ..scm.sizes import SizeExpr
 from ..scm.printer import format_dtype, format_guard, format_scm
 from ..scm.specialize import build_specialization, triton_compile_seconds
 from .persistent import PlanCache
@@ -46,10 +47,10 @@ def check_verbose(guard: TensorGuard, value) -> Optional[str]:
     if value.dim() != len(f.sizes):
         return f"tensor {name!r} rank mismatch: expected {len(f.sizes)}, got {value.dim()}"
     for i, (want, got) in enumerate(zip(f.sizes, value.shape)):
-        if want != got:
+        if want != got and i not in guard.free_sizes:
             return f"tensor {name!r} size mismatch at index {i}. expected {want}, actual {got}"
     for i, (want, got) in enumerate(zip(f.strides, value.stride())):
-        if want != got:
+        if want != got and i not in guard.free_strides:
             return f"tensor {name!r} stride mismatch at index {i}. expected {want}, actual {got}"
     if guard.residue16 is not None and value.data_ptr() % 16 != guard.residue16:
         return (
@@ -95,6 +96,16 @@ def disjoint_input_guards(program: RegionProgram) -> list[DisjointInputs]:
     return pairs
 
 
+def _static_layout(program: RegionProgram, i: int) -> tuple:
+    """Captured sizes and strides of input i, None where symbolic (Note [Symbolic sizes])."""
+    f = program.captured_inputs[i]
+    if not program.symbolic:
+        return f.sizes, f.strides
+    sizes, strides = program.input_exprs[i]
+    return (tuple(None if isinstance(e, SizeExpr) else e for e in sizes),
+            tuple(None if isinstance(e, SizeExpr) else e for e in strides))
+
+
 def _handles(spec: Specialization) -> list:
     """The region-local native table indices a specialization's host program bakes in."""
     return [[a.handle for a in spec.allocs], [a.handle for a in spec.atens],
@@ -128,9 +139,9 @@ class SCMRuntime:
         _REGISTRY[self.region_id] = self
         self.guards = disjoint_input_guards(program)  # the region's native call guards
         self.layout_guards = [
-            CapturedLayout(i, inp.name, f.sizes, f.strides, program.name)
+            CapturedLayout(i, inp.name, *_static_layout(program, i), program.name)
             for i, (inp, f) in enumerate(zip(program.inputs, program.captured_inputs))
-        ]  # checked on a miss
+        ] + list(program.size_guards)  # checked on a miss (Note [Symbolic sizes]: the program's size guards)
         # the native check raises the guard's own failure text (Note [One guard table])
         native.C.set_disjoint_inputs(self.region_id, [(g.written, g.read, g.failure()) for g in self.guards])
         enabled, emulate, self.graph_reason = graphs.policy(program)
@@ -332,12 +343,14 @@ class SCMRuntime:
         if not self.scm.specializations:
             return "no specialization compiled yet"
         reasons = []
+        names = [i.name for i in self.program.inputs]
         for spec in self.scm.specializations:
-            for g in spec.guards:
-                why = check_verbose(g, inputs[g.input])
-                if why:
-                    reasons.append(f"specialization {spec.index}: {why}")
-                    break
+            why = next(filter(None, (check_verbose(g, inputs[g.input]) for g in spec.guards)), None)
+            if why is None:  # Note [Symbolic sizes]: the size guards, in the caller's names
+                failed = first_failure(spec.size_guards, inputs)
+                why = failed.failure(inputs, names) if failed is not None else None
+            if why:
+                reasons.append(f"specialization {spec.index}: {why}")
         return "; ".join(reasons)
 
     def _check_servable(self, inputs: Sequence) -> None:
@@ -345,7 +358,7 @@ class SCMRuntime:
         inputs must have the captured sizes and strides; dtype, device and alignment may change."""
         failed = first_failure(self.layout_guards, inputs)
         if failed is not None:
-            raise GuardError(failed.failure(inputs))
+            raise GuardError(failed.failure(inputs, [i.name for i in self.program.inputs]))
 
     def _on_miss(self, region_id: int, inputs: list) -> None:
         with self._lock:

@@ -14,6 +14,14 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
                                           a lowered index write must not overlap])
   CapturedLayout   the region, on a miss  an input has its captured sizes and strides     GuardError
                                           (static capture: grids and sizes are baked in)
+  SizeRelation     the region, natively   a relation between sizes the symbolic trace     a miss (GuardError
+                                          assumed (the shape environment's guards and     on the miss when
+                                          ranges: s0 >= 2, Eq(s1, s0))                    a program guard)
+  FactEquals       the region, natively   a size or stride tied to a symbol another fact  same
+                                          binds (two inputs of one size, a contiguous
+                                          tensor's stride s1)
+  IntegerKey       the region, natively   Triton's key of an integer kernel argument      a miss: the next
+                                          computed from sizes (== 1, % 16, i32 / i64)     specialization
 
 Every kind has `check(values) -> bool`, the test, and `failure(values, names) -> str`, what was
 expected, what came and what to do, in the caller's names (torch's guard manager's check and
@@ -147,17 +155,31 @@ class CapturedLayout:
 
     def check(self, values: Sequence) -> bool:
         t = values[self.input]
-        return isinstance(t, torch.Tensor) and tuple(t.shape) == self.sizes and tuple(t.stride()) == self.strides
+        if not isinstance(t, torch.Tensor) or t.dim() != len(self.sizes):
+            return False
+        # None: a symbolic size or stride (Note [Symbolic sizes]): the size guards say what it may be
+        return all(w is None or w == g for w, g in zip(self.sizes, t.shape)) and all(
+            w is None or w == g for w, g in zip(self.strides, t.stride())
+        )
 
     def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
         t = values[self.input]
         if not isinstance(t, torch.Tensor):
             return f"input {self.name!r}: expected a Tensor, got {type(t).__name__}"
+        if any(v is None for v in self.sizes + self.strides):
+            fmt = lambda xs: "[" + ", ".join("*" if v is None else str(v) for v in xs) + "]"  # noqa: E731
+            return (
+                f"input {self.name!r} of {self.region}: expected rank {len(self.sizes)}, sizes {fmt(self.sizes)} and "
+                f"strides {fmt(self.strides)} (* varies: captured with symbolic sizes), got sizes {list(t.shape)} "
+                f"and strides {list(t.stride())}. The other sizes were static in the trace (0, 1, or the sizes of "
+                "tensors the function holds); capture again with inputs of this shape."
+            )
         return (
             f"input {self.name!r} of {self.region}: expected sizes {list(self.sizes)} and strides "
             f"{list(self.strides)} as captured, got sizes {list(t.shape)} and strides {list(t.stride())}. "
             "The graph was captured with static shapes (grids and size arguments are baked in); "
-            "capture again with inputs of this shape."
+            "capture again with inputs of this shape, or capture with dynamic=True (trident.compile does "
+            "when a size changes)."
         )
 
     def record(self) -> dict:
@@ -165,6 +187,144 @@ class CapturedLayout:
                 "strides": list(self.strides)}  # fmt: skip
 
 
+def environment(symbols: dict, values: Sequence) -> dict:
+    """The value of every size symbol for region inputs `values` (Note [Symbolic sizes])."""
+    env = {}
+    for name, b in symbols.items():
+        t = values[b.input]
+        if not isinstance(t, torch.Tensor) or t.dim() <= b.dim:
+            raise _Unbound(name)
+        env[name] = int(t.shape[b.dim] if b.kind == "size" else t.stride(b.dim))
+    return env
+
+
+class _Unbound(Exception):
+    pass
+
+
+def _fact(t, kind: str, dim: int):
+    if not isinstance(t, torch.Tensor) or t.dim() <= dim:
+        return None
+    return int(t.shape[dim] if kind == "size" else t.stride(dim))
+
+
+@dataclass(frozen=True)
+class SizeRelation:
+    """A relation between sizes (a SizeExpr of a sympy relation) that the plan assumes."""
+
+    expr: Any  # SizeExpr
+    symbols: dict = field(compare=False, repr=False)  # the program's bindings
+    why: str = "shape guard"  # "shape guard" | "range" | "autotune" | "heuristic" | "constexpr"
+    native: ClassVar[bool] = True
+
+    def check(self, values: Sequence) -> bool:
+        try:
+            return bool(self.expr.evaluate(environment(self.symbols, values)))
+        except (_Unbound, ZeroDivisionError):
+            return False
+
+    def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        try:
+            env = environment(self.symbols, values)
+            got = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()) if k in self.expr.symbols)
+        except _Unbound as e:
+            got = f"no value for {e.args[0]} (an input has fewer dimensions)"
+        where = ", ".join(f"{k} = {_where(self.symbols[k], names)}" for k in sorted(self.expr.symbols))
+        if self.why not in ("shape guard", "range"):  # a specialization's own: another one serves it
+            return f"{self.expr} ({self.why}; {where}) does not hold for {got}: a specialization for it is built"
+        return (
+            f"the graph was captured for sizes with {self.expr} ({self.why}; {where}), got {got}. "
+            "Sizes 0 and 1 and sizes the traced code compared are specialized by the symbolic trace, as "
+            "torch.compile's are; capture again with inputs of these sizes."
+        )
+
+    def record(self) -> dict:
+        from .sizes import to_text
+
+        return {"kind": "size_relation", "expr": to_text(self.expr), "why": self.why}
+
+
+def _where(b, names) -> str:
+    name = names[b.input] if b.input < len(names) else f"input {b.input}"
+    return f"{name}.{'shape' if b.kind == 'size' else 'stride()'}[{b.dim}]"
+
+
+@dataclass(frozen=True)
+class FactEquals:
+    """Size or stride `dim` of input `input` equals `expr` over the symbols other facts bind."""
+
+    input: int
+    name: str
+    kind: str  # "size" | "stride"
+    dim: int
+    expr: Any  # SizeExpr
+    symbols: dict = field(compare=False, repr=False)
+    native: ClassVar[bool] = True
+
+    def check(self, values: Sequence) -> bool:
+        got = _fact(values[self.input], self.kind, self.dim)
+        try:
+            return got is not None and got == self.expr.evaluate(environment(self.symbols, values))
+        except _Unbound:
+            return False
+
+    def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        got = _fact(values[self.input], self.kind, self.dim)
+        what = "shape" if self.kind == "size" else "stride()"
+        where = ", ".join(f"{k} = {_where(self.symbols[k], names)}" for k in sorted(self.expr.symbols))
+        try:
+            want = self.expr.evaluate(environment(self.symbols, values))
+        except _Unbound:
+            want = "?"
+        return (
+            f"input {self.name!r}: {what}[{self.dim}] was traced as {self.expr} ({where}), so it must be {want}; "
+            f"got {got}. Capture again with inputs related like these."
+        )
+
+    def record(self) -> dict:
+        from .sizes import to_text
+
+        return {"kind": "fact_equals", "input": self.input, "fact": self.kind, "dim": self.dim, "expr": to_text(self.expr)}
+
+
+@dataclass(frozen=True)
+class IntegerKey:
+    """Triton's key of an integer kernel argument computed from sizes (Note [Integer keys]):
+    `code` of INT_KEY_CODES for the value of `expr`."""
+
+    expr: Any  # SizeExpr
+    code: int
+    specialize: bool
+    what: str  # "launch axpy_kernel: n"
+    symbols: dict = field(compare=False, repr=False)
+    native: ClassVar[bool] = True
+
+    def key_of(self, value: int) -> int:
+        is32 = -(2**31) <= value <= 2**31 - 1
+        if not self.specialize:
+            return 5 if is32 else 6
+        if value == 1:
+            return 0
+        d = value % 16 == 0
+        return (1 if d else 2) if is32 else (3 if d else 4)
+
+    def check(self, values: Sequence) -> bool:
+        try:
+            return self.key_of(self.expr.evaluate(environment(self.symbols, values))) == self.code
+        except (_Unbound, ZeroDivisionError):
+            return False
+
+    def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        return f"{self.what} = {self.expr} has another Triton key: Triton compiles another binary for it"
+
+    def record(self) -> dict:
+        from .sizes import to_text
+
+        return {"kind": "integer_key", "expr": to_text(self.expr), "code": self.code, "specialize": self.specialize,
+                "what": self.what}  # fmt: skip
+
+
+SizeGuard = SizeRelation | FactEquals | IntegerKey
 CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout
 
 
@@ -191,6 +351,15 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
         return f"{names[guard.first]} is {names[guard.second]} (one tensor at capture)"
     if isinstance(guard, KernelGlobal):
         return f"global {guard.name} == {guard.value!r} (read by kernel {guard.kernel})"
+    if isinstance(guard, SizeRelation):
+        return f"{guard.expr} ({guard.why})"
+    if isinstance(guard, FactEquals):
+        return f"{guard.name}.{'shape' if guard.kind == 'size' else 'stride()'}[{guard.dim}] == {guard.expr}"
+    if isinstance(guard, IntegerKey):
+        from ..lowering.scm_to_llvm import INT_KEY_CODES
+
+        key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
+        return f"Triton key of {guard.what} = {guard.expr} is {key}"
     if isinstance(guard, CapturedLayout):
         return f"{guard.name}: sizes {list(guard.sizes)} strides {list(guard.strides)} (static capture, on a miss)"
     return f"disjoint: {guard.what} (natively, each call)"

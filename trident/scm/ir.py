@@ -9,8 +9,8 @@ An SCM serves one region of an FX graph. It has
     plan (allocation layouts, compiled kernels with their Triton keys and parameter sources).
 
 Guards are kept apart from the plan (a prologue, as in Thunder) so the lowering can order and
-share them. Sizes are concrete today; every size field is a tuple of ints so that symbolic
-sizes (roadmap) can replace ints with expressions without changing the shape of the IR.
+share them. A static capture has ints for sizes; a symbolic one (Note [Symbolic sizes]) has
+SizeExprs where sizes vary: grids, integer arguments, allocation layouts, size arguments.
 
 This module is the single description the lowering (trident/lowering) consumes.
 """
@@ -106,6 +106,15 @@ class RegionProgram:
     value_names: list[str]  # name of each value slot
     graph_module: torch.fx.GraphModule  # the region as FX: placeholders = inputs, in order
     captured_inputs: list["TensorFacts"]  # facts of the inputs at capture time
+    # Note [Symbolic sizes] (trident/scm/sizes.py); all empty for a static capture:
+    symbols: dict = field(default_factory=dict)  # symbol name -> Binding (the input fact it is)
+    input_exprs: list = field(default_factory=list)  # per input: (sizes, strides), ints and SizeExprs
+    value_exprs: list = field(default_factory=list)  # per value slot: (sizes, strides, storage offset)
+    size_guards: list = field(default_factory=list)  # what every size served must satisfy (guards.py)
+
+    @property
+    def symbolic(self) -> bool:
+        return bool(self.symbols)
 
     @property
     def allocs(self) -> list[AllocStep]:
@@ -158,6 +167,10 @@ class TensorGuard:
     facts: TensorFacts
     aligned16: Optional[bool]
     residue16: Optional[int] = None  # data_ptr % 16 exactly, when views of it reach kernels
+    # dimensions whose size / stride is symbolic (Note [Symbolic sizes]): not compared with
+    # `facts`; size guards of the specialization say what they may be
+    free_sizes: tuple[int, ...] = ()
+    free_strides: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,14 @@ class AllocPlan:
     handle: int = -1  # region-local index of its native allocation plan
     arena_offset: int = -1  # byte offset in the call's arena (Note [Allocation arena]); -1: own buffer
     arena_bytes: int = 0  # the arena's size for this specialization
+    # Note [Symbolic sizes]: the sizes and strides as expressions, when some are symbolic
+    # (computed by the host program on every call; such an allocation is never in the arena)
+    sizes_expr: tuple = ()
+    strides_expr: tuple = ()
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.sizes_expr)
 
 
 @dataclass
@@ -193,6 +214,7 @@ class LaunchPlan:
     pdl: bool = False  # Triton's launch_pdl
     handle: int = -1  # region-local index of its native kernel entry
     global_handle: int = -1  # index in the process-wide kernel table
+    grid: tuple = ()  # the grid as launched (ints and SizeExprs); () -> step.grid
 
 
 @dataclass
@@ -228,6 +250,9 @@ class Specialization:
     views: dict[str, ViewPlan] = field(default_factory=dict)  # by step name
     # Note [Early release]: after program step i, the value slots dropped from the value table
     releases: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Note [Symbolic sizes]: the program's size guards, then this specialization's own (Triton's
+    # integer keys, values an autotuner or heuristic saw), evaluated natively with the tensor guards
+    size_guards: list = field(default_factory=list)
 
 
 @dataclass

@@ -24,17 +24,25 @@ def format_dtype(dtype: torch.dtype) -> str:
     return _DTYPE_SHORT.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def format_facts(f: TensorFacts) -> str:
-    sizes = ", ".join(map(str, f.sizes))
-    strides = ", ".join(map(str, f.strides))
-    return f"{format_dtype(f.dtype)}[{sizes}] strides=({strides}) {f.device}"
+def format_facts(f: TensorFacts, exprs: tuple = ()) -> str:
+    """`exprs`: (sizes, strides) with SizeExprs where they are symbolic (Note [Symbolic sizes])."""
+    sizes, strides = exprs[:2] if exprs else (f.sizes, f.strides)
+    return f"{format_dtype(f.dtype)}[{', '.join(map(str, sizes))}] strides=({', '.join(map(str, strides))}) {f.device}"
 
 
-def format_guard(g: TensorGuard) -> str:
+def format_guard(g: TensorGuard, exprs: tuple = ()) -> str:
     align = {True: " aligned16", False: " unaligned16", None: ""}[g.aligned16]
     if g.residue16 is not None:
         align = f" address%16=={g.residue16}"
-    return f"{g.name}: {format_facts(g.facts)}{align}"
+    return f"{g.name}: {format_facts(g.facts, exprs)}{align}"
+
+
+def format_symbols(program) -> str:
+    """`s0 = x.shape[0], s1 = x.stride()[0]`: where each size symbol is read."""
+    names = [i.name for i in program.inputs]
+    return ", ".join(
+        f"{n} = {names[b.input]}.{'shape' if b.kind == 'size' else 'stride()'}[{b.dim}]" for n, b in program.symbols.items()
+    )
 
 
 def format_key(key: tuple) -> str:
@@ -65,6 +73,8 @@ def format_program(scm: SCM) -> list[str]:
     prog = scm.program
     ins = ", ".join(f"{i.name}{'!' if i.mutated else ''}" for i in prog.inputs)
     lines = [f"scm {prog.name}({ins}) -> ({', '.join(o.name for o in prog.outputs)})"]
+    if prog.symbolic:
+        lines.append(f"  symbols: {format_symbols(prog)}")
     for step in prog.steps:
         if isinstance(step, AllocStep):
             lines.append(f"  {step.name} = {step.op}  # value {step.slot}")
@@ -86,19 +96,25 @@ def format_program(scm: SCM) -> list[str]:
     return lines
 
 
-def format_specialization(spec: Specialization) -> list[str]:
+def format_specialization(spec: Specialization, program=None) -> list[str]:
+    from .guards import describe
+
+    symbolic = program is not None and program.symbolic
+    names = [i.name for i in program.inputs] if program is not None else []
     lines = [f"  specialization {spec.index}:"]
     lines.append("    guards:")
-    lines.extend(f"      {format_guard(g)}" for g in spec.guards)
+    lines.extend(f"      {format_guard(g, program.input_exprs[g.input] if symbolic else ())}" for g in spec.guards)
+    lines.extend(f"      size: {describe(g, names)}" for g in spec.size_guards)
     lines.append("    plan:")
     for a in spec.allocs:
-        lines.append(f"      {a.step.name} = alloc {format_facts(a.facts)}{' zeroed' if a.step.zero else ''}")
+        exprs = (a.sizes_expr, a.strides_expr) if a.dynamic else ()
+        lines.append(f"      {a.step.name} = alloc {format_facts(a.facts, exprs)}{' zeroed' if a.step.zero else ''}")
     for v in spec.views.values():
         how = "address only" if v.pointer_only else "native view"
         lines.append(f"      {v.step.name} = {how}: {v.base.name} {v.delta_bytes:+d} B, {format_facts(v.facts)}")
     for launch in spec.launches:
         lines.append(
-            f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.step.grid))}] "
+            f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.grid or launch.step.grid))}] "
             f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
         )
         if launch.step.tuned:
@@ -134,5 +150,5 @@ def launch_value_name(spec: Specialization, launch, slot: int) -> str:
 def format_scm(scm: SCM) -> str:
     lines = format_program(scm)
     for spec in scm.specializations:
-        lines.extend(format_specialization(spec))
+        lines.extend(format_specialization(spec, scm.program))
     return "\n".join(lines) + "\n"

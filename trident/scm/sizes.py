@@ -38,8 +38,8 @@ class SizeExpr:
     def __str__(self) -> str:
         return str(self.expr)
 
-    def __repr__(self) -> str:
-        return f"SizeExpr({self.expr})"
+    def __repr__(self) -> str:  # printed plans show the expression itself: n=s0, grid [((s0 + 63)//64), 1, 1]
+        return str(self.expr)
 
     @property
     def symbols(self) -> frozenset[str]:

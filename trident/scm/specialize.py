@@ -22,8 +22,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
+import dataclasses
+
+import sympy
+
 from .. import knobs, logs, triton_state
+from . import sizes as S
 from . import tuning
+from .guards import IntegerKey, SizeRelation
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
@@ -264,9 +270,15 @@ def _build_specialization(
     steps = program.launches
     if compile_kernels:
         steps = logs.progress(steps, f"trident {program.name}: compiling kernels")
-    launches = [
-        _launch_plan(step, inputs, residues, value_facts, value_residues, device, compile_kernels) for step in steps
-    ]
+    env = size_environment(program, inputs)
+    size_guards = list(program.size_guards)
+    launches = []
+    for step in steps:
+        concrete_step = _concrete_step(step, env) if env else step
+        plan = _launch_plan(concrete_step, inputs, residues, value_facts, value_residues, device, compile_kernels)
+        if env:
+            size_guards += _symbolic_launch(program, step, plan, env)
+        launches.append(plan)
     # A guard pins an input's alignment when some launch specializes on it: as aligned or not
     # when the input itself is passed, exactly (address % 16) when a view of it is. (Triton's
     # KernelParam flags say whether a parameter specializes: do_not_specialize and
@@ -284,16 +296,116 @@ def _build_specialization(
             elif roots[p.source.index] is not None:
                 exact[roots[p.source.index]] = residues[roots[p.source.index]]
     guards = [
-        TensorGuard(i, inp.name, inputs[i], None if i in exact else aligned.get(i), exact.get(i))
+        TensorGuard(i, inp.name, inputs[i], None if i in exact else aligned.get(i), exact.get(i),
+                    *_free_dims(program, i))
         for i, inp in enumerate(program.inputs)
     ]
     allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
+    for plan in allocs:
+        plan.sizes_expr, plan.strides_expr = _alloc_exprs(program, plan.step.slot)
     if knobs.native_path("arena"):
         plan_arena(program, allocs, escaping, storage_ids)
     atens = [AtenPlan(step) for step in program.atens]
     views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
+    if program.symbolic:  # a view whose layout depends on sizes is the operator's (Note [Symbolic sizes])
+        views = {k: v for k, v in views.items() if not _symbolic_view(program, v)}
     releases = plan_releases(program, allocs, roots, escaping, storage_ids) if knobs.native_path("release") else {}
-    return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases)
+    unique = {}
+    for g in size_guards:  # one check per distinct condition (two launches keyed on one size)
+        unique.setdefault((type(g).__name__, str(getattr(g, "expr", g)), getattr(g, "code", None), getattr(g, "input", None),
+                           getattr(g, "kind", None), getattr(g, "dim", None)), g)
+    size_guards = list(unique.values())
+    return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases, size_guards)
+
+
+# -- Note [Symbolic sizes] ---------------------------------------------------------------------
+
+def size_environment(program: RegionProgram, inputs: Sequence[TensorFacts]) -> dict:
+    """The value of each of the program's size symbols for inputs with these facts ({} when the
+    program is static)."""
+    env = {}
+    for name, b in program.symbols.items():
+        f = inputs[b.input]
+        env[name] = (f.sizes if b.kind == "size" else f.strides)[b.dim]
+    return env
+
+
+def _concrete_step(step: LaunchStep, env: dict) -> LaunchStep:
+    return dataclasses.replace(
+        step, grid=S.concrete(step.grid, env), grids=S.concrete(step.grids, env),
+        args={k: S.concrete(v, env) for k, v in step.args.items()},
+    )
+
+
+def _free_dims(program: RegionProgram, i: int) -> tuple:
+    if not program.symbolic:
+        return (), ()
+    sizes, strides = program.input_exprs[i]
+    return (tuple(d for d, e in enumerate(sizes) if S.is_symbolic(e)),
+            tuple(d for d, e in enumerate(strides) if S.is_symbolic(e)))
+
+
+def _alloc_exprs(program: RegionProgram, slot: int) -> tuple:
+    if not program.symbolic:
+        return (), ()
+    sizes, strides, _ = program.value_exprs[slot]
+    if not S.has_symbols(sizes) and not S.has_symbols(strides):
+        return (), ()
+    return tuple(sizes), tuple(strides)
+
+
+def _symbolic_launch(program: RegionProgram, step: LaunchStep, plan: LaunchPlan, env: dict) -> list:
+    """Makes `plan` (built for the sizes `env`) serve every size with the same Triton key: its
+    grid and integer parameters become the step's expressions, and the guards it needs are
+    returned -- Triton's key of each integer argument computed from sizes (IntegerKey), and a
+    pinned value (SizeRelation Eq) for each size an autotuner, a heuristic or a constexpr saw."""
+    symbols = program.symbols
+    used = set()
+    for e in _sizes_in((step.grid, step.grids, step.args)):
+        used |= e.symbols
+    if not used:
+        return []
+    if step.tuner is not None or step.heuristics is not None:
+        # Python chose the config (or computed the heuristic values) from the sizes: they are
+        # pinned, as Triton's autotuner re-tunes for each new value of its key.
+        why = "autotune" if step.tuner is not None else "heuristic"
+        return [
+            SizeRelation(S.SizeExpr(sympy.Eq(sympy.Symbol(n, integer=True, positive=True), env[n])), symbols,
+                         f"{why}: {step.kernel_name} was tuned for it")
+            for n in sorted(used)
+        ]
+    plan.step = step
+    plan.grid = step.grid
+    plan.params = [
+        Param(p.name, p.ty, step.args[p.name]) if S.is_symbolic(step.args.get(p.name)) else p for p in plan.params
+    ]
+    from ..lowering.scm_to_llvm import INT_KEY_CODES
+
+    declared = {p.name: p for p in step.kernel.params}
+    guards = []
+    for pname, (ty, attr) in zip([p.name for p in step.kernel.params], plan.key):
+        expr = step.args.get(pname)
+        if not S.is_symbolic(expr):
+            continue
+        what = f"{step.kernel_name}({pname})"
+        code = None if declared[pname].is_constexpr else INT_KEY_CODES.get((ty, attr))
+        if code is None:  # a constexpr (or a type without a key code) computed from sizes: pinned
+            value = expr.evaluate(env)
+            guards.append(SizeRelation(S.SizeExpr(sympy.Eq(expr.expr, value)), symbols, f"constexpr {what}"))
+        else:
+            guards.append(IntegerKey(expr, code, attr is not None, what, symbols))
+    return guards
+
+
+def _sizes_in(value):
+    if isinstance(value, S.SizeExpr):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _sizes_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _sizes_in(v)
 
 
 ARENA_ALIGN = 256
@@ -332,7 +444,7 @@ def plan_arena(
     inside = []
     for plan in allocs:
         f = plan.facts
-        if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda"):
+        if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda") or plan.dynamic:
             continue
         extent = 1 + sum((n - 1) * st for n, st in zip(f.sizes, f.strides)) if all(f.sizes) else 0
         nbytes = (extent * f.dtype.itemsize + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
@@ -395,6 +507,12 @@ def _is_view_step(step: AtenStep) -> bool:
     if step.op._schema.name in _UNANNOTATED_VIEWS:
         return True
     return len(rets) == 1 and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def _symbolic_view(program: RegionProgram, view: ViewPlan) -> bool:
+    out = program.value_exprs[view.step.outputs[0]]
+    base = program.input_exprs[view.base.index] if view.base.kind == "input" else program.value_exprs[view.base.index]
+    return S.has_symbols(list(out)) or S.has_symbols(list(base)) or S.has_symbols(list(view.step.args))
 
 
 def plan_views(program, inputs, value_facts, value_offsets) -> dict:

@@ -1,0 +1,108 @@
+"""Symbolic sizes (Note [Symbolic sizes]): one capture, one SCM, every size; a new specialization
+only where Triton would compile a new binary (its key changes) or a Python decision saw the size
+(autotune, heuristics), each counted against Triton's own specializer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+import trident
+from trident.errors import GuardError
+from tests import kernels as K
+
+
+def triton_int_key(n: int):
+    return native_specialize_impl(BaseBackend, n, False, True, True)
+
+
+def test_sizes_1000_to_1099_need_only_tritons_specializations(device):
+    x0 = torch.randn(1000, device=device)
+    opt = trident.optimize(trident.capture(K.two_kernels, x0, torch.randn(1000, device=device), dynamic=True))
+    keys = set()
+    for n in range(1000, 1100):
+        x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+        torch.testing.assert_close(opt(x, y), K.two_kernels_ref(x, y))
+        keys.add(triton_int_key(n))
+    (info,) = trident.cache_info(opt).values()
+    # the only integer argument is n = x.numel(): i32 with and without 'D' (% 16 == 0)
+    assert len(keys) == 2
+    assert info["specializations"] == len(keys), info
+    assert info["misses"] == len(keys) - 1
+    assert info["hits"] == 100 - info["misses"]
+
+
+def test_autotuned_kernel_with_a_meta_grid_over_several_sizes(device):
+    x0 = torch.randn(300, device=device)
+    opt = trident.optimize(trident.capture(K.tuned_scale, x0, dynamic=True))
+    sizes = [300, 301, 300, 1024, 77, 301]
+    for n in sizes:
+        x = torch.randn(n, device=device)
+        torch.testing.assert_close(opt(x), 3.0 * x)
+    (info,) = trident.cache_info(opt).values()
+    # the autotuner keys on n: each new n is tuned (pinned by a guard, as Triton re-tunes)
+    assert info["specializations"] == len(set(sizes))
+    text = trident.explain(opt)
+    assert "autotune: tuned_scale_kernel was tuned for it" in text
+
+
+def test_two_dimensional_strides_and_grids(device):
+    x0 = torch.randn(40, 70, device=device)
+    opt = trident.optimize(trident.capture(K.scale_rows, x0, dynamic=True))
+    for rows, cols in [(40, 70), (3, 5), (129, 31), (16, 64)]:
+        x = torch.randn(rows, cols, device=device)
+        torch.testing.assert_close(opt(x), K.scale_rows_ref(x))
+    # a transposed input: its strides are not the contiguous ones the trace tied to the sizes
+    xt = torch.randn(70, 40, device=device).t()
+    with pytest.raises(GuardError, match="stride"):
+        opt(xt)
+
+
+@triton.jit
+def _rowsum_kernel(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + row * cols + offs, mask=offs < cols, other=0.0)
+    tl.store(out_ptr + row, tl.sum(v, axis=0))
+
+
+def reshaped_rowsum(x):
+    rows = x.numel() // 16
+    y = x.reshape(rows, 16) * 2.0  # an operator with a size argument computed from x
+    out = torch.empty(rows, device=x.device, dtype=x.dtype)
+    _rowsum_kernel[(rows,)](y, out, 16, BLOCK=16)
+    return out + 1.0
+
+
+def test_size_arguments_of_operators_and_factories(device):
+    opt = trident.optimize(trident.capture(reshaped_rowsum, torch.randn(64, device=device), dynamic=True))
+    for n in (64, 160, 32, 4096):
+        x = torch.randn(n, device=device)
+        torch.testing.assert_close(opt(x), (x.reshape(-1, 16) * 2.0).sum(1) + 1.0)
+    (info,) = trident.cache_info(opt).values()
+    assert info["specializations"] == 1, info  # no integer kernel argument depends on the size
+
+
+def test_unservable_sizes_say_what_was_assumed(device):
+    opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(100, device=device),
+                                           torch.randn(100, device=device), dynamic=True))
+    with pytest.raises(GuardError, match=r"s\d+ >= 2 \(range; s\d+ = x.shape\[0\]\), got s\d+ = 1"):
+        opt(torch.randn(1, device=device), torch.randn(1, device=device))
+    with pytest.raises(GuardError, match=r"input 'y': shape\[0\] was traced as s\d+ .* must be 5; got 6"):
+        opt(torch.randn(5, device=device), torch.randn(6, device=device))
+    x = torch.randn(17, device=device)
+    torch.testing.assert_close(opt(x, x.clone()), K.two_kernels_ref(x, x))
+
+
+def test_printed_plan_shows_the_expressions():
+    opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(1000), torch.randn(1000), dynamic=True))
+    text = trident.optimize.__module__ and __import__("trident.optimize", fromlist=["scm_text"]).scm_text(opt)
+    assert "symbols: s" in text and "= x.shape[0]" in text
+    assert "//64), 1, 1]" in text and "n=s" in text
+    assert "size: Triton key of axpy_kernel(n)" in text
+    explained = trident.explain(opt)
+    assert "symbolic sizes:" in explained and "(range)" in explained
