@@ -163,8 +163,28 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new.meta["trident_cuts"] = part.cuts + skipped
     new.meta["trident_cse_removed"] = cse_removed
     new.meta["trident_symbolic"] = symbolic
+    new.meta["trident_retry_region"] = _retry_region(new) if symbolic else None
     _install_input_checks(new)
     return new
+
+
+def _retry_region(gm: torch.fx.GraphModule):
+    """The first region's name when nothing before its call has an effect (a launch, an in-place
+    or out= operator, another region): a GuardError it raises on a miss (Note [Symbolic sizes]:
+    sizes its capture cannot serve) leaves the call without effects, so trident.compile may serve
+    the call by another capture instead."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.trident.scm.default:
+            return SCMRuntime.get(node.args[0]).program.name
+        target = node.target
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            return None
+        schema = getattr(target, "_schema", None)
+        if schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            return None
+    return None
 
 
 def _regions(gm: torch.fx.GraphModule) -> list[SCMRuntime]:

@@ -21,7 +21,7 @@ def test_keyword_and_nested_arguments_and_new_shapes():
         a, b = pair
         return _axpy(x, a, opts["alpha"]) + b
 
-    compiled = trident.compile(f)
+    compiled = trident.compile(f, dynamic=False)
     for n in (100, 300):  # a new shape: a new capture, never an error
         x, a, b = torch.randn(n), torch.randn(n), torch.randn(n)
         for alpha in (2.0, 2.0, 2.0, -1.0):
@@ -31,6 +31,27 @@ def test_keyword_and_nested_arguments_and_new_shapes():
     for opt in compiled.captures.values():
         (stats,) = trident.cache_info(opt).values()
         assert stats["misses"] == 0
+
+
+def test_new_sizes_get_one_symbolic_capture():
+    def f(x, pair, *, opts):
+        a, b = pair
+        return _axpy(x, a, opts["alpha"]) + b
+
+    compiled = trident.compile(f)  # dynamic=None: symbolic once sizes change (Note [Symbolic sizes])
+    for n in (100, 300, 301, 4000, 77):
+        x, a, b = torch.randn(n), torch.randn(n), torch.randn(n)
+        for alpha in (2.0, 2.0, 2.0, -1.0):
+            torch.testing.assert_close(compiled(x, (a, b), opts={"alpha": alpha}), alpha * x + a + b)
+    # per alpha (a value of the signature): its first call eager; alpha=2.0: a static capture of
+    # n=100, then one symbolic capture for every later size; alpha=-1.0: one symbolic capture
+    assert compiled.eager_calls == 2
+    symbolic = [opt for opt in compiled.captures.values() if opt.meta["trident_symbolic"]]
+    assert len(compiled.captures) == 3 and len(symbolic) == 2
+    for opt in symbolic:
+        (stats,) = trident.cache_info(opt).values()
+        assert stats["specializations"] <= 2  # n % 16 == 0 or not (4000 % 16 == 0)
+    assert "symbolic sizes:" in trident.explain(compiled)
 
 
 class _Net(torch.nn.Module):
@@ -93,7 +114,7 @@ def test_hits_check_tensors_natively_only(monkeypatch):
         return plain(leaves, tensor_facts)
 
     monkeypatch.setattr(compile_module, "signature", counting)
-    compiled = trident.compile(_axpy)
+    compiled = trident.compile(_axpy, dynamic=False)
     x, y = torch.randn(200), torch.randn(200)
     compiled(x, y, 2.0)
     compiled(x, y, 2.0)  # captured
@@ -111,6 +132,29 @@ def test_hits_check_tensors_natively_only(monkeypatch):
             torch.testing.assert_close(compiled(other, other_y, 2.0), want)
     assert len(compiled.captures) == 4 and compiled.eager_calls == 4
     assert len(facts_calls) == 6  # the two calls of each new signature that missed
+
+
+def test_symbolic_capture_serves_new_sizes_and_strided_inputs_get_their_own():
+    compiled = trident.compile(_axpy)
+    x, y = torch.randn(200), torch.randn(200)
+    for _ in range(2):  # eager, static capture
+        compiled(x, y, 2.0)
+    for n in (300, 301, 512):  # one symbolic capture, no eager call
+        a, b = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(compiled(a, b, 2.0), 2.0 * a + b)
+    assert compiled.eager_calls == 1 and len(compiled.captures) == 2
+    # a strided input: the symbolic trace had stride 1 (static); that capture raises before it
+    # runs anything, and the call gets a static capture of its own
+    other = torch.randn(400)[::2]
+    other_y = torch.randn(200)
+    torch.testing.assert_close(compiled(other, other_y, 2.0), _axpy(other, other_y, 2.0))
+    assert len(compiled.captures) == 3
+    torch.testing.assert_close(compiled(other, other_y, 2.0), _axpy(other, other_y, 2.0))
+    assert len(compiled.captures) == 3
+    # a new dtype: a new family, eager first as always
+    d, e = torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
+    torch.testing.assert_close(compiled(d, e, 2.0), 2.0 * d + e)
+    assert compiled.eager_calls == 2
 
 
 def test_python_fallback_guards_agree_with_torchs_tensor_guards():

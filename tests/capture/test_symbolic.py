@@ -92,10 +92,27 @@ def test_unservable_sizes_say_what_was_assumed(device):
                                            torch.randn(100, device=device), dynamic=True))
     with pytest.raises(GuardError, match=r"s\d+ >= 2 \(range; s\d+ = x.shape\[0\]\), got s\d+ = 1"):
         opt(torch.randn(1, device=device), torch.randn(1, device=device))
-    with pytest.raises(GuardError, match=r"input 'y': shape\[0\] was traced as s\d+ .* must be 5; got 6"):
-        opt(torch.randn(5, device=device), torch.randn(6, device=device))
     x = torch.randn(17, device=device)
     torch.testing.assert_close(opt(x, x.clone()), K.two_kernels_ref(x, x))
+
+
+def broadcast_add(x, y):
+    z = x + y  # the program ties the sizes: a guard
+    return K.axpy(z, z)
+
+
+def test_sizes_the_program_ties_are_guarded_and_others_are_free(device):
+    # two inputs of one size in the example are two symbols (no duck sizing): y may differ
+    opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(100, device=device),
+                                           torch.randn(100, device=device), dynamic=True))
+    x, y = torch.randn(5, device=device), torch.randn(6, device=device)
+    torch.testing.assert_close(opt(x, y), K.two_kernels_ref(x, y[:5]))  # as eager: n = x.numel()
+    opt = trident.optimize(trident.capture(broadcast_add, torch.randn(100, device=device),
+                                           torch.randn(100, device=device), dynamic=True))
+    x, y = torch.randn(40, device=device), torch.randn(40, device=device)
+    torch.testing.assert_close(opt(x, y), 3.5 * (x + y))
+    with pytest.raises(GuardError, match=r"y"):
+        opt(torch.randn(5, device=device), torch.randn(6, device=device))
 
 
 def test_printed_plan_shows_the_expressions():

@@ -34,12 +34,13 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
 
-from .. import knobs
+from .. import knobs, logs
+from ..errors import GuardError
 from .trace import _roots
 
 _VALUE_TYPES = (int, float, bool, str, type(None))
@@ -128,11 +129,20 @@ def signature(leaves, tensor_facts: bool = True) -> tuple:
     return tuple(key)
 
 
+def _size_classes(tensors) -> tuple:
+    """Per tensor, each size as 0, 1 or 2 (>= 2): what a symbolic capture specializes on (the
+    symbolic trace treats sizes 0 and 1 as constants), so a capture is picked per class."""
+    return tuple(tuple(s if s < 2 else 2 for s in t.shape) for t in tensors)
+
+
 class CompiledFunction:
     """What trident.compile returns (Note [What trident.compile guards])."""
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], dynamic: Optional[bool] = None):
         self.fn = fn
+        self.dynamic = dynamic
+        self._structures: set = set()  # families called at least once (Note [Symbolic sizes])
+        self._symbolic_failed: set = set()  # families whose symbolic capture could not be made
         self.captures: dict[tuple, torch.fx.GraphModule] = {}
         self._outputs: dict[tuple, tuple] = {}  # per capture: output pytree spec, non-tensor leaves
         # per structure (signature without tensor facts): [(native tensor guards, capture key)],
@@ -152,22 +162,37 @@ class CompiledFunction:
                 self._outputs.clear()
                 self._guarded.clear()
                 self._seen.clear()
+                self._structures.clear()
+                self._symbolic_failed.clear()
                 self._generation = _generation[0]
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
         structure = (spec, signature(leaves, tensor_facts=False))
+        if self.dynamic is not False:
+            structure += (_size_classes(tensors),)
         # The hit path: tensors checked by native guards only (torch's own TensorGuards, those
-        # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys).
+        # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys; for a symbolic
+        # capture dtype, device and rank, the SCM's guards check the sizes).
         for guards, key in self._guarded.get(structure, ()):
             if guards.check(*tensors):
                 opt = self.captures.get(key)
                 if opt is not None:
-                    return self._run(opt, key, tensors)
+                    return self._run(opt, key, tensors, args, kwargs)
         key = (spec, signature(leaves))
         opt = self.captures.get(key)
         if opt is None:
             with self._lock:
                 opt = self.captures.get(key)
-                first = opt is None and key not in self._seen
+                # A symbolic capture (Note [Symbolic sizes]) once a second signature of one
+                # structure comes (sizes changed: as torch.compile's automatic dynamic shapes),
+                # or from the first capture with dynamic=True.
+                # family: the structure with each tensor's dtype, device and rank; another
+                # signature of one family differs in sizes or strides only
+                family = (structure, tuple((t.dtype, t.device, t.dim()) for t in tensors))
+                symbolic = opt is None and family not in self._symbolic_failed and (
+                    self.dynamic is True or (self.dynamic is None and family in self._structures and key not in self._seen)
+                )
+                first = opt is None and key not in self._seen and (self.dynamic is False or family not in self._structures)
+                self._structures.add(family)
                 if first:
                     self._seen.add(key)
                     self.eager_calls += 1
@@ -179,20 +204,52 @@ class CompiledFunction:
                         self._guarded = {
                             s: [(g, k) for g, k in entries if k != old] for s, entries in self._guarded.items()
                         }
-                    opt = self.captures[key] = self._capture(key, spec, leaves)
+                    opt = None
+                    if symbolic:
+                        try:
+                            opt = self._capture(key, spec, leaves, dynamic=True)
+                        except Exception as e:  # noqa: BLE001 - served by a static capture instead
+                            self._symbolic_failed.add(family)
+                            logs.misses.info(
+                                "trident.compile(%s): no symbolic capture (%s: %s); capturing these sizes statically",
+                                getattr(self.fn, "__name__", "fn"), type(e).__name__, str(e).splitlines()[0],
+                            )
+                    if opt is None:
+                        opt = self._capture(key, spec, leaves)
+                    self.captures[key] = opt
+                    symbolic = opt.meta.get("trident_symbolic", False)
                     entries = [(g, k) for g, k in self._guarded.get(structure, ()) if k != key]
-                    self._guarded = {**self._guarded, structure: [(_tensor_guards(tensors), key)] + entries}
+                    entry = (_tensor_guards(tensors, symbolic), key)
+                    # static captures first: a symbolic one serves what none of them does
+                    self._guarded = {**self._guarded, structure: ([entry] + entries) if not symbolic else (entries + [entry])}
             if first:
                 return self.fn(*args, **kwargs)
-        return self._run(opt, key, tensors)
+        return self._run(opt, key, tensors, args, kwargs)
 
-    def _run(self, opt, key, tensors):
-        results = opt(*tensors)
+    def _run(self, opt, key, tensors, args=(), kwargs=None):
+        try:
+            results = opt(*tensors)
+        except GuardError as e:
+            # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
+            # compared). When the capture raised before anything ran, this call gets a static
+            # capture of its own (Note [Symbolic sizes]).
+            if not opt.meta.get("trident_symbolic") or getattr(e, "region", None) != opt.meta.get("trident_retry_region"):
+                raise
+            leaves, spec = pytree.tree_flatten((args, kwargs or {}))
+            exact = (spec, signature(leaves))
+            with self._lock:
+                static = self.captures.get(exact)
+                if static is None or static is opt:
+                    static = self.captures[exact] = self._capture(exact, spec, leaves)
+                    structure = (spec, signature(leaves, tensor_facts=False), _size_classes(tensors))
+                    entries = self._guarded.get(structure, [])
+                    self._guarded = {**self._guarded, structure: [(_tensor_guards(tensors), exact)] + entries}
+            return self._run(static, exact, tensors, args, kwargs)
         out_spec, template = self._outputs[key]
         it = iter(results)
         return pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], out_spec)
 
-    def _capture(self, key, spec, leaves) -> torch.fx.GraphModule:
+    def _capture(self, key, spec, leaves, dynamic: bool = False) -> torch.fx.GraphModule:
         """Tensor leaves become the graph's inputs; every other leaf is a constant of this
         capture (the signature keys it), so objects make_fx cannot take (an HF Cache) are fine."""
         from .. import optimize  # the passes stage, after capture in the pipeline
@@ -221,7 +278,8 @@ class CompiledFunction:
         flat.__trident_roots__ = _roots(fn, leaves, names)
         _tracing.active = True
         try:
-            return optimize(capture(flat, *[leaves[i] for i in positions], input_names=[names[i] for i in positions]))
+            return optimize(capture(flat, *[leaves[i] for i in positions], input_names=[names[i] for i in positions],
+                                    dynamic=dynamic))
         finally:
             _tracing.active = False
 
@@ -229,26 +287,33 @@ class CompiledFunction:
 class _FactGuards:
     """The same check in Python, where a torch build lacks TensorGuards' interface."""
 
-    def __init__(self, tensors):
-        self.facts = signature(tensors)
+    def __init__(self, tensors, symbolic: bool = False):
+        self.symbolic = symbolic
+        self.facts = self._facts(tensors)
+
+    def _facts(self, tensors):
+        if self.symbolic:
+            return tuple((t.dtype, t.device, t.dim()) for t in tensors)
+        return signature(tensors)
 
     def check(self, *tensors) -> bool:
-        return signature(tensors) == self.facts
+        return self._facts(tensors) == self.facts
 
 
-def _tensor_guards(tensors):
+def _tensor_guards(tensors, symbolic: bool = False):
     """Native guards on the tensors of a capture: torch's TensorGuards (what Dynamo's frames
-    check), static sizes and strides."""
+    check), static sizes and strides; for a symbolic capture, every size and stride dynamic
+    (None): the SCM's guards check them."""
     try:
         from torch._C._dynamo.guards import TensorGuards
 
         return TensorGuards(
             *tensors,
-            dynamic_dims_sizes=[list(t.size()) for t in tensors],
-            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+            dynamic_dims_sizes=[[None] * t.dim() if symbolic else list(t.size()) for t in tensors],
+            dynamic_dims_strides=[[None] * t.dim() if symbolic else list(t.stride()) for t in tensors],
         )
     except (ImportError, TypeError, RuntimeError, SystemError):
-        return _FactGuards(tensors)
+        return _FactGuards(tensors, symbolic)
 
 
 def _leaf_names(fn, args, kwargs) -> list[str]:
@@ -272,8 +337,11 @@ def _leaf_names(fn, args, kwargs) -> list[str]:
     return names
 
 
-def compile(fn: Callable[..., Any]) -> CompiledFunction:  # noqa: A001 - trident.compile, like torch.compile
+def compile(fn: Callable[..., Any], dynamic: Optional[bool] = None) -> CompiledFunction:  # noqa: A001 - like torch.compile
     """Trident without Dynamo: capture on the first call per input signature, then only native
-    guards (Note [What trident.compile guards]). `model.forward = trident.compile(model.forward)`."""
+    guards (Note [What trident.compile guards]). `model.forward = trident.compile(model.forward)`.
+    `dynamic` as torch.compile's: None captures the first sizes statically and, once sizes
+    change, captures again with symbolic sizes that serve every size (Note [Symbolic sizes]);
+    True is symbolic from the first capture; False captures each new size statically."""
     _install_hooks()
-    return CompiledFunction(fn)
+    return CompiledFunction(fn, dynamic)

@@ -234,10 +234,11 @@ def capture(
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
-            gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
-            if has_triton_ops(gm):
-                log.clear()  # the graph of the second trace is the one kept
-                gm = inline_triton_ops(gm, example_inputs, mode)
+            with _no_duck_sizes() if dynamic else contextlib.nullcontext():
+                gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
+                if has_triton_ops(gm):
+                    log.clear()  # the graph of the second trace is the one kept
+                    gm = inline_triton_ops(gm, example_inputs, mode)
         _tag_heuristics(gm, log)
     except CaptureError:
         raise
@@ -268,6 +269,15 @@ def capture(
         gm.meta["trident_shape_env"] = _shape_env(gm)
     _name_inputs(gm, fn, example_inputs, input_names)
     return gm
+
+
+def _no_duck_sizes():
+    """Every input dimension its own symbol, also where two happen to be equal in the example
+    (make_fx's default, duck sizing, would tie them: a later call with different sizes could
+    not be served). Relations the program needs (a broadcast, a matmul) still become guards."""
+    from torch.fx.experimental import _config
+
+    return _config.patch(use_duck_shape=False)
 
 
 def _shape_env(gm: torch.fx.GraphModule):

@@ -358,7 +358,9 @@ class SCMRuntime:
         inputs must have the captured sizes and strides; dtype, device and alignment may change."""
         failed = first_failure(self.layout_guards, inputs)
         if failed is not None:
-            raise GuardError(failed.failure(inputs, [i.name for i in self.program.inputs]))
+            error = GuardError(failed.failure(inputs, [i.name for i in self.program.inputs]))
+            error.region = self.program.name  # raised before this region ran any step
+            raise error
 
     def _on_miss(self, region_id: int, inputs: list) -> None:
         with self._lock:
