@@ -230,7 +230,7 @@ def capture(
     log: list = []
     try:
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
-        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute():
+        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
@@ -269,6 +269,26 @@ def capture(
         gm.meta["trident_shape_env"] = _shape_env(gm)
     _name_inputs(gm, fn, example_inputs, input_names)
     return gm
+
+
+@contextlib.contextmanager
+def _compiling():
+    """torch.compiler.is_compiling() is True while Trident traces, as it is while torch.export
+    traces with make_fx (torch._export.utils._compiling_state_context) and while Dynamo does:
+    libraries take their traceable paths then. Hugging Face's masks, for one, skip a
+    data-dependent shortcut (`q_offset == 0` on a cache's tensor) and build the mask every size
+    needs, so a prefill can be captured."""
+    import torch.compiler as tc
+
+    if not hasattr(tc, "_is_compiling_flag"):
+        yield
+        return
+    old = tc._is_compiling_flag
+    tc._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        tc._is_compiling_flag = old
 
 
 def _no_duck_sizes():

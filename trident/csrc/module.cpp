@@ -116,6 +116,9 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
   } else if (kind == "sym") {
     a.kind = AtenArg::kSym;
     a.index = t[1].cast<int64_t>();
+    c10::TypePtr inner = type;
+    if (auto opt = type->cast<c10::OptionalType>()) inner = opt->getElementType();
+    a.wrap_number = inner->kind() == c10::TypeKind::TensorType;
   } else if (kind == "intlist") {
     a.kind = AtenArg::kIntList;
     for (const py::handle& item : py::reinterpret_borrow<py::list>(t[1])) {

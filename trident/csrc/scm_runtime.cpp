@@ -283,8 +283,12 @@ c10::IValue materialize(const AtenArg& a, HostCtx* ctx) {
       return (*ctx->inputs)[a.index];
     case AtenArg::kValue:
       return ctx->values[a.index];
-    case AtenArg::kSym:
-      return c10::IValue(ctx->sizes[a.index]);
+    case AtenArg::kSym: {
+      if (!a.wrap_number) return c10::IValue(ctx->sizes[a.index]);
+      at::Tensor w = at::scalar_to_tensor(c10::Scalar(ctx->sizes[a.index]));
+      w.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return w;
+    }
     case AtenArg::kIntList: {
       std::vector<int64_t> values;
       values.reserve(a.items.size());

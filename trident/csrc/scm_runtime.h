@@ -160,6 +160,7 @@ struct AtenArg {
   c10::IValue constant;
   std::vector<AtenArg> items;  // kList
   bool optional_items = false;  // Tensor?[] rather than Tensor[]
+  bool wrap_number = false;     // kSym where the schema takes a Tensor: a wrapped-number tensor, as eager
 };
 
 // A view computed natively: the layout the specialization planned (fake propagation), checked
