@@ -290,3 +290,35 @@ def test_static_cache_update_fused_into_one_launch_per_layer(door, monkeypatch):
     assert all(int(layer.cumulative_length) == 4 + 24 for layer in cache.layers)
     if door == "backend":
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_prefills_of_several_lengths_through_one_symbolic_capture(kind, monkeypatch, device):
+    """trident.compile(model.forward): prefills of lengths 4, 7, 9, 13, 30 on one StaticCache
+    (reset between prompts). The first two run eagerly (the first call creates the cache's
+    tensors, which changes the cache's Python state, part of the signature, once), the third
+    length makes one capture with symbolic sizes (Note [Symbolic sizes]) and every later length
+    is served by it natively: one
+    specialization per Triton key of the kernels' integer arguments; logits equal eager's."""
+    cfg, model = _model(kind, "own", monkeypatch, device)
+    eager = model.forward
+    compiled = trident.compile(model.forward)
+    cache = StaticCache(config=cfg, max_cache_len=96)
+    torch.manual_seed(1)
+    lengths = [4, 7, 9, 13, 30]
+    with torch.no_grad():
+        for length in lengths:
+            ids = torch.randint(0, cfg.vocab_size, (1, length), device=device)
+            cache.reset()
+            got = compiled(input_ids=ids, past_key_values=cache, use_cache=True).logits
+            cache.reset()
+            want = eager(input_ids=ids, past_key_values=cache, use_cache=True).logits
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert compiled.eager_calls == 2
+    (opt,) = compiled.captures.values()
+    assert opt.meta["trident_symbolic"]
+    (stats,) = trident.cache_info(opt).values()
+    assert stats["hits"] + stats["misses"] == len(lengths) - 2
+    # rope's `seq` and swiglu's `n = 128 * seq`: these lengths give two keys at most
+    assert stats["specializations"] <= 2, stats
+    assert "symbolic sizes: s" in trident.explain(compiled)

@@ -21,6 +21,17 @@ guards run as always. Python computes per call only what is not a tensor:
   * a process-wide count of nn.Module parameter and buffer registrations: assigning a new
     Parameter or buffer to any module (`m.weight = nn.Parameter(...)`, `register_buffer`)
     makes the next call capture again (torch's registration hooks; nothing is walked per call).
+Sizes (`dynamic`, as torch.compile's; Note [Symbolic sizes]): with the default (None) the first
+capture of a family of signatures (one pytree structure, non-tensor values, tensor dtypes,
+devices and ranks) is static; a later signature of the family that differs in sizes or strides
+is captured once more with symbolic sizes, and that capture serves every size after it (its
+TensorGuards check dtype, device and rank; the SCM's native guards the sizes). Sizes 0 and 1
+are specialized by the symbolic trace, so each tensor's sizes as 0, 1 or "2 or more" are part
+of the structure. A symbolic capture that cannot serve a call (a size the traced code compared)
+raises before running anything, and that call gets a static capture of its own. dynamic=True:
+symbolic from the first capture; False: a static capture per signature.
+A call Trident cannot capture (CaptureError, UnsupportedError) runs eagerly for its signature,
+with a warning (`eager_reason`), as torch.compile(backend="trident") does.
 At most TRIDENT_COMPILE_CAPTURES (8) captures are kept per function, the oldest dropped first.
 NOT guarded: Python globals and module attributes other than registered parameters and buffers
 (a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor),
@@ -40,7 +51,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import knobs, logs
-from ..errors import GuardError
+from ..errors import GuardError, TridentError
 from .trace import _roots
 
 _VALUE_TYPES = (int, float, bool, str, type(None))
@@ -143,6 +154,8 @@ class CompiledFunction:
         self.dynamic = dynamic
         self._structures: set = set()  # families called at least once (Note [Symbolic sizes])
         self._symbolic_failed: set = set()  # families whose symbolic capture could not be made
+        self._refused: dict = {}  # signature -> why Trident cannot capture it (it runs eagerly)
+        self.eager_reason: Optional[str] = None
         self.captures: dict[tuple, torch.fx.GraphModule] = {}
         self._outputs: dict[tuple, tuple] = {}  # per capture: output pytree spec, non-tensor leaves
         # per structure (signature without tensor facts): [(native tensor guards, capture key)],
@@ -164,6 +177,7 @@ class CompiledFunction:
                 self._seen.clear()
                 self._structures.clear()
                 self._symbolic_failed.clear()
+                self._refused.clear()
                 self._generation = _generation[0]
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
         structure = (spec, signature(leaves, tensor_facts=False))
@@ -179,7 +193,12 @@ class CompiledFunction:
                     return self._run(opt, key, tensors, args, kwargs)
         key = (spec, signature(leaves))
         opt = self.captures.get(key)
+        if opt is None and key in self._refused:  # Trident cannot capture it: eager, as the backend does
+            self.eager_calls += 1
+            self.eager_reason = self._refused[key]
+            return self.fn(*args, **kwargs)
         if opt is None:
+            refused = False
             with self._lock:
                 opt = self.captures.get(key)
                 # A symbolic capture (Note [Symbolic sizes]) once a second signature of one
@@ -215,14 +234,25 @@ class CompiledFunction:
                                 getattr(self.fn, "__name__", "fn"), type(e).__name__, str(e).splitlines()[0],
                             )
                     if opt is None:
-                        opt = self._capture(key, spec, leaves)
+                        try:
+                            opt = self._capture(key, spec, leaves)
+                        except TridentError as e:
+                            reason = f"Trident cannot capture this call: {type(e).__name__}: {str(e).splitlines()[0]}"
+                            self._refused[key] = reason
+                            logs.misses.warning("trident.compile(%s): %s; it runs eagerly",
+                                                getattr(self.fn, "__name__", "fn"), reason)
+                            refused = True
+                if refused:
+                    self.eager_calls += 1
+                    self.eager_reason = self._refused[key]
+                elif opt is not None and key not in self.captures:
                     self.captures[key] = opt
                     symbolic = opt.meta.get("trident_symbolic", False)
                     entries = [(g, k) for g, k in self._guarded.get(structure, ()) if k != key]
                     entry = (_tensor_guards(tensors, symbolic), key)
                     # static captures first: a symbolic one serves what none of them does
                     self._guarded = {**self._guarded, structure: ([entry] + entries) if not symbolic else (entries + [entry])}
-            if first:
+            if first or refused:
                 return self.fn(*args, **kwargs)
         return self._run(opt, key, tensors, args, kwargs)
 

@@ -474,6 +474,25 @@ def _size_node(graph: torch.fx.Graph, size, symbols: dict, placeholders: list) -
     return graph.call_function(_size_value, (size, tuple(names), *reads))
 
 
+def _order_sizes(graph: torch.fx.Graph) -> None:
+    """A size read outside a region from one of its values (sym_size of a view the region made)
+    stood among the region's nodes; it now reads that value's getitem after the region's call:
+    each such size node moves after what it reads (size nodes are pure, and only they sat
+    inside a region's run of nodes)."""
+    moved = True
+    while moved:
+        moved = False
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for node in list(graph.nodes):
+            if not is_size_node(node):
+                continue
+            last = max(node.all_input_nodes, key=order.get, default=None)
+            if last is not None and order[last] > order[node]:
+                last.append(node)
+                moved = True
+                break
+
+
 def outline_regions(
     gm: torch.fx.GraphModule, regions: list[Region], make_scm: Callable[[RegionProgram], int]
 ) -> tuple[list[int], list[tuple[str, str]]]:
@@ -527,6 +546,7 @@ def outline_regions(
     for node in reversed(list(gm.graph.nodes)):  # sizes only regions read: the host computes them
         if is_size_node(node) and not node.users:
             gm.graph.erase_node(node)
+    _order_sizes(gm.graph)
     gm.graph.lint()
     gm.recompile()
     return region_ids, skipped

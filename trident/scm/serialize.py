@@ -110,6 +110,10 @@ def _program_steps(program: RegionProgram) -> list[str]:
 
 def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict:
     """The closed record of `spec` (Note [A closed plan]); JSON-serializable."""
+    if program.symbolic:
+        raise SerializationError(
+            f"{program.name} has symbolic sizes (Note [Symbolic sizes]): its plans are not written as records yet"
+        )
     devices = {str(g.facts.device) for g in spec.guards} | {str(f.device) for f in spec.value_facts}
     return {
         "format": FORMAT,
