@@ -1,0 +1,155 @@
+"""Prefills of varying length through one model (issue 11, Note [Symbolic sizes]): Hugging Face
+Llama-3.2-1B shapes (random weights), bf16, StaticCache, Liger-Kernel's Triton kernels patched in
+(or the plain model), prompts of random lengths in 1..512 -- a fresh `input_ids` tensor per call,
+as a tokenizer makes it -- against eager, torch.compile(dynamic=True) and torch.compile
+mode="reduce-overhead" (which re-records a CUDA graph per shape), all in one run.
+
+Two passes over the same 32 lengths: the first (cold) counts everything a user waits for --
+captures, compiles, re-recordings, Trident's new specializations; the second (warm) is the
+per-call cost once every length has been seen. Reported: total seconds of the cold pass, the
+median ms per prefill of the warm pass, and ratios against eager.
+
+    python tools/bench_dynamic.py --out results/bench_dynamic.json [--kernels liger] [--device cuda]
+    python tools/bench_dynamic.py --tiny --device cpu        # a smoke run on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tools.bench_hf import _sync, build_model  # noqa: E402
+
+VARIANTS = ("eager", "trident_compile", "compile_dynamic", "compile_reduce_overhead")
+
+
+def lengths(n: int, top: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    out = [1, top] + [rng.randint(1, top) for _ in range(n - 2)]
+    rng.shuffle(out)
+    return out
+
+
+def make_forward(variant: str, model):
+    if variant == "eager":
+        return model.forward
+    if variant == "trident_compile":
+        import trident
+
+        return trident.compile(model.forward)
+    if variant == "compile_dynamic":
+        return torch.compile(model.forward, dynamic=True)
+    if variant == "compile_reduce_overhead":
+        return torch.compile(model.forward, mode="reduce-overhead")
+    raise ValueError(variant)
+
+
+def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
+    from transformers import StaticCache
+
+    torch._dynamo.reset()
+    fwd = make_forward(variant, model)
+    cache = StaticCache(config=cfg, max_cache_len=max(sizes) + 16)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, cfg.vocab_size, (1, n), generator=g) for n in sizes]
+    out = {"cold_ms": [], "warm_ms": []}
+    start = time.perf_counter()
+    last = None
+    with torch.no_grad():
+        for phase in ("cold_ms", "warm_ms"):
+            for ids_cpu in prompts:
+                if time.perf_counter() - start > budget_s:
+                    out["cut"] = f"stopped after {budget_s:.0f} s in the {phase[:4]} pass"
+                    break
+                ids = ids_cpu.to(dev)  # a fresh tensor per call
+                cache.reset()
+                _sync(dev)
+                t0 = time.perf_counter()
+                logits = fwd(input_ids=ids, past_key_values=cache, use_cache=True).logits
+                _sync(dev)
+                out[phase].append((time.perf_counter() - t0) * 1e3)
+                last = logits[:, -1].float()
+            if "cut" in out:
+                break
+    out["cold_total_s"] = sum(out["cold_ms"]) / 1e3
+    if out["warm_ms"]:
+        out["warm_median_ms"] = statistics.median(out["warm_ms"])
+    if reference is not None and last is not None and len(out["warm_ms"]) == len(sizes):
+        ref = reference.to(last.device)
+        out["last_logits_rel_diff"] = float((last - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+    if variant == "trident_compile":
+        import trident
+
+        out["trident"] = {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls,
+                          "cache_info": trident.cache_info(fwd)}
+        text = trident.explain(fwd)
+        out["trident"]["symbolic"] = "symbolic sizes:" in text
+    return out, last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/bench_dynamic.json")
+    ap.add_argument("--kernels", default="liger")
+    ap.add_argument("--variants", default="")
+    ap.add_argument("--calls", type=int, default=32)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--budget-s", type=float, default=75, help="per variant")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    dev = args.device
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    sizes = lengths(args.calls, args.max_len)
+    variants = [v for v in (args.variants.split(",") if args.variants else VARIANTS) if v]
+    result = {
+        "commit": os.environ.get("TRIDENT_COMMIT", "unknown"),
+        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "method": "HF Llama-3.2-1B shapes, StaticCache, prefill of each length on a reset cache; cold pass then "
+                  "warm pass over the same lengths; fresh input_ids per call",
+        "lengths": sizes,
+        "cases": {},
+    }
+    for kernels in args.kernels.split(","):
+        cfg, model = build_model("llama", kernels, dev, dt, args.tiny)
+        case = {}
+        reference = None
+        for v in variants:
+            t0 = time.perf_counter()
+            try:
+                entry, last = run_variant(v, model, cfg, dev, sizes, args.budget_s, reference)
+                if v == "eager":
+                    reference = last
+            except Exception as e:  # a mode that fails is reported as its result
+                entry = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            entry["wall_s"] = time.perf_counter() - t0
+            case[v] = entry
+            print(v, {k: x for k, x in entry.items() if not k.endswith("_ms")}, flush=True)
+        base = case.get("eager", {})
+        case["ratios"] = {
+            f"{v}_warm_over_eager": case[v]["warm_median_ms"] / base["warm_median_ms"]
+            for v in variants if "warm_median_ms" in case.get(v, {}) and "warm_median_ms" in base
+        }
+        case["ratios"].update({
+            f"{v}_cold_over_eager": case[v]["cold_total_s"] / base["cold_total_s"]
+            for v in variants if "cold_total_s" in case.get(v, {}) and base.get("cold_total_s")
+        })
+        result["cases"][f"llama_{kernels}"] = case
+        del model
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v["ratios"] for k, v in result["cases"].items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
