@@ -3,7 +3,8 @@
 # build the extension in place, run the benchmarks, then every test (CUDA ones included).
 # Writes logs and JSON under $OUT (or ./out). Benchmarks run before the tests so that a crash
 # in a test cannot cost the measurements.
-#   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/RUN_TESTS/SANITIZE (1/0), DECODE_MODELS,
+#   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/BENCH_DYNAMIC/RUN_TESTS/SANITIZE (1/0), DECODE_MODELS,
+#        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS,
 #        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
 #        HF_PROFILE (variants whose device time per kernel bench_hf records),
 #        TESTS (pytest arguments, default: every test), SANITIZE_TESTS (pytest arguments run under
@@ -55,6 +56,11 @@ if [[ "${BENCH_HF:-0}" == 1 ]]; then
   python3 tools/bench_hf.py --out "$OUT/bench_hf.json" --models "${HF_MODELS:-llama,qwen2}" \
     --kernels "${HF_KERNELS:-plain,liger}" --variants "${HF_VARIANTS:-}" --case-budget-s "${HF_CASE_BUDGET_S:-250}" --profile "${HF_PROFILE:-}" 2>&1 \
     | grep -v "^W1\|Warning\|warn\|^ \|^$\|originates\|Backend impl" | tee "$OUT/bench_hf.log" | grep -v "ms_per_token_samples" | cut -c1-400
+fi
+if [[ "${BENCH_DYNAMIC:-0}" == 1 ]]; then  # issue 11: prefills of random lengths (tools/bench_dynamic.py)
+  python3 tools/bench_dynamic.py --out "$OUT/bench_dynamic.json" --kernels "${DYN_KERNELS:-liger}" \
+    --budget-s "${DYN_BUDGET_S:-75}" --calls "${DYN_CALLS:-32}" 2>&1 \
+    | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_dynamic.log" | cut -c1-400 | tail -20
 fi
 if [[ "${RUN_TESTS:-1}" == 1 ]]; then
   if [[ -n "${TESTS:-}" ]]; then
