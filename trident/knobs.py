@@ -68,6 +68,12 @@ _KNOBS = {
         "torch.compile(backend='trident'): static captures per Dynamo graph (one per input signature) before calls "
         "run the graph eagerly (Note [Dynamo graphs and static capture])",
     ),
+    "dynamo_symbolic": _Knob(
+        "TRIDENT_DYNAMO_SYMBOLIC",
+        "1",
+        "torch.compile(backend='trident'): a Dynamo graph with symbolic sizes gets one symbolic capture (Note "
+        "[Dynamic Dynamo graphs]); 0: static captures per input signature",
+    ),
     "dynamo_trace_disabled": _Knob(
         "TRIDENT_DYNAMO_TRACE_DISABLED",
         "liger_kernel",
@@ -167,6 +173,13 @@ def dynamo_captures() -> int:
     if not raw.isdigit():
         raise ValueError(f"TRIDENT_DYNAMO_CAPTURES={raw!r}: expected a count >= 0")
     return int(raw)
+
+
+def dynamo_symbolic() -> bool:
+    raw = _KNOBS["dynamo_symbolic"].get()
+    if raw not in ("0", "1"):
+        raise ValueError(f"TRIDENT_DYNAMO_SYMBOLIC={raw!r}: expected 0 or 1")
+    return raw == "1"
 
 
 def dynamo_trace_disabled() -> tuple[str, ...]:

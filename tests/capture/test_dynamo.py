@@ -60,7 +60,10 @@ def test_compile_with_the_trident_backend(device, fullgraph, dynamic):
     # each input signature is captured once; the launch and the ATen ops after it share a region
     assert len(captures) == len({(id(g), k) for g in graphs for k in g.captures})
     for opt in captures:
-        assert all(v["misses"] == 0 for v in trident.cache_info(opt).values())
+        # a static capture serves its one signature; a symbolic one (Note [Dynamic Dynamo graphs])
+        # misses once where Triton's key changes (2048 % 16 == 0, unlike 777 and 1000)
+        allowed = 1 if opt.meta["trident_symbolic"] else 0
+        assert all(v["misses"] <= allowed for v in trident.cache_info(opt).values())
 
 
 def test_graph_breaks_give_several_graphs_each_optimized(device):
@@ -134,7 +137,7 @@ def test_grad_enabled_calls_run_the_graph_eagerly(device):
 
 def test_captures_per_graph_are_bounded():
     start = len(compiled_graphs())
-    with knobs.scope(dynamo_captures="2"):
+    with knobs.scope(dynamo_captures="2", dynamo_symbolic="0"):  # static captures per signature
         compiled = torch.compile(_program, backend="trident", dynamic=True)
         for n in (100, 200, 300, 400):
             x, y = torch.randn(n), torch.randn(n)
@@ -277,7 +280,8 @@ def test_explain_and_cache_info_of_torch_compile_results(device):
 
 def test_static_graph_takes_its_capture_without_a_signature(device, monkeypatch):
     """A graph Dynamo traced with static sizes computes no signature per call (Dynamo's guards
-    checked every input); a dynamic graph keys its captures by signature."""
+    checked every input); so does a dynamic graph served by its symbolic capture (Note [Dynamic
+    Dynamo graphs]); with TRIDENT_DYNAMO_SYMBOLIC=0 a dynamic graph keys its captures by signature."""
     from trident.capture import dynamo
 
     calls = []
@@ -289,14 +293,16 @@ def test_static_graph_takes_its_capture_without_a_signature(device, monkeypatch)
         for _ in range(4):
             torch.testing.assert_close(compiled(x, y), _reference(x, y))
     assert len(calls) == 1  # the static key, once, when the backend got the graph
-    torch._dynamo.reset()
-    calls.clear()
-    compiled = torch.compile(_program, backend="trident", dynamic=True)
-    with torch.no_grad():
-        for n in (300, 301, 300):
-            x, y = torch.randn(n, device=device), torch.randn(n, device=device)
-            torch.testing.assert_close(compiled(x, y), _reference(x, y))
-    assert len(calls) == 3
+    for symbolic, want in (("1", 0), ("0", 3)):
+        torch._dynamo.reset()
+        calls.clear()
+        with knobs.scope(dynamo_symbolic=symbolic):
+            compiled = torch.compile(_program, backend="trident", dynamic=True)
+            with torch.no_grad():
+                for n in (300, 301, 300):
+                    x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+                    torch.testing.assert_close(compiled(x, y), _reference(x, y))
+        assert len(calls) == want
 
 
 def test_graph_trident_cannot_capture_runs_eagerly(device, monkeypatch):
@@ -369,3 +375,23 @@ def test_dynamo_reset_drops_the_compiled_graphs(device):
     assert compiled_graphs() == []
     torch.testing.assert_close(compiled(x, y), _reference(x, y))  # compiled again
     assert len(compiled_graphs()) == 1
+
+
+def test_dynamic_graph_gets_one_symbolic_capture():
+    """Note [Dynamic Dynamo graphs]: Dynamo's recompile for a new size hands over a graph with
+    symbolic sizes and its size inputs; one symbolic capture serves every later size, with one
+    specialization per Triton key of the kernels' integer arguments."""
+    from tests import kernels as K
+
+    torch._dynamo.reset()
+    f = torch.compile(K.two_kernels, backend="trident")
+    for n in (100, 101, 102, 1000, 1024, 7, 33):
+        x, y = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(f(x, y), K.two_kernels_ref(x, y))
+    info = trident.cache_info(f)
+    symbolic = [v for k, v in info.items() if k.startswith("graph 1")]
+    assert len(info) == 2 and len(symbolic) == 1, info  # the static first graph, one symbolic capture
+    (stats,) = symbolic[0].values()
+    assert stats["hits"] + stats["misses"] == 6 and stats["specializations"] == 2, stats
+    assert "symbolic sizes:" in trident.explain(f)
+    torch._dynamo.reset()

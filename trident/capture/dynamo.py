@@ -9,10 +9,11 @@ with that signature go straight into the optimized graph (native guards only).
 
 Note [Dynamo graphs and static capture]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Trident's regions are static: sizes, strides and scalars are baked in. Dynamo may hand over a
-graph with symbolic sizes (after a recompile for a new size, or with dynamic=True); its
-arguments at run time are still concrete tensors and ints. So a compiled graph is a small cache
-keyed by the signature of its arguments (`compile.signature`: per tensor dtype, device, sizes and
+A graph Dynamo traced with static sizes gets one static capture. A graph with symbolic sizes
+(after a recompile for a new size, or with dynamic=True) gets one symbolic capture where its int
+inputs are sizes of its tensors (Note [Dynamic Dynamo graphs]); otherwise, and for the calls such
+a capture cannot serve, its arguments at run time are concrete tensors and ints, so a compiled
+graph is a small cache keyed by the signature of its arguments (`compile.signature`: per tensor dtype, device, sizes and
 strides; every Python scalar's value), each entry one static capture: a new size is a new capture, never an error.
 The cache is bounded (TRIDENT_DYNAMO_CAPTURES, 8 per graph); past it calls run Dynamo's graph
 eagerly, and explain() says so. A graph Trident cannot capture or optimize (a TridentError:
@@ -55,7 +56,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import knobs, logs
-from ..errors import TridentError
+from ..errors import GuardError, TridentError
 from .compile import signature
 
 
@@ -76,6 +77,11 @@ class CompiledGraph:
         self.eager_reason: Optional[str] = None
         self._refused: dict[tuple, str] = {}  # signatures Trident could not capture/optimize: run eagerly
         self._lock = threading.Lock()
+        # Note [Dynamic Dynamo graphs]: for a graph with symbolic sizes whose int inputs are all
+        # sizes or strides of its tensor inputs, one symbolic capture (over the tensors alone)
+        self._size_inputs = _size_inputs(gm) if static_key is None else None
+        self._symbolic: Optional[torch.fx.GraphModule] = None
+        self._symbolic_state = "untried" if self._size_inputs is not None else "impossible"
 
     def __call__(self, *args):
         opt = self._static
@@ -83,6 +89,10 @@ class CompiledGraph:
             return opt(*args)
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self._eager(args, "grad is enabled and an input requires grad (Trident is inference only)")
+        if self._symbolic_state != "impossible" and knobs.dynamo_symbolic():
+            out = self._call_symbolic(args)
+            if out is not None:
+                return out
         key = signature(args) if self._static_key is None else self._static_key
         opt = self.captures.get(key)
         if opt is None:
@@ -116,6 +126,109 @@ class CompiledGraph:
         self.eager_calls += 1
         self.eager_reason = reason
         return self.gm(*args)
+
+    def _call_symbolic(self, args):
+        """Note [Dynamic Dynamo graphs]: the call through the graph's symbolic capture (made on
+        its first call), or None when this call is to take the static path."""
+        opt = self._symbolic
+        positions = self._tensor_positions
+        if opt is None:
+            with self._lock:
+                if self._symbolic_state == "untried":
+                    self._symbolic_state = "failed"
+                    try:
+                        self._symbolic = opt = self._capture_symbolic(args)
+                        self._symbolic_state = "ready"
+                    except TridentError as e:
+                        logs.misses.info("torch.compile(backend='trident'): no symbolic capture (%s: %s); "
+                                         "capturing per signature", type(e).__name__, str(e).splitlines()[0])
+                opt = self._symbolic
+            if opt is None:
+                return None
+        try:
+            return opt(*[args[i] for i in positions])
+        except GuardError as e:
+            # sizes the capture cannot serve, raised before anything ran: a static capture
+            if getattr(e, "region", None) != opt.meta.get("trident_retry_region"):
+                raise
+            return None
+
+    @property
+    def _tensor_positions(self) -> list:
+        return [i for i, n in enumerate(_placeholders(self.gm)) if i not in self._size_inputs]
+
+    def _capture_symbolic(self, args):
+        from .. import optimize
+        from .trace import capture
+
+        size_inputs = self._size_inputs
+        positions = self._tensor_positions
+        names = [n.name for n in _placeholders(self.gm)]
+        gm = self.gm
+
+        def flat(*tensors):
+            full = [None] * len(names)
+            for i, t in zip(positions, tensors):
+                full[i] = t
+            for i, (j, prop, d) in size_inputs.items():  # each size read from its tensor in the trace
+                full[i] = full[j].size(d) if prop == "size" else full[j].stride(d) if prop == "stride" else (
+                    full[j].storage_offset())
+            return gm(*full)
+
+        flat.__name__ = "forward"
+        for i in positions:
+            if not isinstance(args[i], torch.Tensor):
+                raise TridentError(f"input {names[i]} is a {type(args[i]).__name__}, not a tensor or a size")
+        opt = optimize(capture(flat, *[args[i] for i in positions], input_names=[names[i] for i in positions],
+                               dynamic=True))
+        self.captures[("symbolic",)] = opt
+        return opt
+
+
+# Note [Dynamic Dynamo graphs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# After a recompile for a new size (automatic dynamic shapes) or with dynamic=True, Dynamo hands
+# over a graph with symbolic sizes whose int inputs are sizes of its tensor inputs (`s0` for
+# `x.size(0)`: each placeholder's GraphArg names its source). Such a graph gets one symbolic
+# capture (Note [Symbolic sizes]), traced over its tensor inputs alone with each int read from
+# its tensor inside the trace, so the host program computes it from the input facts; calls pass
+# the tensors only (Dynamo's guards already tie the ints to them). A graph with other int inputs
+# (a Python int made dynamic), or whose symbolic capture fails or raises GuardError for a call
+# before running anything (sizes its shape guards exclude), takes the static path per signature.
+
+
+def _placeholders(gm) -> list:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _size_inputs(gm) -> "Optional[dict[int, tuple]]":
+    """{placeholder index: (tensor placeholder index, "size"|"stride"|"offset", dim)} for each
+    int input of a symbolic Dynamo graph; None when the graph is not symbolic or an int input is
+    not a tensor property of another input."""
+    placeholders = _placeholders(gm)
+    sources = {}
+    for i, n in enumerate(placeholders):
+        arg = n.meta.get("grapharg")
+        if arg is not None and getattr(arg, "is_tensor", False):
+            sources[arg.source] = i
+    out = {}
+    symbolic = False
+    for i, n in enumerate(placeholders):
+        val = n.meta.get("example_value")
+        if isinstance(val, torch.Tensor):
+            symbolic |= any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride()))
+            continue
+        if not isinstance(val, torch.SymInt):
+            return None
+        arg = n.meta.get("grapharg")
+        source = getattr(arg, "source", None)
+        base = getattr(source, "base", None)
+        prop = getattr(getattr(source, "prop", None), "name", "")
+        if base not in sources or prop not in ("SIZE", "STRIDE", "STORAGE_OFFSET"):
+            return None
+        out[i] = (sources[base], {"SIZE": "size", "STRIDE": "stride"}.get(prop, "offset"), getattr(source, "idx", 0))
+        symbolic = True
+    return out if symbolic else None
 
 
 _COMPILED: "list[CompiledGraph]" = []  # every graph the backend compiled, for explain/cache_info
