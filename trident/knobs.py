@@ -55,7 +55,11 @@ _KNOBS = {
         "cuda",
         "graph replay (Note [Graph replay]): 'cuda', 'all' (also CPU regions, emulated: tests), '' (off)",
     ),
-    "graph_limit": _Knob("TRIDENT_GRAPH_LIMIT", "4", "graphs recorded per region at most (0..16)"),
+    "graph_limit": _Knob("TRIDENT_GRAPH_LIMIT", "4", "live graphs per region at most (0..16); past it the least "
+                         "recently used goes (Note [Graph bound])"),
+    "graph_bytes": _Knob("TRIDENT_GRAPH_BYTES", str(4 << 30), "bytes the live graphs of a region may hold together "
+                         "(private pools, staging buffers); past it the least recently used go (Note [Graph bound]; "
+                         "0: no byte bound)"),
     "graph_stage_written_bytes": _Knob(
         "TRIDENT_GRAPH_STAGE_WRITTEN_BYTES",
         str(16 << 20),
@@ -159,6 +163,13 @@ def graph_min_saving_us() -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"TRIDENT_GRAPH_MIN_SAVING_US={raw!r}: expected a number of microseconds (or -inf)") from None
+
+
+def graph_bytes() -> int:
+    raw = _KNOBS["graph_bytes"].get()
+    if not raw.isdigit():
+        raise ValueError(f"TRIDENT_GRAPH_BYTES={raw!r}: expected a number of bytes >= 0")
+    return int(raw)
 
 
 def graph_limit() -> int:

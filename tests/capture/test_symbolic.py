@@ -123,3 +123,33 @@ def test_printed_plan_shows_the_expressions():
     assert "size: Triton key of axpy_kernel(n)" in text
     explained = trident.explain(opt)
     assert "symbolic sizes:" in explained and "(range)" in explained
+
+
+@pytest.mark.parametrize("bound", ["count", "bytes"])
+def test_graphs_per_shape_least_recently_used_go_first(bound, device):
+    """A symbolic region records one graph per shape (Note [Graph bound]); past TRIDENT_GRAPH_LIMIT
+    live graphs (or TRIDENT_GRAPH_BYTES on CUDA, where graphs hold memory) the least recently
+    used goes, and explain() says the bound was reached. On the CPU graphs are emulated."""
+    from trident import knobs
+    from trident.runtime.native import C
+
+    if bound == "bytes" and device != "cuda":
+        pytest.skip("emulated graphs hold no device memory")
+    limits = dict(graph_limit="2") if bound == "count" else dict(graph_limit="16", graph_bytes="1")
+    with knobs.scope(graphs="all", graph_min_saving_us="-inf", **limits):  # record even where it does not pay
+        opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(100, device=device),
+                                               torch.randn(100, device=device), dynamic=True))
+    (rid,) = opt.meta["trident_regions"]
+    sizes = [100, 100, 100, 200, 200, 200, 100, 300, 300, 300, 100]
+    for n in sizes:
+        x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+        torch.testing.assert_close(opt(x, y), K.two_kernels_ref(x, y))
+    st = C.graph_stats(rid)
+    live = [g for g in st["graphs"] if not g["retired"]]
+    if bound == "count":
+        # graphs for 100, 200 (limit 2); 100 replays (most recent use), then 300 evicts 200
+        assert len(st["graphs"]) == 3 and st["evicted"] == 1 and len(live) == 2
+        assert [g["evicted"] for g in st["graphs"]] == [False, True, False]
+    else:  # every graph holds more than 1 byte: only the newest stays
+        assert len(live) == 1 and st["evicted"] == len(st["graphs"]) - 1
+    assert "bound reached" in trident.explain(opt)

@@ -161,12 +161,19 @@ def test_graph_limit_and_off_switch(device):
     # at the limit, a graph staging x may still replace the one that pinned it (Note [Graph lifetimes])
     assert [(g["staged"], g["retired"]) for g in st["graphs"]] == [([1], True), ([0, 1], False)]
     assert st["declined"] == 2 and st["graphs"][1]["replays"] == 2
-    # ... but not a graph that serves other calls: float64 gets none
+    # a graph for other calls (float64) is recorded too, and at the limit the least recently
+    # used live graph goes (Note [Graph bound]); explain says so
     x64 = torch.zeros(256, device=device, dtype=torch.float64)
     for _ in range(4):
         opt(x64, torch.randn(256, device=device, dtype=torch.float64))
     st = C.graph_stats(_region(opt))
-    assert len(st["graphs"]) == 2 and st["declined"] == 6
+    assert [(g["retired"], g["evicted"]) for g in st["graphs"]] == [(True, False), (True, True), (False, False)]
+    assert st["evicted"] == 1 and st["graphs"][2]["replays"] == 2
+    assert "bound reached (TRIDENT_GRAPH_LIMIT=1 live graphs" in trident.explain(opt)
+    x2 = torch.zeros(256, device=device)
+    for _ in range(2):  # float32 again: the next graph after two calls, float64's evicted
+        opt(x2, torch.randn(256, device=device))
+    assert C.graph_stats(_region(opt))["evicted"] == 2
     with knobs.scope(graphs=""):
         x, a = torch.zeros(256, device=device), torch.zeros(256, device=device)
         off = trident.optimize(trident.capture(_inplace_scaled_add, x, a))

@@ -1,5 +1,7 @@
 #include "graph_replay.h"
 
+#include <algorithm>
+
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
@@ -78,6 +80,16 @@ namespace trident::graphs {
 // replacement is still recorded, another graph is not. An older graph whose calls brought a pinned
 // input sharing storage with a written one is not replaced by a graph staging that input (it
 // would decline those calls).
+
+// Note [Graph bound]
+// ~~~~~~~~~~~~~~~~~~
+// A region with symbolic sizes (Note [Symbolic sizes], trident/scm/sizes.py) sees many shapes,
+// and a graph replays one shape only, so graphs are recorded per shape (after record_after calls
+// of that shape in a row) and bounded: at most TRIDENT_GRAPH_LIMIT live graphs per region, holding
+// at most TRIDENT_GRAPH_BYTES together (private pool and staging buffers). A new graph is always
+// recorded; the least recently used live graphs (by their latest replay or their recording) are
+// retired until the bound holds again -- never the new one, so a graph larger than the byte
+// bound alone still replays until the next one comes. explain() counts the graphs evicted.
 
 namespace {
 
@@ -269,6 +281,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     note_ordinary(s, Ordinary::kNoGraph, -1);
     return false;
   }
+  e->last_used.store(s.clock.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::string error;
   auto copy = [&](void* dst, const void* src, int64_t bytes, int64_t i, const char* what) {
     if (dst == src) return;
@@ -348,10 +361,8 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
     for (int64_t i = 0; i < n; ++i)
       stage[i] = s.moving[i] && why_pinned(s, inputs[i], s.written[i]) == Pinned::kNone &&
                  !staging_conflicts(s.written, inputs, i);
-    // At the limit, only a graph that would replace a live one is worth recording.
-    if (s.live.load() - superseded_by(s, ctx.facts, stage, ctx.stream, ctx.device_index, n, stride).size() >=
-        static_cast<size_t>(s.max_graphs))
-      return;
+    // At the limit a new graph is still recorded: the least recently used one goes (Note [Graph bound]).
+    if (s.max_graphs == 0) return;
     s.streak = 0;
     staged.assign(stage.begin(), stage.end());
   }
@@ -418,11 +429,30 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
     std::lock_guard<std::mutex> lock(s.mutex);
     const int64_t k = s.count.load();
     superseded = superseded_by(s, e->facts.data(), e->staged, e->stream, e->device, n, stride);
-    TORCH_CHECK(k < kMaxRecorded && s.live.load() - static_cast<int64_t>(superseded.size()) < s.max_graphs,
-                "trident: region '", r.name, "' has its ", s.live.load(), " graphs already");
+    TORCH_CHECK(k < kMaxRecorded, "trident: region '", r.name, "' has recorded ", k, " graphs already");
+    e->last_used.store(s.clock.fetch_add(1) + 1);
+    Entry* added = e.get();
     s.entries[k] = std::move(e);
     s.live.fetch_add(1);
     s.count.store(k + 1, std::memory_order_release);
+    // Note [Graph bound]: the least recently used live graphs go while the live ones (the
+    // superseded excepted) are more than max_graphs or hold more than max_bytes; never the new one.
+    auto going = [&](const Entry* x) { return std::find(superseded.begin(), superseded.end(), x) != superseded.end(); };
+    while (true) {
+      int64_t live = 0, bytes = 0;
+      Entry* lru = nullptr;
+      for (int64_t j = 0; j <= k; ++j) {
+        Entry* x = s.entries[j].get();
+        if (x->retired.load() || going(x)) continue;
+        ++live;
+        bytes += x->bytes;
+        if (x != added && (!lru || x->last_used.load() < lru->last_used.load())) lru = x;
+      }
+      if (!lru || (live <= s.max_graphs && (s.max_bytes <= 0 || bytes <= s.max_bytes))) break;
+      lru->evicted = true;
+      s.evicted.fetch_add(1);
+      superseded.push_back(lru);
+    }
   }
   for (Entry* old : superseded) retire(s, *old);  // outside s.mutex: it waits for replays
 }
@@ -435,6 +465,9 @@ py::dict stats(int64_t region_id) {
   d["emulated"] = s.emulate;
   d["off_reason"] = s.off.load() ? py::object(py::str(s.off_reason)) : py::object(py::none());
   d["declined"] = s.declined.load();
+  d["evicted"] = s.evicted.load();
+  d["max_graphs"] = s.max_graphs;
+  d["max_bytes"] = s.max_bytes;
   d["stage_written_limit"] = s.stage_written_limit;
   d["stage_read_limit"] = s.stage_read_limit;
   static const char* kWhy[] = {"none", "no_graph", "capturing", "stream", "facts", "pinned_moved", "aliased",
@@ -468,6 +501,7 @@ py::dict stats(int64_t region_id) {
     x["written_back"] = written_back;
     x["replays"] = e.replays.load();
     x["retired"] = e.retired.load();
+    x["evicted"] = e.evicted;
     x["bytes"] = e.bytes;
     x["device"] = e.device;
     x["stream"] = reinterpret_cast<int64_t>(e.stream);

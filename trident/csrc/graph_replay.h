@@ -34,6 +34,8 @@ struct Entry {
   int64_t bytes = 0;                      // device memory it holds: private pool + staging buffers
   pybind11::object keeper;                // torch.cuda.CUDAGraph: owns exec and its private memory pool
   std::atomic<int64_t> replays{0};
+  std::atomic<int64_t> last_used{0};  // State::clock at its recording or latest replay (LRU order)
+  bool evicted = false;               // retired by the bound (Note [Graph bound]), not superseded
   // Superseded by a later graph that serves every call this one serves (Note [Graph
   // lifetimes]): its memory is released, it never replays again. Set under replay_mutex.
   std::atomic<bool> retired{false};
@@ -43,7 +45,7 @@ struct Entry {
 };
 
 constexpr int64_t kMaxGraphs = 16;  // graphs alive per region at most (TRIDENT_GRAPH_LIMIT <= this)
-constexpr int64_t kMaxRecorded = 64;  // graphs ever recorded per region (retired ones included)
+constexpr int64_t kMaxRecorded = 1024;  // graphs ever recorded per region (retired ones included)
 
 // Why an input that moves is not staged (graph_stats' pinned_moving; explain()).
 enum class Pinned : uint8_t {
@@ -74,6 +76,11 @@ struct State {
   bool enabled = false;
   bool emulate = false;        // also on the CPU (tests): the "graph" reruns the host program
   int64_t max_graphs = 4;
+  // Note [Graph bound]: live graphs hold at most this many bytes together (0: no byte bound);
+  // past it, or past max_graphs, the least recently used live graphs are retired.
+  int64_t max_bytes = 0;
+  std::atomic<int64_t> clock{0};
+  std::atomic<int64_t> evicted{0};  // graphs retired by the bound
   int64_t record_after = 2;    // consecutive ordinary calls with equal facts (but addresses)
   std::vector<uint8_t> written;  // per input: the region writes it
   // Note [Staging written inputs]: the most bytes a moving input may span to be staged.

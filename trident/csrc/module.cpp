@@ -438,9 +438,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   // Note [Graph replay]
-  m.def("set_graph_policy", [](int64_t region, bool enabled, bool emulate, int64_t max_graphs, int64_t record_after,
-                               std::vector<bool> written, int64_t stage_read_limit, int64_t stage_written_limit,
-                               py::object recorder) {
+  m.def("set_graph_policy", [](int64_t region, bool enabled, bool emulate, int64_t max_graphs, int64_t max_bytes,
+                               int64_t record_after, std::vector<bool> written, int64_t stage_read_limit,
+                               int64_t stage_written_limit, py::object recorder) {
     auto r = trident::get_region(region);
     auto& s = *r->graphs;
     TORCH_CHECK(static_cast<int64_t>(written.size()) == r->num_inputs, "trident: graph policy needs one flag per input");
@@ -452,6 +452,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     s.written.assign(written.begin(), written.end());
     s.emulate = emulate;
     s.max_graphs = max_graphs;
+    s.max_bytes = max_bytes;
     s.record_after = record_after;
     s.stage_read_limit = stage_read_limit;
     s.stage_written_limit = stage_written_limit;

@@ -231,10 +231,11 @@ def describe(
     n = len(input_names)
     for k, g in enumerate(st["graphs"]):
         if g["retired"]:
-            lines.append(
-                f"graph {k} ({mode}): retired after {g['replays']} replay(s), superseded by a later graph that "
-                "stages more inputs (Note [Graph lifetimes])"
+            why = (
+                "evicted, the least recently used, to keep the bound (Note [Graph bound])" if g.get("evicted")
+                else "superseded by a later graph that stages more inputs (Note [Graph lifetimes])"
             )
+            lines.append(f"graph {k} ({mode}): retired after {g['replays']} replay(s), {why}")
             continue
         staged = ", ".join(input_names[i] + (" (written back)" if i in g["written_back"] else "") for i in g["staged"])
         lines.append(
@@ -254,6 +255,11 @@ def describe(
             "another input)",
         }[code]
         lines.append(f"graphs: input {input_names[i]!r} moves between calls but is pinned: {why}")
+    if st.get("evicted"):
+        bound = f"TRIDENT_GRAPH_LIMIT={st['max_graphs']} live graphs"
+        if st["max_bytes"]:
+            bound += f", TRIDENT_GRAPH_BYTES={st['max_bytes']}"
+        lines.append(f"graphs: bound reached ({bound}): {st['evicted']} graph(s) evicted, least recently used first")
     if st["retire_error"]:
         lines.append(f"graphs: waiting for a retired graph's work failed: {st['retire_error']}")
     if st["moving"]:

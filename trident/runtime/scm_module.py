@@ -146,7 +146,7 @@ class SCMRuntime:
         native.C.set_disjoint_inputs(self.region_id, [(g.written, g.read, g.failure()) for g in self.guards])
         enabled, emulate, self.graph_reason = graphs.policy(program)
         native.C.set_graph_policy(
-            self.region_id, enabled, emulate, knobs.graph_limit(), graphs.RECORD_AFTER,
+            self.region_id, enabled, emulate, knobs.graph_limit(), knobs.graph_bytes(), graphs.RECORD_AFTER,
             [i.mutated for i in program.inputs], graphs.STAGING_LIMIT, knobs.graph_stage_written_bytes(),
             functools.partial(
                 graphs.record, emulate=emulate, program=program, min_saving_us=knobs.graph_min_saving_us()
