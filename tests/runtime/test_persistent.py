@@ -128,3 +128,44 @@ def test_entries_of_another_build_are_foreign(dirs):
     second, stderr = _run({**dirs, "TRIDENT_NATIVE_PATHS": ""})  # the A/B knob: other plans
     assert [r["restored"][0] for r in second["regions"]] == [False, False]
     assert second["sums"] == first["sums"]
+
+
+CHILD_SYMBOLIC = r"""
+import json, torch
+import trident
+from tests import kernels as K
+from trident.optimize import _regions
+
+torch.manual_seed(0)
+opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(1000), torch.randn(1000), dynamic=True))
+sums = []
+for n in (1000, 1024, 777, 4096):  # two Triton keys: n % 16 == 0 or not
+    x, y = torch.randn(n), torch.randn(n)
+    sums.append(float(opt(x, y).double().sum()))
+(rt,) = _regions(opt)
+print(json.dumps({"sums": sums, "restored": [bool(c.get("restored")) for c in rt.build_costs],
+                  "native_restored": [bool(c.get("native_restored")) for c in rt.build_costs],
+                  "misses": rt.stats()["misses"]}))
+"""
+
+
+def test_symbolic_region_warm_starts(dirs):
+    """Note [Symbolic sizes] plans are records too: a second process restores both
+    specializations of a symbolic region (their size guards re-derived and checked against the
+    records) and serves every size with no miss, no Triton compile."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **dirs)
+    env.pop("TRIDENT_LOG", None)
+
+    def run():
+        proc = subprocess.run([sys.executable, "-c", CHILD_SYMBOLIC], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["restored"] == [False, False] and first["misses"] == 1
+    triton_files = _files(dirs["TRITON_CACHE_DIR"])
+    second = run()
+    assert second["restored"] == [True, True] and second["native_restored"] == [True, True]
+    assert second["misses"] == 0 and second["sums"] == first["sums"]
+    assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files

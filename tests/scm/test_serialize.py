@@ -37,6 +37,10 @@ def _programs():
     yield "decode", opt, inputs
     x = torch.randn(3000)
     yield "autotuned", trident.optimize(trident.capture(K.tuned_scale, x)), [x]
+    # Note [Symbolic sizes]: expressions in grids, integer arguments and allocations; size guards
+    x, y = torch.randn(1000), torch.randn(1000)
+    yield "symbolic", trident.optimize(trident.capture(K.two_kernels, x, y, dynamic=True)), [x, y]
+    yield "symbolic_autotuned", trident.optimize(trident.capture(K.tuned_scale, x, dynamic=True)), [x]
 
 
 def _round_trip(program, spec):
@@ -44,13 +48,19 @@ def _round_trip(program, spec):
     return data, specialization_from_data(program, data, compile_kernels=True)
 
 
-@pytest.mark.parametrize("case", ["decode", "autotuned"])
+@pytest.mark.parametrize("case", ["decode", "autotuned", "symbolic", "symbolic_autotuned"])
 def test_round_trip_prints_and_lowers_as_the_original(case):
     name, opt, _ = next(p for p in _programs() if p[0] == case)
     for rt in _regions(opt):
         (spec,) = rt.scm.specializations
-        _, back = _round_trip(rt.program, spec)
-        assert format_specialization(back) == format_specialization(spec)
+        data, back = _round_trip(rt.program, spec)
+        assert format_specialization(back, rt.program) == format_specialization(spec, rt.program)
+        if case.startswith("symbolic"):
+            assert data["size_guards"] and back.size_guards
+            tampered = json.loads(json.dumps(data))
+            tampered["size_guards"] = tampered["size_guards"][:-1]
+            with pytest.raises(SerializationError, match="size guards differ"):
+                specialization_from_data(rt.program, tampered, compile_kernels=False)
         # native handles are runtime state, not plan: the same ones give the same host program
         for a, b in zip(spec.allocs + spec.atens + spec.launches, back.allocs + back.atens + back.launches):
             b.handle = a.handle

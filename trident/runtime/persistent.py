@@ -98,6 +98,7 @@ def region_key(scm) -> str:
     program = scm.program
     parts = list(format_program(scm))
     parts += [format_facts(f) for f in program.captured_inputs]
+    parts += [repr(g.record()) for g in program.size_guards]  # Note [Symbolic sizes]
     for step in program.launches:
         kernel = step.kernel
         parts.append(f"{step.name}: {getattr(kernel, 'cache_key', '')}")

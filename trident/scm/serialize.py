@@ -110,10 +110,6 @@ def _program_steps(program: RegionProgram) -> list[str]:
 
 def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict:
     """The closed record of `spec` (Note [A closed plan]); JSON-serializable."""
-    if program.symbolic:
-        raise SerializationError(
-            f"{program.name} has symbolic sizes (Note [Symbolic sizes]): its plans are not written as records yet"
-        )
     devices = {str(g.facts.device) for g in spec.guards} | {str(f.device) for f in spec.value_facts}
     return {
         "format": FORMAT,
@@ -123,9 +119,12 @@ def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict
         "devices": sorted(devices),
         "guards": [
             {"input": g.input, "name": g.name, "facts": _facts(g.facts), "aligned16": g.aligned16,
-             "residue16": g.residue16}
+             "residue16": g.residue16, "free_sizes": list(g.free_sizes), "free_strides": list(g.free_strides)}
             for g in spec.guards
         ],
+        # Note [Symbolic sizes]: what the specialization assumes of the sizes (re-derived on
+        # restore from the program and the kernels' keys, and checked against this)
+        "size_guards": [g.record() for g in spec.size_guards],
         "value_facts": [_facts(f) for f in spec.value_facts],
         "allocs": [{"step": a.step.name, "arena_offset": a.arena_offset, "arena_bytes": a.arena_bytes} for a in spec.allocs],
         "atens": [a.step.name for a in spec.atens],
@@ -162,10 +161,15 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
     from . import tuning
     from .specialize import PointerStandIn, plan_launch
 
+    from .specialize import _alloc_exprs, _concrete_step, _symbolic_launch, size_environment, unique_size_guards
+
     guards = [
-        TensorGuard(g["input"], g["name"], _facts_back(g["facts"]), g["aligned16"], g["residue16"])
+        TensorGuard(g["input"], g["name"], _facts_back(g["facts"]), g["aligned16"], g["residue16"],
+                    tuple(g.get("free_sizes", ())), tuple(g.get("free_strides", ())))
         for g in data["guards"]
     ]
+    env = size_environment(program, [g.facts for g in guards])
+    size_guards = list(program.size_guards)
     value_facts = [_facts_back(f) for f in data["value_facts"]]
     allocs_by_name = {s.name: s for s in program.allocs}
     atens_by_name = {s.name: s for s in program.atens}
@@ -186,7 +190,9 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
     device = devices[0]
     launches = []
     for item in data["launches"]:
-        step = launches_by_name[item["step"]]
+        symbolic_step = step = launches_by_name[item["step"]]
+        if env:
+            step = _concrete_step(step, env)
         if item["config"] >= 0:
             step = dataclasses.replace(tuning.tuned_step(step, item["config"], ""), tuned=item["tuned"])
         key = _dec(item["key"])
@@ -205,5 +211,12 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
             raise SerializationError(
                 f"launch {step.name} ({step.kernel_name}): Triton's key is now {plan.key}, the record has {key}"
             )
+        if env:
+            size_guards += _symbolic_launch(program, symbolic_step, plan, env)
         launches.append(plan)
-    return Specialization(data["index"], guards, allocs, launches, atens, value_facts, views, releases)
+    for plan in allocs:
+        plan.sizes_expr, plan.strides_expr = _alloc_exprs(program, plan.step.slot)
+    size_guards = unique_size_guards(size_guards)
+    if [g.record() for g in size_guards] != data.get("size_guards", []):
+        raise SerializationError(f"{program.name}: the record's size guards differ from those its program gives now")
+    return Specialization(data["index"], guards, allocs, launches, atens, value_facts, views, releases, size_guards)

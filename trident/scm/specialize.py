@@ -310,12 +310,17 @@ def _build_specialization(
     if program.symbolic:  # a view whose layout depends on sizes is the operator's (Note [Symbolic sizes])
         views = {k: v for k, v in views.items() if not _symbolic_view(program, v)}
     releases = plan_releases(program, allocs, roots, escaping, storage_ids) if knobs.native_path("release") else {}
-    unique = {}
-    for g in size_guards:  # one check per distinct condition (two launches keyed on one size)
-        unique.setdefault((type(g).__name__, str(getattr(g, "expr", g)), getattr(g, "code", None), getattr(g, "input", None),
-                           getattr(g, "kind", None), getattr(g, "dim", None)), g)
-    size_guards = list(unique.values())
+    size_guards = unique_size_guards(size_guards)
     return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases, size_guards)
+
+
+def unique_size_guards(size_guards: list) -> list:
+    """One check per distinct condition (two launches keyed on one size), in order."""
+    unique = {}
+    for g in size_guards:
+        unique.setdefault((type(g).__name__, str(getattr(g, "expr", g)), getattr(g, "code", None),
+                           getattr(g, "input", None), getattr(g, "kind", None), getattr(g, "dim", None)), g)
+    return list(unique.values())
 
 
 # -- Note [Symbolic sizes] ---------------------------------------------------------------------
