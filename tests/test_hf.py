@@ -322,3 +322,23 @@ def test_prefills_of_several_lengths_through_one_symbolic_capture(kind, monkeypa
     # rope's `seq` and swiglu's `n = 128 * seq`: these lengths give two keys at most
     assert stats["specializations"] <= 2, stats
     assert "symbolic sizes: s" in trident.explain(compiled)
+
+
+def test_repeated_prefill_length_gets_a_capture(monkeypatch):
+    """A prefill of one length, repeated: its static capture fails on HF's data-dependent mask
+    shortcut (the cache's offset tensor compared with 0), so trident.compile captures it with
+    symbolic sizes, where HF takes its traceable path (Note [Symbolic sizes]); no eager fallback."""
+    cfg, model = _model("llama", "own", monkeypatch)
+    eager = model.forward
+    compiled = trident.compile(model.forward)
+    cache = StaticCache(config=cfg, max_cache_len=96)
+    with torch.no_grad():
+        for _ in range(4):
+            ids = torch.randint(0, cfg.vocab_size, (1, 9))
+            cache.reset()
+            got = compiled(input_ids=ids, past_key_values=cache, use_cache=True).logits
+            cache.reset()
+            torch.testing.assert_close(got, eager(input_ids=ids, past_key_values=cache, use_cache=True).logits)
+    assert compiled.eager_calls == 2 and compiled.eager_reason is None
+    (opt,) = compiled.captures.values()
+    assert opt.meta["trident_symbolic"]

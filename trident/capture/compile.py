@@ -237,11 +237,17 @@ class CompiledFunction:
                         try:
                             opt = self._capture(key, spec, leaves)
                         except TridentError as e:
-                            reason = f"Trident cannot capture this call: {type(e).__name__}: {str(e).splitlines()[0]}"
-                            self._refused[key] = reason
-                            logs.misses.warning("trident.compile(%s): %s; it runs eagerly",
-                                                getattr(self.fn, "__name__", "fn"), reason)
-                            refused = True
+                            if not symbolic and self.dynamic is not False and family not in self._symbolic_failed:
+                                try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
+                                    opt = self._capture(key, spec, leaves, dynamic=True)
+                                except Exception:  # noqa: BLE001 - the static error is the one to report
+                                    self._symbolic_failed.add(family)
+                            if opt is None:
+                                refused = True
+                                reason = f"Trident cannot capture this call: {type(e).__name__}: {str(e).splitlines()[0]}"
+                                self._refused[key] = reason
+                                logs.misses.warning("trident.compile(%s): %s; it runs eagerly",
+                                                    getattr(self.fn, "__name__", "fn"), reason)
                 if refused:
                     self.eager_calls += 1
                     self.eager_reason = self._refused[key]

@@ -230,7 +230,7 @@ def capture(
     log: list = []
     try:
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
-        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling():
+        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling(dynamic):
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
@@ -272,15 +272,16 @@ def capture(
 
 
 @contextlib.contextmanager
-def _compiling():
-    """torch.compiler.is_compiling() is True while Trident traces, as it is while torch.export
-    traces with make_fx (torch._export.utils._compiling_state_context) and while Dynamo does:
-    libraries take their traceable paths then. Hugging Face's masks, for one, skip a
-    data-dependent shortcut (`q_offset == 0` on a cache's tensor) and build the mask every size
-    needs, so a prefill can be captured."""
+def _compiling(on: bool):
+    """With symbolic sizes, torch.compiler.is_compiling() is True while Trident traces, as it is
+    while torch.export traces with make_fx (torch._export.utils._compiling_state_context) and
+    while Dynamo does: libraries take their traceable paths then. Hugging Face's masks, for one,
+    skip a data-dependent shortcut (`q_offset == 0` on a cache's tensor) and build the mask every
+    size needs, so a prefill can be captured. A static capture keeps the eager paths (a decode
+    step's SDPA without a mask, as measured in results/bench_hf_*)."""
     import torch.compiler as tc
 
-    if not hasattr(tc, "_is_compiling_flag"):
+    if not on or not hasattr(tc, "_is_compiling_flag"):
         yield
         return
     old = tc._is_compiling_flag
