@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .capture import ensure_triton_driver
-from .errors import GuardError, TridentError
+from .errors import GuardError, TridentError, UnsupportedError
 from .passes import (
     decompose_functional_launches,
     drop_unused_projections,
@@ -19,7 +19,7 @@ from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .runtime import SCMRuntime, graphs
-from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, describe, first_failure
+from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, describe, first_failure
 from .scm.ir import RegionProgram
 from .scm.printer import format_guard, format_scm, format_symbols
 
@@ -93,7 +93,9 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
         if guards:
             failed = first_failure(guards, args)
             if failed is not None:
-                raise GuardError(failed.failure(args, names))
+                error = GuardError(failed.failure(args, names))
+                error.before_effects = True  # nothing ran: a front door may serve the call otherwise
+                raise error
         try:
             return direct(self, *args)
         except TridentError:
@@ -114,7 +116,73 @@ def call_guards(gm: torch.fx.GraphModule) -> list:
     guards = GuardList(ConstantInput(i, v) for i, v in dict(gm.meta.get("trident_constant_inputs", {})).items())
     guards += [SameTensor(i, j) for i, j in gm.meta.get("trident_same_inputs", ())]
     guards += [KernelGlobal(kernel, name, value, held) for kernel, name, held, value in _kernel_globals(gm)]
+    if gm.meta.get("trident_shape_env") is not None:
+        guards.append(traced_shapes(gm))
     return guards
+
+
+def traced_shapes(gm: torch.fx.GraphModule) -> TracedShapes:
+    """Note [Symbolic sizes]: every assumption of the symbolic trace about the graph's inputs, as
+    one call guard: the shape environment's guards and value ranges, each input's static sizes and
+    strides, and each size or stride the trace tied to a symbol another fact binds. Regions check
+    what they rely on natively; this covers the rest (Python code between regions, expressions
+    with no native form). A guard over a symbol no input fact binds (a data-dependent size)
+    makes the symbolic graph unusable: UnsupportedError."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.printers import PythonPrinter
+
+    from .scm.sizes import SizeExpr, size_of
+
+    shape_env = gm.meta["trident_shape_env"]
+    printer = PythonPrinter()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = [n.name for n in placeholders]
+    tensors = [(i, n.meta["val"]) for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)]
+    sources: dict = {}
+    facts = []
+    for kind in ("size", "stride"):
+        for i, val in tensors:
+            for d, v in enumerate(val.shape if kind == "size" else val.stride()):
+                e = size_of(v)
+                if isinstance(e, SizeExpr) and e.expr.is_Symbol and str(e) not in sources:
+                    sources[str(e)] = (i, kind, d)
+                else:
+                    facts.append((i, kind, d, e))
+    conditions = []
+
+    def text(e) -> str:
+        if isinstance(e, SizeExpr):
+            missing = e.symbols - sources.keys()
+            if missing:
+                raise UnsupportedError(
+                    f"the symbolic trace assumes {e}, over {', '.join(sorted(missing))}, which no input's size binds"
+                )
+            return printer.doprint(e.expr)
+        return str(int(e))
+
+    for i, kind, d, e in facts:
+        fact = f"{names[i]}.{'shape' if kind == 'size' else 'stride()'}[{d}]"
+        conditions.append((f"args[{i}].{'size' if kind == 'size' else 'stride'}({d}) == {text(e)}", f"{fact} == {e}"))
+    seen = set()
+    for g in shape_env.guards:
+        expr = shape_env.replace(g.expr)
+        if expr is sympy.true or expr in seen:
+            continue
+        seen.add(expr)
+        conditions.append((text(SizeExpr(expr)), str(expr)))
+    for name in sources:
+        sym = next((x for x in shape_env.var_to_range if getattr(x, "name", None) == name), None)
+        if sym is None:
+            continue
+        vr = shape_env.var_to_range[sym]
+        if vr.lower not in (-int_oo, -sympy.oo):
+            conditions.append((f"{name} >= {int(vr.lower)}", f"{name} >= {int(vr.lower)}"))
+        if vr.upper not in (int_oo, sympy.oo):
+            conditions.append((f"{name} <= {int(vr.upper)}", f"{name} <= {int(vr.upper)}"))
+    return TracedShapes(
+        tuple(conditions), tuple((n, *src) for n, src in sources.items()), tuple((i, val.dim()) for i, val in tensors)
+    )
 
 
 def _kernel_globals(gm: torch.fx.GraphModule) -> list:

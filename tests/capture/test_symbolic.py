@@ -90,7 +90,7 @@ def test_size_arguments_of_operators_and_factories(device):
 def test_unservable_sizes_say_what_was_assumed(device):
     opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(100, device=device),
                                            torch.randn(100, device=device), dynamic=True))
-    with pytest.raises(GuardError, match=r"s\d+ >= 2 \(range; s\d+ = x.shape\[0\]\), got s\d+ = 1"):
+    with pytest.raises(GuardError, match=r"assuming s\d+ >= 2 \(s\d+ = x.shape\[0\] = 1\)"):
         opt(torch.randn(1, device=device), torch.randn(1, device=device))
     x = torch.randn(17, device=device)
     torch.testing.assert_close(opt(x, x.clone()), K.two_kernels_ref(x, x))
@@ -153,3 +153,35 @@ def test_graphs_per_shape_least_recently_used_go_first(bound, device):
     else:  # every graph holds more than 1 byte: only the newest stays
         assert len(live) == 1 and st["evicted"] == len(st["graphs"]) - 1
     assert "bound reached" in trident.explain(opt)
+
+
+@triton.jit
+def _normalize_rows_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + tl.program_id(0) * n + offs, mask=m, other=0.0)
+    tl.store(out_ptr + tl.program_id(0) * n + offs, x / tl.sum(x, axis=0), mask=m)
+
+
+def normalize_rows(x):
+    rows, n = x.shape
+    out = torch.empty_like(x)
+    _normalize_rows_kernel[(rows,)](x, out, n, BLOCK=triton.next_power_of_2(n))  # a constexpr from a size
+    return out
+
+
+def test_a_constexpr_computed_from_a_size_is_guarded(device):
+    """triton.next_power_of_2(n) on a symbolic n: the trace guards its value (bitwise ors, no
+    native form); the graph's TracedShapes call guard checks it in Python, so a size that would
+    need another BLOCK raises GuardError (never a wrong result) and trident.compile captures it
+    statically instead."""
+    opt = trident.optimize(trident.capture(normalize_rows, torch.rand(4, 100, device=device), dynamic=True))
+    for shape in [(4, 100), (7, 100), (3, 120), (2, 65)]:  # BLOCK 128 serves n in 65..128
+        x = torch.rand(*shape, device=device)
+        torch.testing.assert_close(opt(x), x / x.sum(1, keepdim=True))
+    with pytest.raises(GuardError, match=r"s\d+ = x.shape\[1\] = 200"):
+        opt(torch.rand(5, 200, device=device))
+    compiled = trident.compile(normalize_rows)
+    for shape in [(4, 100), (4, 100), (7, 100), (5, 200), (5, 200), (3, 64)]:
+        x = torch.rand(*shape, device=device)
+        torch.testing.assert_close(compiled(x), x / x.sum(1, keepdim=True))

@@ -269,7 +269,9 @@ class CompiledFunction:
             # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
             # compared). When the capture raised before anything ran, this call gets a static
             # capture of its own (Note [Symbolic sizes]).
-            if not opt.meta.get("trident_symbolic") or getattr(e, "region", None) != opt.meta.get("trident_retry_region"):
+            if not opt.meta.get("trident_symbolic") or not (
+                getattr(e, "before_effects", False) or getattr(e, "region", None) == opt.meta.get("trident_retry_region")
+            ):
                 raise
             leaves, spec = pytree.tree_flatten((args, kwargs or {}))
             exact = (spec, signature(leaves))

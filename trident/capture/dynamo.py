@@ -149,7 +149,7 @@ class CompiledGraph:
             return opt(*[args[i] for i in positions])
         except GuardError as e:
             # sizes the capture cannot serve, raised before anything ran: a static capture
-            if getattr(e, "region", None) != opt.meta.get("trident_retry_region"):
+            if not (getattr(e, "before_effects", False) or getattr(e, "region", None) == opt.meta.get("trident_retry_region")):
                 raise
             return None
 

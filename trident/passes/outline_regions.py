@@ -418,11 +418,11 @@ def _shape_guards(shape_env, symbols: dict) -> list:
         if not names & symbols.keys():
             continue  # about tensors this region does not read
         if names - symbols.keys():
-            raise UnsupportedError(
-                f"shape guard {expr} relates this region's sizes to {', '.join(sorted(names - symbols.keys()))}, "
-                "which the region does not read"
-            )
-        S.check_native(expr)
+            continue  # relates to sizes of other inputs: the graph's TracedShapes call guard checks it
+        try:
+            S.check_native(expr)
+        except UnsupportedError:
+            continue  # no native form (a bitwise or): checked by the graph's TracedShapes call guard
         seen.add(expr)
         out.append(SizeRelation(S.SizeExpr(expr), symbols, "shape guard"))
     for name in symbols:

@@ -22,6 +22,12 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
                                           tensor's stride s1)
   IntegerKey       the region, natively   Triton's key of an integer kernel argument      a miss: the next
                                           computed from sizes (== 1, % 16, i32 / i64)     specialization
+  TracedShapes     the module's __call__  every assumption of a symbolic trace about the  GuardError
+                                          graph's inputs (shape guards, ranges, static
+                                          dims, facts tied to symbols), also those no
+                                          region checks natively (a guard of Python code
+                                          outside regions, an expression with no native
+                                          form): generated Python, ~1 µs a call
 
 Every kind has `check(values) -> bool`, the test, and `failure(values, names) -> str`, what was
 expected, what came and what to do, in the caller's names (torch's guard manager's check and
@@ -324,8 +330,65 @@ class IntegerKey:
                 "what": self.what}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TracedShapes:
+    """All a symbolic trace assumed about its inputs' sizes (Note [Symbolic sizes]): conditions
+    over `sources` (symbol -> (placeholder, "size"|"stride", dim)), each a Python expression torch's
+    PythonPrinter wrote, checked together by one generated function."""
+
+    conditions: tuple  # (python source, what it says in the caller's terms)
+    sources: tuple  # ((symbol, placeholder, kind, dim), ...)
+    ranks: tuple  # ((placeholder, rank), ...)
+    native: ClassVar[bool] = False
+
+    def __post_init__(self):
+        lines = ["def check(args):", "    try:"]
+        for i, r in self.ranks:
+            lines.append(f"        if args[{i}].dim() != {r}: return None")
+        for name, i, kind, d in self.sources:
+            lines.append(f"        {name} = args[{i}].{'size' if kind == 'size' else 'stride'}({d})")
+        lines.append("    except (AttributeError, IndexError, TypeError):")
+        lines.append("        return None")
+        lines.append("    return (" + ", ".join(f"({c})" for c, _ in self.conditions) + ",)")
+        namespace: dict = {}
+        exec(compile("\n".join(lines), "<trident traced shapes>", "exec"), namespace)  # noqa: S102 - our own text
+        object.__setattr__(self, "_results", namespace["check"])
+        fast = lines[:-1] + ["    return " + (" and ".join(f"({c})" for c, _ in self.conditions) or "True")]
+        fast = [line.replace("return None", "return False") for line in fast]
+        namespace = {}
+        exec(compile("\n".join(fast), "<trident traced shapes>", "exec"), namespace)  # noqa: S102
+        object.__setattr__(self, "_check", namespace["check"])
+
+    def check(self, values: Sequence) -> bool:
+        return bool(self._check(values))
+
+    def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        results = self._results(values)
+        if results is None:
+            return "an input has another rank than in the symbolic trace; capture again with inputs of this rank"
+        what = next((w for (c, w), ok in zip(self.conditions, results) if not ok), "?")
+        if len(what) > 160:  # a condition the traced code computed (next_power_of_2's bit twiddling)
+            what = what[:150] + " ... (a condition the traced code computed on these sizes)"
+        env = {}
+        for name, i, kind, d in self.sources:
+            try:
+                env[name] = values[i].size(d) if kind == "size" else values[i].stride(d)
+            except (AttributeError, IndexError, TypeError):
+                pass
+        where = ", ".join(f"{n} = {names[i] if i < len(names) else i}.{'shape' if k == 'size' else 'stride()'}[{d}]"
+                          f" = {env.get(n)}" for n, i, k, d in self.sources if n in what)
+        return (
+            f"the graph was traced with symbolic sizes assuming {what}{f' ({where})' if where else ''}; these "
+            "inputs break it. Sizes 0 and 1 and sizes the traced code compared are specialized by the trace, as "
+            "torch.compile's are; capture again with inputs of these sizes (trident.compile does)."
+        )
+
+    def record(self) -> dict:
+        return {"kind": "traced_shapes", "conditions": [c for c, _ in self.conditions]}
+
+
 SizeGuard = SizeRelation | FactEquals | IntegerKey
-CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout
+CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout | TracedShapes
 
 
 class GuardList(list):
@@ -360,6 +423,8 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
 
         key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
         return f"Triton key of {guard.what} = {guard.expr} is {key}"
+    if isinstance(guard, TracedShapes):
+        return "symbolic trace: " + "; ".join(w for _, w in guard.conditions)
     if isinstance(guard, CapturedLayout):
         return f"{guard.name}: sizes {list(guard.sizes)} strides {list(guard.strides)} (static capture, on a miss)"
     return f"disjoint: {guard.what} (natively, each call)"
