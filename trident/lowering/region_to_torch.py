@@ -119,10 +119,10 @@ def import_reason(node: torch.fx.Node) -> str | None:
 
 
 def _is_size_read(node: torch.fx.Node) -> bool:
-    from ..passes.outline_regions import _size_value
+    from ..scm.sizes import evaluate_size
 
     return node.op == "call_function" and (
-        node.target in (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int) or node.target is _size_value
+        node.target in (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int) or node.target is evaluate_size
     )
 
 

@@ -27,6 +27,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, func, llvm
 
 from ..scm import sizes as S
+from ..scm.sizes import INT_KEY_CODES
 from ..scm.guards import FactEquals, IntegerKey, SizeRelation
 from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Specialization, ValueRef
 from .region_to_torch import LAUNCH_OP_NAME, op_step
@@ -75,15 +76,7 @@ def slot_bits(ty: str, value) -> int:
 # attribute 'D' when specialized and divisible by 16, '' when not, None when the parameter is
 # do_not_specialize. Facts are int64, so u64 (>= 2**63) cannot occur. The host program encodes
 # a key as one of these codes; tests check the emitted code against Triton on many values.
-INT_KEY_CODES = {
-    ("constexpr", 1): 0,
-    ("i32", "D"): 1,
-    ("i32", ""): 2,
-    ("i64", "D"): 3,
-    ("i64", ""): 4,
-    ("i32", None): 5,
-    ("i64", None): 6,
-}
+# the codes (trident/scm/sizes.py: INT_KEY_CODES, shared with the guard table)
 
 
 def emit_int_key(value, specialize: bool):

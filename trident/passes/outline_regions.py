@@ -457,10 +457,6 @@ def _step_sizes(step) -> list:
     return found
 
 
-def _size_value(expr, names, *values):
-    return expr.evaluate(dict(zip(names, values)))
-
-
 def _size_node(graph: torch.fx.Graph, size, symbols: dict, placeholders: list) -> torch.fx.Node:
     """A node of the region's own graph computing `size` from the region's inputs."""
     if not isinstance(size, S.SizeExpr):
@@ -471,7 +467,7 @@ def _size_node(graph: torch.fx.Graph, size, symbols: dict, placeholders: list) -
         b = symbols[name]
         op = torch.ops.aten.sym_size.int if b.kind == "size" else torch.ops.aten.sym_stride.int
         reads.append(graph.call_function(op, (placeholders[b.input], b.dim)))
-    return graph.call_function(_size_value, (size, tuple(names), *reads))
+    return graph.call_function(S.evaluate_size, (size, tuple(names), *reads))
 
 
 def _order_sizes(graph: torch.fx.Graph) -> None:

@@ -306,13 +306,15 @@ class IntegerKey:
     native: ClassVar[bool] = True
 
     def key_of(self, value: int) -> int:
-        is32 = -(2**31) <= value <= 2**31 - 1
+        """The Python twin of emit_int_key (trident/lowering/scm_to_llvm.py)."""
+        from .sizes import INT_KEY_CODES
+
+        ty = "i32" if -(2**31) <= value <= 2**31 - 1 else "i64"
         if not self.specialize:
-            return 5 if is32 else 6
+            return INT_KEY_CODES[(ty, None)]
         if value == 1:
-            return 0
-        d = value % 16 == 0
-        return (1 if d else 2) if is32 else (3 if d else 4)
+            return INT_KEY_CODES[("constexpr", 1)]
+        return INT_KEY_CODES[(ty, "D" if value % 16 == 0 else "")]
 
     def check(self, values: Sequence) -> bool:
         try:
@@ -419,7 +421,7 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
     if isinstance(guard, FactEquals):
         return f"{guard.name}.{'shape' if guard.kind == 'size' else 'stride()'}[{guard.dim}] == {guard.expr}"
     if isinstance(guard, IntegerKey):
-        from ..lowering.scm_to_llvm import INT_KEY_CODES
+        from .sizes import INT_KEY_CODES
 
         key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
         return f"Triton key of {guard.what} = {guard.expr} is {key}"

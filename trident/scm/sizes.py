@@ -61,6 +61,19 @@ class Binding:
 
 Size = Union[int, SizeExpr]
 
+# Triton's key of an integer argument as the host program encodes it (Note [Integer keys],
+# trident/lowering/scm_to_llvm.py: emit_int_key computes it natively; IntegerKey guards compare it)
+INT_KEY_CODES = {
+    ("constexpr", 1): 0,
+    ("i32", "D"): 1,
+    ("i32", ""): 2,
+    ("i64", "D"): 3,
+    ("i64", ""): 4,
+    ("i32", None): 5,
+    ("i64", None): 6,
+}
+
+
 
 def size_of(value) -> Size:
     """An int, or the SizeExpr of a SymInt (a constant SymInt is its int)."""
@@ -100,6 +113,12 @@ def has_symbols(value) -> bool:
 
 
 # -- the Python reference ----------------------------------------------------------------------
+
+def evaluate_size(expr: SizeExpr, names: tuple, *values) -> int:
+    """`expr` for symbols `names` = `values`: what a region's own graph computes a size with
+    (trident/passes/outline_regions.py), from the sizes it reads off its inputs."""
+    return expr.evaluate(dict(zip(names, values)))
+
 
 def _pyfloordiv(a: int, b: int) -> int:
     if b == 0:

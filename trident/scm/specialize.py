@@ -384,7 +384,7 @@ def _symbolic_launch(program: RegionProgram, step: LaunchStep, plan: LaunchPlan,
     plan.params = [
         Param(p.name, p.ty, step.args[p.name]) if S.is_symbolic(step.args.get(p.name)) else p for p in plan.params
     ]
-    from ..lowering.scm_to_llvm import INT_KEY_CODES
+    from .sizes import INT_KEY_CODES
 
     declared = {p.name: p for p in step.kernel.params}
     guards = []
