@@ -4,7 +4,7 @@
 # Writes logs and JSON under $OUT (or ./out). Benchmarks run before the tests so that a crash
 # in a test cannot cost the measurements.
 #   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/BENCH_DYNAMIC/RUN_TESTS/SANITIZE (1/0), DECODE_MODELS,
-#        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS,
+#        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS, BENCH_BATCHES, BATCH_BUDGET_S, BATCH_STEPS,
 #        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
 #        HF_PROFILE (variants whose device time per kernel bench_hf records),
 #        TESTS (pytest arguments, default: every test), SANITIZE_TESTS (pytest arguments run under
@@ -61,6 +61,10 @@ if [[ "${BENCH_DYNAMIC:-0}" == 1 ]]; then  # issue 11: prefills of random length
   python3 tools/bench_dynamic.py --out "$OUT/bench_dynamic.json" --kernels "${DYN_KERNELS:-liger}" \
     --budget-s "${DYN_BUDGET_S:-75}" --calls "${DYN_CALLS:-32}" 2>&1 \
     | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_dynamic.log" | cut -c1-400 | tail -20
+fi
+if [[ "${BENCH_BATCHES:-0}" == 1 ]]; then  # issue 11: decode with the batch changing (tools/bench_batches.py)
+  python3 tools/bench_batches.py --out "$OUT/bench_batches.json" --budget-s "${BATCH_BUDGET_S:-40}" \
+    --steps "${BATCH_STEPS:-64}" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_batches.log" | cut -c1-400 | tail -12
 fi
 if [[ "${RUN_TESTS:-1}" == 1 ]]; then
   if [[ -n "${TESTS:-}" ]]; then
