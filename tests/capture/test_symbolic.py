@@ -185,3 +185,15 @@ def test_a_constexpr_computed_from_a_size_is_guarded(device):
     for shape in [(4, 100), (4, 100), (7, 100), (5, 200), (5, 200), (3, 64)]:
         x = torch.rand(*shape, device=device)
         torch.testing.assert_close(compiled(x), x / x.sum(1, keepdim=True))
+
+
+def test_bad_inputs_to_a_symbolic_capture_are_named():
+    opt = trident.optimize(trident.capture(K.two_kernels, torch.randn(100), torch.randn(100), dynamic=True))
+    with pytest.raises(GuardError, match=r"input 'y' \(position 1\): expected rank 1 as traced, got rank 2"):
+        opt(torch.randn(10), torch.randn(10, 2))
+    with pytest.raises(GuardError, match=r"input 'x' \(position 0\): expected a Tensor, got int"):
+        opt(3, torch.randn(10))
+    with pytest.raises(GuardError, match=r"x.shape\[0\] = 0"):
+        opt(torch.randn(0), torch.randn(0))
+    x, y = torch.randn(10), torch.randn(10)  # and a good call after the refused ones
+    torch.testing.assert_close(opt(x, y), K.two_kernels_ref(x, y))

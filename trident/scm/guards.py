@@ -367,7 +367,14 @@ class TracedShapes:
     def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
         results = self._results(values)
         if results is None:
-            return "an input has another rank than in the symbolic trace; capture again with inputs of this rank"
+            for i, rank in self.ranks:
+                name = names[i] if i < len(names) else f"input {i}"
+                if not isinstance(values[i], torch.Tensor):
+                    return f"input {name!r} (position {i}): expected a Tensor, got {type(values[i]).__name__}"
+                if values[i].dim() != rank:
+                    return (f"input {name!r} (position {i}): expected rank {rank} as traced, got rank {values[i].dim()} "
+                            f"(sizes {list(values[i].shape)}); capture again with inputs of this rank")
+            return "the inputs do not fit the symbolic trace"
         what = next((w for (c, w), ok in zip(self.conditions, results) if not ok), "?")
         if len(what) > 160:  # a condition the traced code computed (next_power_of_2's bit twiddling)
             what = what[:150] + " ... (a condition the traced code computed on these sizes)"
