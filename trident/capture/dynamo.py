@@ -81,7 +81,11 @@ class CompiledGraph:
         # sizes or strides of its tensor inputs, one symbolic capture (over the tensors alone)
         self._size_inputs = _size_inputs(gm) if static_key is None else None
         self._symbolic: Optional[torch.fx.GraphModule] = None
-        self._symbolic_state = "untried" if self._size_inputs is not None else "impossible"
+        symbolic = self._size_inputs is not None and knobs.dynamo_symbolic()  # read once, not per call
+        self._symbolic_state = "untried" if symbolic else "impossible"
+        self._tensor_positions = (
+            [i for i in range(len(_placeholders(gm))) if i not in self._size_inputs] if symbolic else []
+        )
 
     def __call__(self, *args):
         opt = self._static
@@ -89,7 +93,7 @@ class CompiledGraph:
             return opt(*args)
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self._eager(args, "grad is enabled and an input requires grad (Trident is inference only)")
-        if self._symbolic_state != "impossible" and knobs.dynamo_symbolic():
+        if self._symbolic_state != "impossible":
             out = self._call_symbolic(args)
             if out is not None:
                 return out
@@ -152,10 +156,6 @@ class CompiledGraph:
             if not (getattr(e, "before_effects", False) or getattr(e, "region", None) == opt.meta.get("trident_retry_region")):
                 raise
             return None
-
-    @property
-    def _tensor_positions(self) -> list:
-        return [i for i, n in enumerate(_placeholders(self.gm)) if i not in self._size_inputs]
 
     def _capture_symbolic(self, args):
         from .. import optimize

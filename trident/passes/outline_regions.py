@@ -438,23 +438,11 @@ def _shape_guards(shape_env, symbols: dict) -> list:
 
 
 def _step_sizes(step) -> list:
-    found = []
-
-    def walk(v):
-        if isinstance(v, S.SizeExpr):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-
     if isinstance(step, LaunchStep):
-        walk(step.grid), walk(step.grids), walk(step.args)
-    elif isinstance(step, AtenStep):
-        walk(step.args)
-    return found
+        return list(S.expressions_in((step.grid, step.grids, step.args)))
+    if isinstance(step, AtenStep):
+        return list(S.expressions_in(step.args))
+    return []
 
 
 def _size_node(graph: torch.fx.Graph, size, symbols: dict, placeholders: list) -> torch.fx.Node:

@@ -104,12 +104,20 @@ def concrete(value, env: Mapping[str, int]):
     return value
 
 
-def has_symbols(value) -> bool:
+def expressions_in(value):
+    """Every SizeExpr in `value`, through lists, tuples and dict values."""
     if isinstance(value, SizeExpr):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(has_symbols(v) for v in value)
-    return False
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from expressions_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from expressions_in(v)
+
+
+def has_symbols(value) -> bool:
+    return next(expressions_in(value), None) is not None
 
 
 # -- the Python reference ----------------------------------------------------------------------

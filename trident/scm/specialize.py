@@ -366,7 +366,7 @@ def _symbolic_launch(program: RegionProgram, step: LaunchStep, plan: LaunchPlan,
     pinned value (SizeRelation Eq) for each size an autotuner, a heuristic or a constexpr saw."""
     symbols = program.symbols
     used = set()
-    for e in _sizes_in((step.grid, step.grids, step.args)):
+    for e in S.expressions_in((step.grid, step.grids, step.args)):
         used |= e.symbols
     if not used:
         return []
@@ -400,17 +400,6 @@ def _symbolic_launch(program: RegionProgram, step: LaunchStep, plan: LaunchPlan,
         else:
             guards.append(IntegerKey(expr, code, attr is not None, what, symbols))
     return guards
-
-
-def _sizes_in(value):
-    if isinstance(value, S.SizeExpr):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _sizes_in(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _sizes_in(v)
 
 
 ARENA_ALIGN = 256
