@@ -500,11 +500,17 @@ def _run_decode_loop(cfg, opt, weights, cos, sin, device, steps, fresh):
     tensor; outputs, hidden states and caches equal the PyTorch reference at every step."""
     caches, ref_caches = make_caches(cfg, device), make_caches(cfg, device)
     prev = torch.randn(1, cfg.hidden, device=device)
+    # Every step's hidden state and position at a new address, as the tests' counts assume: held,
+    # since the allocator may hand a freed address back and a moving input would look pinned for
+    # a call (Trident then supersedes the graph: correct, but a replay fewer).
+    held = []
     for p in range(steps):
         x = fresh(prev)
+        pos = torch.tensor([p], device=device)
+        held += [x, pos]
         x_ref = x.clone()
-        want = decode_step_reference(cfg, x_ref, torch.tensor([p], device=device), cos, sin, *ref_caches, *weights)
-        got = opt(x, torch.tensor([p], device=device), cos, sin, *caches, *weights)
+        want = decode_step_reference(cfg, x_ref, pos.clone(), cos, sin, *ref_caches, *weights)
+        got = opt(x, pos, cos, sin, *caches, *weights)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(x, want, rtol=1e-4, atol=1e-4)  # written in place, as eager does
         for c, r in zip(caches, ref_caches):

@@ -14,6 +14,7 @@ import trident
 from tests import kernels as K
 from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights
 from trident.lowering import emit_host_module, import_region
+from trident.lowering.host_plan import host_plan
 from trident.optimize import _regions
 from trident.runtime import SCMRuntime
 from trident.scm.printer import format_specialization
@@ -67,7 +68,12 @@ def test_round_trip_prints_and_lowers_as_the_original(case):
         for name_, v in spec.views.items():
             back.views[name_].handle = v.handle
         torch_module = import_region(rt.program, __import__("torch_mlir").ir.Context())
-        assert str(emit_host_module(rt.scm, torch_module, [back])) == str(emit_host_module(rt.scm, torch_module, [spec]))
+        plan, plan_back = host_plan(rt.scm, spec), host_plan(rt.scm, back)
+        assert plan_back == plan  # the same step table (Note [Host plans])
+        plan.handle = plan_back.handle = rt.host_plans[0].handle
+        assert str(emit_host_module(rt.scm, torch_module, [back], [plan_back])) == str(
+            emit_host_module(rt.scm, torch_module, [spec], [plan])
+        )
         if case == "autotuned":
             (launch,) = back.launches
             assert launch.step.config == spec.launches[0].step.config >= 0 and launch.step.tuned == spec.launches[0].step.tuned

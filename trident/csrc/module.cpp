@@ -402,16 +402,49 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // Region-local index of a process-wide kernel, allocation plan or ATen call entry.
     auto r = trident::get_region(region);
     std::lock_guard<std::mutex> lock(r->bind_mutex);
-    TORCH_CHECK(table == "kernel" || table == "alloc" || table == "aten" || table == "view", "trident: no table ", table);
+    TORCH_CHECK(table == "kernel" || table == "alloc" || table == "aten" || table == "view" || table == "plan",
+                "trident: no table ", table);
     auto& v = table == "kernel" ? r->kernel_handles
               : table == "alloc" ? r->alloc_handles
               : table == "aten"  ? r->aten_handles
-                                 : r->view_handles;
+              : table == "view"  ? r->view_handles
+                                 : r->plan_handles;
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] == handle) return static_cast<int64_t>(i);
     TORCH_CHECK(v.size() < trident::Region::kMaxLocal, "trident: region table full");
     v.push_back(handle);
     return static_cast<int64_t>(v.size() - 1);
+  });
+  // Note [Host plans]: ops = [(kind, index, sizes, grid[3], params)], sources = (kind, a, b, aligned)
+  using Source = std::tuple<int64_t, int64_t, int64_t, bool>;
+  m.def("add_plan", [](const std::string& name,
+                       const std::vector<std::tuple<int64_t, int64_t, int64_t, std::vector<Source>, std::vector<Source>>>& ops) {
+    auto source = [](const Source& s) {
+      trident::PlanSource out;
+      out.kind = std::get<0>(s);
+      out.a = std::get<1>(s);
+      out.b = std::get<2>(s);
+      out.aligned = std::get<3>(s);
+      TORCH_CHECK(out.kind >= trident::PlanSource::kConst && out.kind <= trident::PlanSource::kSize,
+                  "trident: no plan source kind ", out.kind);
+      return out;
+    };
+    trident::HostPlan plan;
+    plan.name = name;
+    for (const auto& [kind, index, sizes, grid, params] : ops) {
+      TORCH_CHECK(kind >= trident::PlanOp::kAlloc && kind <= trident::PlanOp::kRelease, "trident: no plan op kind ", kind);
+      trident::PlanOp op;
+      op.kind = kind;
+      op.index = index;
+      op.sizes = sizes;
+      if (kind == trident::PlanOp::kLaunch) {
+        TORCH_CHECK(grid.size() == 3, "trident: a launch's grid has 3 sources, got ", grid.size());
+        for (int d = 0; d < 3; ++d) op.grid[d] = source(grid[d]);
+      }
+      for (const auto& p : params) op.params.push_back(source(p));
+      plan.ops.push_back(std::move(op));
+    }
+    return trident::register_plan(std::move(plan));
   });
   m.def("add_alloc", &trident::add_alloc);
   m.def("tensor_facts", &trident::tensor_facts);

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "cuda_driver.h"
@@ -54,6 +55,10 @@ Table<AllocEntry>& allocs() {
 }
 Table<ViewEntry>& views() {
   static auto* t = new Table<ViewEntry>();  // never destroyed: see above
+  return *t;
+}
+Table<HostPlan>& plans() {
+  static auto* t = new Table<HostPlan>();  // never destroyed: see above
   return *t;
 }
 Table<std::shared_ptr<AtenEntry>>& atens() {
@@ -442,7 +447,69 @@ int64_t rt_set_sizes(HostCtx* ctx, const int64_t* values) noexcept {
   return 0;
 }
 
-RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch, &rt_aten, &rt_value_ptr, &rt_view, &rt_release, &rt_set_sizes};
+std::string hex(int64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+inline int64_t source_value(HostCtx* ctx, const PlanSource& s, const int64_t* sizes, int64_t stride) noexcept {
+  switch (s.kind) {
+    case PlanSource::kConst:
+      return s.a;
+    case PlanSource::kInput:
+      return ctx->facts[s.a * stride];
+    case PlanSource::kValue:
+      return rt_value_ptr(ctx, s.a);
+    case PlanSource::kAddress:
+      return (s.a < 0 ? ctx->facts[(-s.a - 1) * stride] : rt_value_ptr(ctx, s.a)) + s.b;
+    default:
+      return sizes[s.a] & s.b;
+  }
+}
+
+// Note [Host plans]: the specialization's steps, in order; the services report their own errors.
+int64_t rt_run_plan(HostCtx* ctx, int64_t index, const int64_t* sizes) noexcept {
+  const HostPlan& p = plans().items[ctx->region->plan_handles[index]];
+  const int64_t stride = ctx->region->facts_stride();
+  std::array<int64_t, HostPlan::kMaxParams> slots;
+  for (const PlanOp& op : p.ops) {
+    if (op.sizes >= 0) ctx->sizes = sizes + op.sizes;
+    switch (op.kind) {
+      case PlanOp::kAlloc:
+        if (rt_alloc(ctx, op.index) == kAllocFailed) return -2;
+        break;
+      case PlanOp::kAten:
+        if (rt_aten(ctx, op.index) != 0) return -2;
+        break;
+      case PlanOp::kView:
+        if (rt_view(ctx, op.index) != 0) return -2;
+        break;
+      case PlanOp::kRelease:
+        rt_release(ctx, op.index);
+        break;
+      default: {  // kLaunch
+        for (size_t i = 0; i < op.params.size(); ++i) {
+          const int64_t v = source_value(ctx, op.params[i], sizes, stride);
+          if (op.params[i].aligned && (v & 15) != 0) {
+            ctx->error = "kernel '" + kernels().items[ctx->region->kernel_handles[op.index]]->name + "': parameter " +
+                         std::to_string(i) + " was specialized as a 16-byte aligned pointer but is " + hex(v);
+            return -2;
+          }
+          slots[i] = v;
+        }
+        const int64_t gx = source_value(ctx, op.grid[0], sizes, stride);
+        const int64_t gy = source_value(ctx, op.grid[1], sizes, stride);
+        const int64_t gz = source_value(ctx, op.grid[2], sizes, stride);
+        if (rt_launch(ctx, op.index, gx, gy, gz, slots.data()) != 0) return -2;
+      }
+    }
+  }
+  return 0;
+}
+
+RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch,  &rt_aten,      &rt_value_ptr,
+                           &rt_view,  &rt_release, &rt_set_sizes, &rt_run_plan};
 
 thread_local std::vector<int64_t> tls_facts;
 
@@ -554,6 +621,13 @@ int64_t register_alloc(AllocEntry alloc) { return allocs().add(std::move(alloc))
 int64_t register_aten(std::shared_ptr<AtenEntry> entry) { return atens().add(std::move(entry)); }
 
 int64_t register_view(ViewEntry entry) { return views().add(std::move(entry)); }
+
+int64_t register_plan(HostPlan plan) {
+  for (const PlanOp& op : plan.ops)
+    TORCH_CHECK(op.params.size() <= HostPlan::kMaxParams, "trident: a launch of ", plan.name, " has ", op.params.size(),
+                " parameters; at most ", HostPlan::kMaxParams, " are supported");
+  return plans().add(std::move(plan));
+}
 
 const AtenEntry& aten_entry(int64_t index) {
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < atens().items.size(), "trident: no operator entry ", index);

@@ -80,6 +80,9 @@ struct RuntimeTable {
   // next alloc or aten call (a dynamic allocation's sizes then strides; an operator's size
   // arguments, AtenArg::kSym indexes them). The array lives until the host program returns.
   int64_t (*set_sizes)(HostCtx*, const int64_t* values);  // -> 0
+  // Note [Host plans] (trident/lowering/host_plan.py): runs a specialization's steps from its
+  // plan table; `sizes` holds the values of the plan's size program (null when it has none).
+  int64_t (*run_plan)(HostCtx*, int64_t plan_index, const int64_t* sizes);  // -> 0, or -2
 };
 
 constexpr int64_t kFactsFixed = 3;
@@ -195,6 +198,37 @@ struct AtenEntry {
   std::vector<std::pair<int64_t, std::vector<at::Tensor>>> cache;
 };
 
+// Note [Host plans] (trident/lowering/host_plan.py)
+// ~~~~~~~~~~~~~~~~~
+// A specialization's steps as data: the generated host program checks the guards, computes the
+// size program into an array and hands both to run_plan, which walks these ops and calls the
+// services above. A new specialization thus compiles a few dozen instructions, not thousands.
+struct PlanSource {
+  enum Kind : int64_t { kConst = 0, kInput = 1, kValue = 2, kAddress = 3, kSize = 4 };
+  int64_t kind = kConst;
+  // kConst: the raw bits; kInput: the input whose data pointer; kValue: the value slot whose
+  // data pointer; kAddress: a base (>= 0: value slot, < 0: input -a-1) plus `b` bytes;
+  // kSize: index in the sizes array, masked with `b` (the parameter's width)
+  int64_t a = 0;
+  int64_t b = 0;
+  bool aligned = false;  // a pointer the kernel was specialized on as 16-byte aligned: checked
+};
+
+struct PlanOp {
+  enum Kind : int64_t { kAlloc = 0, kAten = 1, kView = 2, kLaunch = 3, kRelease = 4 };
+  int64_t kind = kAlloc;
+  int64_t index = -1;  // region-local alloc / aten / view / kernel index; kRelease: value slot
+  int64_t sizes = -1;  // >= 0: this op's symbolic sizes start at sizes[this] (what set_sizes hands)
+  std::array<PlanSource, 3> grid{};
+  std::vector<PlanSource> params;
+};
+
+struct HostPlan {
+  std::string name;
+  std::vector<PlanOp> ops;
+  static constexpr size_t kMaxParams = 256;
+};
+
 struct Region;
 
 struct HostCtx {
@@ -245,6 +279,7 @@ struct Region {
   std::vector<int64_t> alloc_handles;
   std::vector<int64_t> aten_handles;
   std::vector<int64_t> view_handles;
+  std::vector<int64_t> plan_handles;
   std::shared_ptr<graphs::State> graphs;  // Note [Graph replay]; set by create_region
   // Note [Inputs a lowered index write must not overlap] (runtime/scm_module.py): pairs of
   // (written input, read input) whose bytes must not intersect, and what each pair is.
@@ -255,6 +290,7 @@ struct Region {
     kernel_handles.reserve(kMaxLocal);
     alloc_handles.reserve(kMaxLocal);
     aten_handles.reserve(kMaxLocal);
+    plan_handles.reserve(kMaxLocal);
   }
 
   int64_t facts_stride() const { return kFactsFixed + 2 * max_rank; }
@@ -267,6 +303,7 @@ int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);
 int64_t register_view(ViewEntry entry);
+int64_t register_plan(HostPlan plan);
 const AtenEntry& aten_entry(int64_t index);
 const KernelEntry& kernel_entry(int64_t index);
 // The kernel's CUfunction on CUDA device `device`, loading its cubin on first use.

@@ -1,21 +1,18 @@
-"""Stage 2 of the lowering: SCM IR + the region in torch dialect -> the native host program.
+"""Stage 2 of the lowering, second half: SCM IR + the region in torch dialect -> the native host program.
 
 The host program is two functions in the func/arith/cf/llvm dialects (ABI:
 trident/csrc/scm_runtime.h, Note [Host ABI]): `scm_select(rt, ctx) -> i64`, the guard prologue,
 and `scm_host(rt, ctx) -> i64`, which calls it and runs the plan. Together they
   1. load the input facts the native prologue wrote (data pointer, dtype/device code, rank,
-     sizes, strides per input) and evaluate every specialization's guards on them, in order;
-  2. for the first specialization whose guards hold, walks the region's steps in the order of
-     the torch-dialect function: each allocation calls the runtime's `alloc` service (and
-     checks the 16-byte alignment the kernels were specialized on), each
-     `trident.triton_launch` packs the kernel's parameters into 64-bit slots and calls the
-     runtime's `launch` service with the kernel's handle and grid;
-  3. returns the specialization's index, -1 when no guard set holds (a miss), -2 when a
+     sizes, strides per input) and evaluate every specialization's guards on them, in order:
+     the tensor guards as a constant table walked by a loop (Note [Guard tables]), the size
+     guards (shape relations, facts tied to symbols, Triton's integer keys) as expressions;
+  2. for the first specialization whose guards hold, compute its size program (grids, integer
+     arguments, dynamic allocations' layouts and operators' size arguments as expressions of
+     the input facts, Note [Symbolic sizes]) into an array, and call the runtime's `run_plan`
+     with the specialization's step table (Note [Host plans], host_plan.py) and that array;
+  3. return the specialization's index, -1 when no guard set holds (a miss), -2 when a
      runtime service failed.
-Every constant a decision needs (expected codes, handles, grids, scalar bits) is baked in; in
-a symbolic program (Note [Symbolic sizes]) grids, integer arguments and the sizes of dynamic
-allocations and size arguments are computed from the input facts, and the size guards (shape
-relations, facts tied to symbols, Triton's integer keys) join the tensor guards in scm_select.
 """
 
 from __future__ import annotations
@@ -29,11 +26,13 @@ from torch_mlir.dialects import arith, cf, func, llvm
 from ..scm import sizes as S
 from ..scm.sizes import INT_KEY_CODES
 from ..scm.guards import FactEquals, IntegerKey, SizeRelation
-from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, LaunchStep, Param, Specialization, ValueRef
+from ..scm.ir import SCM, LaunchStep, Specialization
+from .host_plan import HostPlan
 from .region_to_torch import LAUNCH_OP_NAME, op_step
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
-RT_ALLOC, RT_LAUNCH, RT_ATEN, RT_VALUE_PTR, RT_VIEW, RT_RELEASE, RT_SET_SIZES = 0, 1, 2, 3, 4, 5, 6  # RuntimeTable
+RT_RUN_PLAN = 7  # RuntimeTable::run_plan (Note [Host plans]); 0..6: the services run_plan calls
+_DYNAMIC_INDEX = -(2**31)  # llvm.getelementptr: this position takes a dynamic index
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
 
@@ -162,9 +161,10 @@ def program_steps(scm: SCM) -> list[tuple]:
 
 
 class _Emitter:
-    def __init__(self, scm: SCM, specs: "list[Specialization]"):
+    def __init__(self, scm: SCM, specs: "list[Specialization]", plans: "list[HostPlan]"):
         self.scm = scm
         self.specs = specs  # the specializations this program holds, in selection order
+        self.plans = plans  # their step tables (Note [Host plans]), registered
         self.i64 = ir.IntegerType.get_signless(64)
         self.i1 = ir.IntegerType.get_signless(1)
         self.ptr = ir.Type.parse("!llvm.ptr")
@@ -180,6 +180,10 @@ class _Emitter:
         addr = llvm.GEPOp(self.ptr, base, [], [index], ty, 0).result
         return llvm.LoadOp(ty, addr).result
 
+    def load_dynamic(self, base, index, ty):
+        addr = llvm.GEPOp(self.ptr, base, [index], [_DYNAMIC_INDEX], ty, 0).result
+        return llvm.LoadOp(ty, addr).result
+
     def eq(self, a, b):
         return arith.CmpIOp(arith.CmpIPredicate.eq, a, b).result
 
@@ -192,10 +196,6 @@ class _Emitter:
             with ir.InsertionPoint.at_block_terminator(self.entry) if self.entry_done else ir.InsertionPoint(self.entry):
                 self.facts[key] = self.load_at(self.facts_ptr, input_index * self.stride + offset, self.i64)
         return self.facts[key]
-
-    def aligned16(self, value):
-        low = arith.AndIOp(value, self.const(15)).result
-        return self.eq(low, self.const(0))
 
     # -- the program ----------------------------------------------------------------------
     def _begin(self, module: ir.Module, name: str):
@@ -222,76 +222,90 @@ class _Emitter:
         self.entry_done = True
         for i, spec in enumerate(specs):
             nxt = guard_blocks[i + 1] if i + 1 < len(specs) else miss
-            with ir.InsertionPoint(guard_blocks[i]):
-                cf.CondBranchOp(self.guards(spec), [], [], hit_blocks[i], nxt)
+            cur = self.fact_table_loop(module, spec, guard_blocks[i], nxt, region)
+            with ir.InsertionPoint(cur):
+                if spec.size_guards:
+                    ok = self.size_guard(spec.size_guards[0])
+                    for g in spec.size_guards[1:]:
+                        ok = arith.AndIOp(ok, self.size_guard(g)).result
+                    cf.CondBranchOp(ok, [], [], hit_blocks[i], nxt)
+                else:
+                    cf.BranchOp([], hit_blocks[i])
             with ir.InsertionPoint(hit_blocks[i]):
                 func.ReturnOp([self.const(spec.index)])
         with ir.InsertionPoint(miss):
             func.ReturnOp([self.const(-1)])
 
+    def fact_table_loop(self, module: ir.Module, spec: Specialization, block, fail, region):
+        """Note [Guard tables]: the tensor guards of `spec` as a constant table of checks
+        (fact index, mask, expected, want): `((facts[index] & mask) == expected) == want`, walked
+        by a loop from `block`; branches to `fail` at the first that does not hold. Returns the
+        block reached when all hold."""
+        table = guard_table(self.scm, spec)
+        if not table:
+            return block
+        n = len(table)
+        name = f"scm_guards_{spec.index}"
+        with ir.InsertionPoint(module.body):
+            llvm.GlobalOp(
+                ir.TypeAttr.get(ir.Type.parse(f"!llvm.array<{4 * n} x i64>")), name, ir.Attribute.parse("#llvm.linkage<internal>"),
+                constant=True,
+                value=ir.Attribute.parse(f"dense<[{', '.join(str(v) for row in table for v in row)}]> : tensor<{4 * n}xi64>"),
+            )
+        head = region.blocks.append(self.i64)
+        body = region.blocks.append()
+        done = region.blocks.append()
+        with ir.InsertionPoint(block):
+            base = llvm.AddressOfOp(self.ptr, name).result
+            cf.BranchOp([self.const(0)], head)
+        with ir.InsertionPoint(head):
+            i = head.arguments[0]
+            more = arith.CmpIOp(arith.CmpIPredicate.slt, i, self.const(4 * n)).result
+            cf.CondBranchOp(more, [], [], body, done)
+        with ir.InsertionPoint(body):
+            row = [self.load_dynamic(base, arith.AddIOp(i, self.const(k)).result if k else i, self.i64) for k in range(4)]
+            fact = self.load_dynamic(self.facts_ptr, row[0], self.i64)
+            same = self.eq(arith.AndIOp(fact, row[1]).result, row[2])
+            ok = self.eq(arith.ExtUIOp(self.i64, same).result, row[3])
+            cf.CondBranchOp(ok, [arith.AddIOp(i, self.const(4)).result], [], head, fail)
+        return done
+
     def emit_host(self, module: ir.Module) -> None:
-        """`scm_host(rt, ctx) -> i64`: calls scm_select, then runs the selected
-        specialization's plan; -1 on a miss, -2 when a runtime service failed."""
+        """`scm_host(rt, ctx) -> i64`: calls scm_select, computes the selected specialization's
+        size program and runs its plan (Note [Host plans]); -1 on a miss, -2 when a runtime
+        service failed."""
         region, (rt, ctx), dispatch_blocks, body_blocks, miss = self._begin(module, HOST_SYMBOL)
-        self.ctx = ctx
         specs = self.specs
         fail = region.blocks.append()
         with ir.InsertionPoint(self.entry):
             self.facts_ptr = llvm.LoadOp(self.ptr, ctx).result
-            self.alloc_fn = self.load_at(rt, RT_ALLOC, self.ptr)
-            self.launch_fn = self.load_at(rt, RT_LAUNCH, self.ptr)
-            self.aten_fn = self.load_at(rt, RT_ATEN, self.ptr)
-            self.value_ptr_fn = self.load_at(rt, RT_VALUE_PTR, self.ptr)
-            self.view_fn = self.load_at(rt, RT_VIEW, self.ptr)
-            self.release_fn = self.load_at(rt, RT_RELEASE, self.ptr)
-            max_params = max([len(lp.params) for s in specs for lp in s.launches] + [1])
-            self.slots = llvm.AllocaOp(self.ptr, self.const(max_params), self.i64).result
-            if self.scm.program.symbolic:  # Note [Symbolic sizes]: sizes handed to alloc / aten
-                from ..runtime.native import aten_sizes
-
-                self.set_sizes_fn = self.load_at(rt, RT_SET_SIZES, self.ptr)
-                max_sizes = max(
-                    [2 * len(a.sizes_expr) for s in specs for a in s.allocs if a.dynamic]
-                    + [len(aten_sizes(st)) for st in self.scm.program.atens] + [1]
-                )
-                self.sizes_buf = llvm.AllocaOp(self.ptr, self.const(max_sizes), self.i64).result
+            run_plan = self.load_at(rt, RT_RUN_PLAN, self.ptr)
+            max_sizes = max([len(p.sizes) for p in self.plans] + [0])
+            sizes_buf = llvm.AllocaOp(self.ptr, self.const(max(max_sizes, 1)), self.i64).result
             selected = func.CallOp([self.i64], SELECT_SYMBOL, [rt, ctx]).result
             cf.BranchOp([], dispatch_blocks[0] if specs else miss)
         self.entry_done = True
-        for i, spec in enumerate(specs):
+        for i, (spec, plan) in enumerate(zip(specs, self.plans)):
             nxt = dispatch_blocks[i + 1] if i + 1 < len(specs) else miss
             with ir.InsertionPoint(dispatch_blocks[i]):
                 cf.CondBranchOp(self.eq(selected, self.const(spec.index)), [], [], body_blocks[i], nxt)
-            self.body(spec, body_blocks[i], fail, region)
+            done = region.blocks.append()
+            with ir.InsertionPoint(body_blocks[i]):
+                computed: dict = {}
+                for k, v in enumerate(plan.sizes):  # the size program (Note [Symbolic sizes])
+                    key = str(v.expr) if isinstance(v, S.SizeExpr) else int(v)
+                    if key not in computed:
+                        computed[key] = self.size(v)
+                    addr = llvm.GEPOp(self.ptr, sizes_buf, [], [k], self.i64, 0).result
+                    llvm.StoreOp(computed[key], addr)
+                r = llvm.CallOp(self.i64, [run_plan, ctx, self.const(plan.handle), sizes_buf], [], []).result
+                cf.CondBranchOp(self.eq(r, self.const(0)), [], [], done, fail)
+            with ir.InsertionPoint(done):
+                func.ReturnOp([self.const(spec.index)])
         with ir.InsertionPoint(miss):
             func.ReturnOp([self.const(-1)])
         with ir.InsertionPoint(fail):
             func.ReturnOp([self.const(-2)])
-
-    def guards(self, spec: Specialization):
-        ok = arith.constant(self.i1, 1)
-        for g in spec.guards:
-            f = g.facts
-            checks = [
-                (1, meta_code(f.dtype, f.device)),
-                (2, len(f.sizes)),
-            ]
-            checks += [(FACTS_FIXED + d, s) for d, s in enumerate(f.sizes) if d not in g.free_sizes]
-            checks += [
-                (FACTS_FIXED + self.scm.max_rank + d, s) for d, s in enumerate(f.strides) if d not in g.free_strides
-            ]
-            for offset, expected in checks:
-                ok = arith.AndIOp(ok, self.eq(self.fact(g.input, offset), self.const(expected))).result
-            if g.residue16 is not None:
-                low = arith.AndIOp(self.fact(g.input, 0), self.const(15)).result
-                ok = arith.AndIOp(ok, self.eq(low, self.const(g.residue16))).result
-            elif g.aligned16 is not None:
-                is_aligned = self.aligned16(self.fact(g.input, 0))
-                want = arith.constant(self.i1, 1 if g.aligned16 else 0)
-                ok = arith.AndIOp(ok, self.eq(is_aligned, want)).result
-        for g in spec.size_guards:
-            ok = arith.AndIOp(ok, self.size_guard(g)).result
-        return ok
 
     # -- Note [Symbolic sizes] ------------------------------------------------------------
     def symbol(self, name: str):
@@ -315,120 +329,51 @@ class _Emitter:
             return self.eq(emit_int_key(self.size(g.expr), g.specialize), self.const(g.code))
         raise TypeError(f"no native form for guard {g!r}")
 
-    def set_sizes(self, values) -> None:
-        """Stores the i64s `values` in the sizes buffer and hands it to the runtime (set_sizes)."""
-        for k, v in enumerate(values):
-            addr = llvm.GEPOp(self.ptr, self.sizes_buf, [], [k], self.i64, 0).result
-            llvm.StoreOp(v, addr)
-        llvm.CallOp(self.i64, [self.set_sizes_fn, self.ctx, self.sizes_buf], [], [])
 
-    def _continue(self, cond_ok, fail, region):
-        """Branch to `fail` unless cond_ok; returns the block to keep emitting into."""
-        nxt = region.blocks.append()
-        cf.CondBranchOp(cond_ok, [], [], nxt, fail)
-        return nxt
-
-    def body(self, spec: Specialization, block, fail, region) -> None:
-        self.values: dict[int, ir.Value] = {}  # value slot -> its data pointer, once known
-        self.address_only = {v.step.outputs[0]: v for v in spec.views.values() if v.pointer_only}
-        allocs = {plan.step.slot: plan for plan in spec.allocs}
-        atens = iter(spec.atens)
-        launches = iter(spec.launches)
-        cur = block
-        for step_index, step in enumerate(self.scm.program.steps):
-            cur = self.step(spec, step, allocs, atens, launches, cur, fail, region)
-            with ir.InsertionPoint(cur):  # Note [Early release]: cannot fail
-                for slot in spec.releases.get(step_index, ()):
-                    llvm.CallOp(self.i64, [self.release_fn, self.ctx, self.const(slot)], [], [])
-        with ir.InsertionPoint(cur):
-            func.ReturnOp([self.const(spec.index)])
-
-    def step(self, spec: Specialization, step, allocs, atens, launches, cur, fail, region):
-        """Emits one program step into block `cur`; returns the block to continue in."""
-        with ir.InsertionPoint(cur):
-            if isinstance(step, AllocStep):
-                plan = allocs[step.slot]
-                if plan.dynamic:
-                    self.set_sizes([self.size(v) for v in tuple(plan.sizes_expr) + tuple(plan.strides_expr)])
-                p = llvm.CallOp(self.i64, [self.alloc_fn, self.ctx, self.const(plan.handle)], [], []).result
-                self.values[step.slot] = p
-                return self._continue(self.ne(p, self.const(-1)), fail, region)
-            if isinstance(step, AtenStep):
-                plan = next(atens)
-                view = spec.views.get(step.name)
-                if view is not None and view.pointer_only:
-                    return cur  # only kernels read it: its address is computed where used
-                if view is not None:
-                    r = llvm.CallOp(self.i64, [self.view_fn, self.ctx, self.const(view.handle)], [], []).result
-                else:
-                    from ..runtime.native import aten_sizes
-
-                    syms = aten_sizes(step)
-                    if syms:
-                        self.set_sizes([self.size(v) for v in syms])
-                    r = llvm.CallOp(self.i64, [self.aten_fn, self.ctx, self.const(plan.handle)], [], []).result
-                return self._continue(self.eq(r, self.const(0)), fail, region)
-            launch = next(launches)
-            ok = self.store_params(launch)
-            gx, gy, gz = launch.grid or launch.step.grid
-            if ok is not None:  # pointers the kernel was specialized as 16-byte aligned
-                cur = self._continue(ok, fail, region)
-        with ir.InsertionPoint(cur):
-            r = llvm.CallOp(
-                self.i64,
-                [self.launch_fn, self.ctx, self.const(launch.handle), self.size(gx), self.size(gy),
-                 self.size(gz), self.slots],
-                [],
-                [],
-            ).result
-            return self._continue(self.eq(r, self.const(0)), fail, region)
-
-    def value_pointer(self, slot: int):
-        if slot not in self.values:
-            view = self.address_only.get(slot)
-            if view is not None:  # base address + the planned offset, no tensor
-                base = self.fact(view.base.index, 0) if view.base.kind == "input" else self.value_pointer(view.base.index)
-                self.values[slot] = arith.AddIOp(base, self.const(view.delta_bytes)).result
-            else:
-                self.values[slot] = llvm.CallOp(self.i64, [self.value_ptr_fn, self.ctx, self.const(slot)], [], []).result
-        return self.values[slot]
-
-    def param_value(self, p: Param):
-        src = p.source
-        if isinstance(src, ValueRef):
-            return self.fact(src.index, 0) if src.kind == "input" else self.value_pointer(src.index)
-        if isinstance(src, S.SizeExpr):  # an integer computed from sizes; its key is guarded
-            value = self.size(src)
-            width = int(p.ty[1:]) if p.ty[0] in "iu" and p.ty[1:].isdigit() else 64
-            if width < 64:  # the slot holds the raw bits zero-extended (Note [Host ABI])
-                value = arith.AndIOp(value, self.const((1 << width) - 1)).result
-            return value
-        return self.const(slot_bits(p.ty, src))
-
-    def store_params(self, launch: LaunchPlan):
-        """Packs the parameters into the slots; returns the i1 'aligned values are aligned'
-        condition, or None when the launch assumes no value's alignment."""
-        ok = None
-        for i, p in enumerate(launch.params):
-            value = self.param_value(p)
-            addr = llvm.GEPOp(self.ptr, self.slots, [], [i], self.i64, 0).result
-            llvm.StoreOp(value, addr)
-            if isinstance(p.source, ValueRef) and p.source.kind == "value" and p.source.index in launch.aligned_values:
-                cond = self.aligned16(value)
-                ok = cond if ok is None else arith.AndIOp(ok, cond).result
-        return ok
+# Note [Guard tables]
+# ~~~~~~~~~~~~~~~~~~~
+# A tensor guard compares facts with constants: the dtype/device code, the rank, the sizes and
+# strides not left free, the data pointer's residue modulo 16 (or its 16-byte alignment). As
+# unrolled code that is ~8 MLIR operations per fact and dominated the build of a large region
+# (a 24-layer decode region: ~3,000 comparisons, most of LLVM's time); as a constant table of
+# rows (fact index, mask, expected, want) walked by one loop it is data, and a check costs about
+# what the unrolled compare did.
+def guard_table(scm: SCM, spec: Specialization) -> list[tuple[int, int, int, int]]:
+    """Rows (fact index, mask, expected, want) of `spec`'s tensor guards, in guard order."""
+    stride = FACTS_FIXED + 2 * scm.max_rank
+    rows = []
+    for g in spec.guards:
+        f = g.facts
+        base = g.input * stride
+        checks = [(1, meta_code(f.dtype, f.device)), (2, len(f.sizes))]
+        checks += [(FACTS_FIXED + d, s) for d, s in enumerate(f.sizes) if d not in g.free_sizes]
+        checks += [(FACTS_FIXED + scm.max_rank + d, s) for d, s in enumerate(f.strides) if d not in g.free_strides]
+        rows += [(base + offset, -1, expected, 1) for offset, expected in checks]
+        if g.residue16 is not None:
+            rows.append((base, 15, g.residue16, 1))
+        elif g.aligned16 is not None:
+            rows.append((base, 15, 0, 1 if g.aligned16 else 0))
+    return rows
 
 
-def emit_host_module(scm: SCM, torch_module: ir.Module, specs: "list[Specialization]") -> ir.Module:
-    """A new module, in the context of `torch_module`, holding the host program of `specs` (the
-    runtime compiles one per specialization: Note [One host program per specialization])."""
+def check_region_steps(scm: SCM, torch_module: ir.Module) -> None:
+    """The torch-dialect function's steps are the SCM program's, in order (once per region: the
+    same import serves every specialization)."""
     steps = region_steps(torch_module, scm.program.name)
     expected = program_steps(scm)
     assert [s[:2] if s[1] == "op" else s for s in steps] == expected, (
         f"torch dialect steps {steps} do not match the SCM program {expected}"
     )
+
+
+def emit_host_module(
+    scm: SCM, torch_module: ir.Module, specs: "list[Specialization]", plans: "list[HostPlan]"
+) -> ir.Module:
+    """A new module, in the context of `torch_module` (checked by check_region_steps), holding the
+    host program of `specs`, whose registered step tables are `plans` (the runtime compiles one
+    per specialization: Note [One host program per specialization])."""
     with torch_module.context, ir.Location.unknown():
         module = ir.Module.create()
-        _Emitter(scm, specs).emit_select(module)
-        _Emitter(scm, specs).emit_host(module)
+        _Emitter(scm, specs, plans).emit_select(module)
+        _Emitter(scm, specs, plans).emit_host(module)
     return module

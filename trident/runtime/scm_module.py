@@ -21,7 +21,8 @@ import torch
 
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
-from ..lowering import compile_host, emit_host_module, import_region
+from ..lowering import check_region_steps, compile_host, emit_host_module, import_region
+from ..lowering.host_plan import HostPlan, format_plan, host_plan
 from ..kernels.copy import index_write_checks
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
@@ -106,10 +107,10 @@ def _static_layout(program: RegionProgram, i: int) -> tuple:
             tuple(None if isinstance(e, SizeExpr) else e for e in strides))
 
 
-def _handles(spec: Specialization) -> list:
-    """The region-local native table indices a specialization's host program bakes in."""
+def _handles(spec: Specialization, plan: HostPlan) -> list:
+    """The region-local native table indices a specialization's host program and plan bake in."""
     return [[a.handle for a in spec.allocs], [a.handle for a in spec.atens],
-            [[name, v.handle] for name, v in sorted(spec.views.items())], [p.handle for p in spec.launches]]
+            [[name, v.handle] for name, v in sorted(spec.views.items())], [p.handle for p in spec.launches], plan.handle]
 
 
 class SCMRuntime:
@@ -126,6 +127,7 @@ class SCMRuntime:
         self._torch_module = None  # the region in torch dialect, imported once
         self._plans = PlanCache.for_region(self.scm)  # Note [Persistent plans]; None when off
         self.host_mlirs: list[str] = []  # per specialization: its host program
+        self.host_plans: list[HostPlan] = []  # per specialization: its step table (Note [Host plans])
         self._lock = threading.Lock()
         self._aten_handles: dict[str, int] = {}
         self.region_id = native.C.create_region(
@@ -186,7 +188,7 @@ class SCMRuntime:
         binary = self.binaries[-1]
         native_record = self._plans.store_native(spec.index, binary.engine) if hasattr(binary, "engine") else None
         if native_record is not None:
-            native_record["handles"] = _handles(spec)
+            native_record["handles"] = _handles(spec, self.host_plans[spec.index])
         self._plans.store(spec.index, payload, native_record)
 
     def restore_cached(self) -> int:
@@ -253,12 +255,16 @@ class SCMRuntime:
         for plan in spec.launches:
             plan.global_handle = native.register_launch(plan)
             plan.handle = bind(self.region_id, "kernel", plan.global_handle)
+        table = host_plan(self.scm, spec)  # Note [Host plans]
+        table.handle = bind(self.region_id, "plan", native.C.add_plan(f"{self.program.name}.{spec.index}", table.native()))
         cost["plan_s"] += time.perf_counter() - t0  # native tables
         self.scm.specializations.append(spec)
+        self.host_plans.append(table)
         try:
             self._make_selectable(spec, cost, native_record)
         except BaseException:
             self.scm.specializations.pop()  # never listed without a host program
+            self.host_plans.pop()
             del self.host_mlirs[len(self.scm.specializations):]
             raise
         return spec
@@ -270,7 +276,7 @@ class SCMRuntime:
                 "\n".join(f"  {format_guard(g)}" for g in spec.guards),
             )
         loaded = None
-        if native_record is not None and self._plans is not None and native_record.get("handles") == _handles(spec):
+        if native_record is not None and self._plans is not None and native_record.get("handles") == _handles(spec, self.host_plans[spec.index]):
             loaded = self._plans.load_native(native_record)
         if loaded is not None:  # Note [Persistent plans]: the host program an earlier process built
             lib, host, select = loaded
@@ -304,8 +310,9 @@ class SCMRuntime:
         if self._torch_module is None:  # what the region does: the same for every specialization
             self._torch_module = import_region(self.program, ir.Context())
             self.torch_mlir = str(self._torch_module)
+            check_region_steps(self.scm, self._torch_module)
         t1 = time.perf_counter()
-        host = emit_host_module(self.scm, self._torch_module, [spec])
+        host = emit_host_module(self.scm, self._torch_module, [spec], [self.host_plans[spec.index]])
         self.host_mlirs.append(str(host))
         t2 = time.perf_counter()
         binary = compile_host(host, f"{self.program.name}.{spec.index}", self.host_mlirs[-1])
@@ -333,7 +340,9 @@ class SCMRuntime:
                 records.append((f".spec{spec.index}.json", json.dumps(specialization_to_data(self.program, spec), indent=1)))
             except SerializationError as e:
                 records.append((f".spec{spec.index}.json", json.dumps({"not_serializable": str(e)})))
-        texts = [(".scm.txt", format_scm(self.scm)), (".torch.mlir", self.torch_mlir), (".host.mlir", self.host_mlir)]
+        plans = "\n".join(format_plan(p, i) for i, p in enumerate(self.host_plans))
+        texts = [(".scm.txt", format_scm(self.scm)), (".torch.mlir", self.torch_mlir), (".host.mlir", self.host_mlir),
+                 (".plan.txt", plans)]
         for suffix, text in texts + records:
             with open(stem + suffix, "w") as f:
                 f.write(text)

@@ -111,6 +111,9 @@ class RegionProgram:
     input_exprs: list = field(default_factory=list)  # per input: (sizes, strides), ints and SizeExprs
     value_exprs: list = field(default_factory=list)  # per value slot: (sizes, strides, storage offset)
     size_guards: list = field(default_factory=list)  # what every size served must satisfy (guards.py)
+    # Note [Layouts per input facts] (scm/specialize.py): the values' layouts per set of input
+    # facts already propagated; a memo, not part of what the program is
+    layouts: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def symbolic(self) -> bool:

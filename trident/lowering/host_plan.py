@@ -1,0 +1,195 @@
+"""Stage 2 of the lowering, first half: a specialization's steps as a table (Note [Host plans]).
+
+Note [Host plans]
+~~~~~~~~~~~~~~~~~
+A specialization's plan is a list of ops the native runtime walks (scm_runtime.h: HostPlan,
+`run_plan`): allocate slot s, call operator j, make view v, launch kernel k with these parameter
+sources and this grid, release slot s. A parameter's source is a constant's raw bits, an input's
+data pointer, a value's data pointer, a base pointer plus a planned byte offset (a view only
+kernels read), or an entry of the size program's array (Note [Symbolic sizes]), and it may be
+checked for the 16-byte alignment the kernel was specialized on. The generated host program
+(scm_to_llvm.py) keeps what must be native code: the guards (a constant table walked by a loop,
+plus the size guards as expressions), the size program (every SizeExpr the plan reads, computed
+into an array), and the call of `run_plan`. So building a specialization emits a few dozen MLIR
+operations whatever the region's size, instead of ~20 per step, and LLVM compiles it in
+milliseconds (issue 11: a 24-layer decode specialization went from ~19,000 MLIR operations and
+0.7 s of LLVM to ~40 and a few ms; tools/bench_miss.py). Walking the table costs a few ns per
+step against the direct calls it replaces, small beside the services themselves (an operator
+call through the dispatcher, a kernel launch), and nothing at all on a graph replay.
+
+The table is plain data derived from the Specialization alone (`host_plan`), prints readably
+(`format_plan`) and is registered by the one lowering entry that also emits the host program
+(runtime/scm_module.py: install_specialization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..scm import sizes as S
+from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, Param, Specialization, ValueRef
+
+# scm_runtime.h: PlanOp::Kind and PlanSource::Kind
+OP_KINDS = {"alloc": 0, "aten": 1, "view": 2, "launch": 3, "release": 4}
+SOURCE_KINDS = {"const": 0, "input": 1, "value": 2, "address": 3, "size": 4}
+MAX_PARAMS = 256  # HostPlan::kMaxParams
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a launch parameter or grid dimension comes from (scm_runtime.h: PlanSource)."""
+
+    kind: str  # const | input | value | address | size
+    a: int = 0  # const: raw bits; input: index; value: slot; address: slot, or -(input + 1); size: index
+    b: int = 0  # address: byte offset; size: mask of the parameter's width
+    aligned: bool = False  # checked for 16-byte alignment (a 'D' pointer the plan cannot guard)
+
+    def native(self) -> tuple:
+        return (SOURCE_KINDS[self.kind], self.a, self.b, self.aligned)
+
+    def __str__(self) -> str:
+        check = " aligned16" if self.aligned else ""
+        if self.kind == "const":
+            return f"{self.a}"
+        if self.kind == "input":
+            return f"input{self.a}{check}"
+        if self.kind == "value":
+            return f"%{self.a}{check}"
+        if self.kind == "address":
+            base = f"input{-self.a - 1}" if self.a < 0 else f"%{self.a}"
+            return f"{base}+{self.b}B{check}"
+        mask = "" if self.b == -1 else f" & {hex(self.b)}"
+        return f"sizes[{self.a}]{mask}"
+
+
+@dataclass(frozen=True)
+class PlanOp:
+    kind: str  # alloc | aten | view | launch | release
+    index: int  # region-local alloc / aten / view / kernel index; release: the value slot
+    name: str  # the step's name, for printing
+    sizes: int = -1  # >= 0: where this op's symbolic sizes start in the sizes array
+    grid: tuple = ()  # launch: three Sources
+    params: tuple = ()  # launch: one Source per non-constexpr parameter
+    labels: tuple = ()  # launch: the kernel's name, then "name: type" per parameter (printing)
+
+    def native(self) -> tuple:
+        grid = [g.native() for g in self.grid]
+        return (OP_KINDS[self.kind], self.index, self.sizes, grid, [p.native() for p in self.params])
+
+
+@dataclass
+class HostPlan:
+    ops: list[PlanOp]
+    # the size program: what the host computes into the sizes array, in order (SizeExprs; ints
+    # where a dynamic allocation's layout mixes them)
+    sizes: list = field(default_factory=list)
+    handle: int = -1  # region-local index of the registered table (the host program bakes it)
+
+    def native(self) -> list:
+        return [op.native() for op in self.ops]
+
+
+def host_plan(scm: SCM, spec: Specialization) -> HostPlan:
+    """The table of `spec`'s steps, in program order, with the native handles `spec` was bound to."""
+    from ..runtime.native import aten_sizes
+
+    sizes: list = []
+    memo: dict = {}
+
+    def size_index(expr: S.SizeExpr) -> int:
+        key = str(expr.expr)
+        if key not in memo:
+            memo[key] = len(sizes)
+            sizes.append(expr)
+        return memo[key]
+
+    def size_run(values) -> int:
+        """Appends `values` as one contiguous run of the sizes array (what set_sizes hands a
+        service); returns where it starts."""
+        begin = len(sizes)
+        sizes.extend(values)
+        return begin
+
+    address_only = {v.step.outputs[0]: v for v in spec.views.values() if v.pointer_only}
+
+    def pointer(ref: ValueRef, aligned: bool) -> Source:
+        if ref.kind == "input":
+            return Source("input", ref.index)
+        delta = 0
+        slot = ref.index
+        while slot in address_only:  # a view only kernels read: its base's pointer + the offset
+            view = address_only[slot]
+            delta += view.delta_bytes
+            if view.base.kind == "input":
+                return Source("address", -view.base.index - 1, delta, aligned)
+            slot = view.base.index
+        if delta:
+            return Source("address", slot, delta, aligned)
+        return Source("value", slot, 0, aligned)
+
+    def param(p: Param, launch: LaunchPlan) -> Source:
+        src = p.source
+        if isinstance(src, ValueRef):
+            return pointer(src, src.kind == "value" and src.index in launch.aligned_values)
+        if isinstance(src, S.SizeExpr):  # an integer computed from sizes; its key is guarded
+            width = int(p.ty[1:]) if p.ty[0] in "iu" and p.ty[1:].isdigit() else 64
+            return Source("size", size_index(src), (1 << width) - 1 if width < 64 else -1)
+        from .scm_to_llvm import slot_bits
+
+        bits = slot_bits(p.ty, src)
+        return Source("const", bits - (1 << 64) if bits >= 1 << 63 else bits)
+
+    def grid_source(g) -> Source:
+        return Source("size", size_index(g), -1) if isinstance(g, S.SizeExpr) else Source("const", int(g))
+
+    ops: list[PlanOp] = []
+    allocs = {plan.step.slot: plan for plan in spec.allocs}
+    atens = iter(spec.atens)
+    launches = iter(spec.launches)
+    for step_index, step in enumerate(scm.program.steps):
+        if isinstance(step, AllocStep):
+            plan = allocs[step.slot]
+            begin = size_run(tuple(plan.sizes_expr) + tuple(plan.strides_expr)) if plan.dynamic else -1
+            ops.append(PlanOp("alloc", plan.handle, step.name, begin))
+        elif isinstance(step, AtenStep):
+            plan = next(atens)
+            view = spec.views.get(step.name)
+            if view is not None and view.pointer_only:
+                pass  # only kernels read it: its address is computed where used
+            elif view is not None:
+                ops.append(PlanOp("view", view.handle, step.name))
+            else:
+                syms = aten_sizes(step)
+                ops.append(PlanOp("aten", plan.handle, step.name, size_run(syms) if syms else -1))
+        else:
+            launch = next(launches)
+            if len(launch.params) > MAX_PARAMS:
+                raise ValueError(f"{step.name}: {len(launch.params)} kernel parameters; at most {MAX_PARAMS} are supported")
+            grid = tuple(grid_source(g) for g in (launch.grid or launch.step.grid))
+            params = tuple(param(p, launch) for p in launch.params)
+            labels = (launch.step.kernel_name,) + tuple(f"{p.name}: {p.ty}" for p in launch.params)
+            ops.append(PlanOp("launch", launch.handle, step.name, -1, grid, params, labels))
+        for slot in spec.releases.get(step_index, ()):  # Note [Early release]
+            ops.append(PlanOp("release", slot, scm.program.value_names[slot]))
+    return HostPlan(ops, sizes)
+
+
+def format_plan(plan: HostPlan, index: int = 0) -> str:
+    """The table as text, one op per line (dumps and goldens)."""
+    lines = [f"plan of specialization {index}: {len(plan.ops)} ops"]
+    for k, e in enumerate(plan.sizes):
+        lines.append(f"  sizes[{k}] = {e}")
+    for op in plan.ops:
+        sizes = f" sizes@{op.sizes}" if op.sizes >= 0 else ""
+        if op.kind == "launch":
+            grid = ", ".join(str(g) for g in op.grid)
+            kernel, labels = op.labels[0], op.labels[1:]
+            lines.append(f"  launch #{op.index} {kernel}[{grid}] ({op.name})")
+            for label, p in zip(labels, op.params):
+                value = hex(p.a & (2**64 - 1)) if p.kind == "const" and label.split(": ")[1].startswith(("fp", "bf")) else p
+                lines.append(f"      {label} = {value}")
+        elif op.kind == "release":
+            lines.append(f"  release %{op.index} ({op.name})")
+        else:
+            lines.append(f"  {op.kind} #{op.index} {op.name}{sizes}")
+    return "\n".join(lines)
