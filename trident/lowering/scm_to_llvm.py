@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy
+
 import torch
 from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, func, llvm
@@ -33,6 +35,10 @@ from .region_to_torch import LAUNCH_OP_NAME, op_step
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
 RT_RUN_PLAN = 7  # RuntimeTable::run_plan (Note [Host plans]); 0..6: the services run_plan calls
 _DYNAMIC_INDEX = -(2**31)  # llvm.getelementptr: this position takes a dynamic index
+
+
+def _internal_linkage():
+    return ir.Attribute.parse("#llvm.linkage<internal>")  # the bindings have no builder for LinkageAttr
 HOST_SYMBOL = "scm_host"
 SELECT_SYMBOL = "scm_select"  # guards and selection only: returns the index or -1
 
@@ -248,9 +254,8 @@ class _Emitter:
         name = f"scm_guards_{spec.index}"
         with ir.InsertionPoint(module.body):
             llvm.GlobalOp(
-                ir.TypeAttr.get(ir.Type.parse(f"!llvm.array<{4 * n} x i64>")), name, ir.Attribute.parse("#llvm.linkage<internal>"),
-                constant=True,
-                value=ir.Attribute.parse(f"dense<[{', '.join(str(v) for row in table for v in row)}]> : tensor<{4 * n}xi64>"),
+                ir.TypeAttr.get(llvm.ArrayType.get(self.i64, 4 * n)), name, _internal_linkage(), constant=True,
+                value=ir.DenseIntElementsAttr.get(numpy.array(table, dtype=numpy.int64).reshape(-1)),
             )
         head = region.blocks.append(self.i64)
         body = region.blocks.append()
