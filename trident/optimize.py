@@ -381,6 +381,17 @@ def explain(gm) -> str:
                 lines.append(f"    launch {launch.step.kernel_name} key={launch.key}{extra}")
                 if launch.step.tuned:
                     lines.append(f"      autotuned: {launch.step.tuned}")
+            if spec.index < len(rt.host_plans) and spec.index < len(rt.build_costs):  # Note [Host plans]
+                plan, cost = rt.host_plans[spec.index], rt.build_costs[spec.index]
+                how = (
+                    "its host program restored from TRIDENT_CACHE_DIR"
+                    if cost.get("native_restored")
+                    else f"host MLIR {cost.get('host_mlir_s', 0) * 1e3:.1f} ms + LLVM {cost.get('llvm_s', 0) * 1e3:.1f} ms"
+                )
+                lines.append(
+                    f"    host plan: {len(plan.ops)} op(s), {len(plan.sizes)} computed size(s); built in plan "
+                    f"{cost.get('plan_s', 0) * 1e3:.1f} ms + {how} (Triton {cost.get('triton_s', 0) * 1e3:.1f} ms)"
+                )
             in_arena = [a for a in spec.allocs if a.arena_offset >= 0]
             if in_arena:
                 lines.append(

@@ -195,3 +195,35 @@ def test_a_miss_builds_only_the_new_specialization(device):
         assert rt.probe([a, b]) == k  # axpy's region reads its two inputs in this order
     s = _stats(opt)
     assert s["specializations"] == 5 and s["misses"] == 4
+
+
+def test_host_program_code_does_not_grow_with_the_region():
+    """Note [Host plans]: a region's steps are a table the runtime walks, so the code compiled per
+    specialization (guards loop, size program, the run_plan call) is the same for a 1- and a
+    3-layer decode step; only the step table and the guard table's data grow. The alignment miss
+    reuses the first specialization's layouts (Note [Layouts per input facts])."""
+    import functools
+    import re
+
+    from tests.decode_model import Config, decode_step, make_caches, make_weights
+    from trident.optimize import _regions
+
+    code, ops = [], []
+    for layers in (1, 3):
+        cfg = Config(layers=layers)
+        weights, cos, sin = make_weights(cfg, "cpu")
+        caches = make_caches(cfg, "cpu")
+        x, pos = torch.randn(1, cfg.hidden), torch.tensor([0])
+        opt = trident.optimize(trident.capture(functools.partial(decode_step, cfg), x, pos, cos, sin, *caches, *weights))
+        (rt,) = _regions(opt)
+        (layouts,) = rt.program.layouts.values()
+        opt(misaligned(x), pos, cos, sin, *caches, *weights)  # a miss: specialization 1
+        assert len(rt.scm.specializations) == 2
+        assert list(rt.program.layouts.values()) == [layouts]  # propagated once for both
+        text = re.sub(r"dense<[^>]*>", "dense<...>", rt.host_mlirs[1])  # the guard table's data
+        text = re.sub(r"\d+", "N", text)  # its length and the specialization's constants
+        code.append(text)
+        ops.append(len(rt.host_plans[1].ops))
+    assert code[0] == code[1]
+    assert ops[1] > 2.5 * ops[0]
+    assert f"host plan: {ops[1]} op(s), 0 computed size(s); built in plan" in trident.explain(opt)
