@@ -62,14 +62,12 @@ def test_round_trip_prints_and_lowers_as_the_original(case):
             tampered["size_guards"] = tampered["size_guards"][:-1]
             with pytest.raises(SerializationError, match="size guards differ"):
                 specialization_from_data(rt.program, tampered, compile_kernels=False)
-        # native handles are runtime state, not plan: the same ones give the same host program
-        for a, b in zip(spec.allocs + spec.atens + spec.launches, back.allocs + back.atens + back.launches):
-            b.handle = a.handle
-        for name_, v in spec.views.items():
-            back.views[name_].handle = v.handle
+        # native handles are runtime state, not plan (Note [Host plans]): the same ones give the
+        # same step table and the same host program
         torch_module = import_region(rt.program, __import__("torch_mlir").ir.Context())
-        plan, plan_back = host_plan(rt.scm, spec), host_plan(rt.scm, back)
-        assert plan_back == plan  # the same step table (Note [Host plans])
+        handles = rt.host_plans[0].handles
+        plan, plan_back = host_plan(rt.scm, spec, handles), host_plan(rt.scm, back, handles)
+        assert plan_back == plan
         plan.handle = plan_back.handle = rt.host_plans[0].handle
         assert str(emit_host_module(rt.scm, torch_module, [back], [plan_back])) == str(
             emit_host_module(rt.scm, torch_module, [spec], [plan])

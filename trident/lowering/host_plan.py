@@ -17,14 +17,17 @@ milliseconds (issue 11: a 24-layer decode specialization went from ~19,000 MLIR 
 step against the direct calls it replaces, small beside the services themselves (an operator
 call through the dispatcher, a kernel launch), and nothing at all on a graph replay.
 
-The table is plain data derived from the Specialization alone (`host_plan`), prints readably
-(`format_plan`) and is registered by the one lowering entry that also emits the host program
-(runtime/scm_module.py: install_specialization).
+The table is plain data derived from the Specialization and the native indices its entries
+were registered under (`host_plan`), and prints readably (`format_plan`). `RegionTables` is the
+one place that registers a region's native state: a specialization's allocation plans, operator
+calls, views, kernels and the table itself (Note [A closed plan]: the Specialization holds no
+runtime handles; they live in its HostPlan).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..scm import sizes as S
 from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, Param, Specialization, ValueRef
@@ -84,13 +87,63 @@ class HostPlan:
     # where a dynamic allocation's layout mixes them)
     sizes: list = field(default_factory=list)
     handle: int = -1  # region-local index of the registered table (the host program bakes it)
+    handles: Optional["Handles"] = None  # the native indices its ops name
 
     def native(self) -> list:
         return [op.native() for op in self.ops]
 
 
-def host_plan(scm: SCM, spec: Specialization) -> HostPlan:
-    """The table of `spec`'s steps, in program order, with the native handles `spec` was bound to."""
+@dataclass
+class Handles:
+    """Region-local native indices of one specialization's entries (runtime state, not plan)."""
+
+    allocs: dict = field(default_factory=dict)  # value slot -> allocation plan
+    atens: dict = field(default_factory=dict)  # step name -> operator call
+    views: dict = field(default_factory=dict)  # step name -> native view
+    kernels: list = field(default_factory=list)  # per launch of the specialization -> kernel entry
+
+    def record(self) -> list:
+        """What a persisted host program baked in (Note [Persistent plans] checks it on restore)."""
+        return [sorted(self.allocs.items()), sorted(self.atens.items()), sorted(self.views.items()), list(self.kernels)]
+
+
+class RegionTables:
+    """Registers the native state of a region's specializations (Note [Host plans]); operator
+    calls are shared by every specialization (their templates do not depend on one)."""
+
+    def __init__(self, region_id: int, name: str):
+        self.region_id = region_id
+        self.name = name
+        self.atens: dict[str, int] = {}  # step name -> region-local operator call
+
+    def lower(self, scm: SCM, spec: Specialization) -> HostPlan:
+        from ..runtime import native
+
+        bind = native.C.region_bind
+        h = Handles()
+        for plan in spec.allocs:
+            h.allocs[plan.step.slot] = bind(self.region_id, "alloc", native.register_alloc(plan))
+        for plan in spec.atens:
+            if plan.step.name not in self.atens:
+                self.atens[plan.step.name] = bind(self.region_id, "aten", native.register_aten(plan.step))
+            h.atens[plan.step.name] = self.atens[plan.step.name]
+        for name, view in spec.views.items():
+            if view.pointer_only:
+                continue  # never materialized: the host computes its address
+            f, b = view.facts, view.base_facts
+            entry = native.C.add_view(
+                view.base.kind == "input", view.base.index, list(b.sizes), list(b.strides), list(f.sizes),
+                list(f.strides), view.offset_delta, view.step.outputs[0], self.atens[name],
+            )
+            h.views[name] = bind(self.region_id, "view", entry)
+        h.kernels = [bind(self.region_id, "kernel", native.register_launch(plan)) for plan in spec.launches]
+        table = host_plan(scm, spec, h)
+        table.handle = bind(self.region_id, "plan", native.C.add_plan(f"{self.name}.{spec.index}", table.native()))
+        return table
+
+
+def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
+    """The table of `spec`'s steps, in program order, naming the native entries by `handles`."""
     from ..runtime.native import aten_sizes
 
     sizes: list = []
@@ -145,33 +198,33 @@ def host_plan(scm: SCM, spec: Specialization) -> HostPlan:
     ops: list[PlanOp] = []
     allocs = {plan.step.slot: plan for plan in spec.allocs}
     atens = iter(spec.atens)
-    launches = iter(spec.launches)
+    launches = iter(zip(spec.launches, handles.kernels))
     for step_index, step in enumerate(scm.program.steps):
         if isinstance(step, AllocStep):
             plan = allocs[step.slot]
             begin = size_run(tuple(plan.sizes_expr) + tuple(plan.strides_expr)) if plan.dynamic else -1
-            ops.append(PlanOp("alloc", plan.handle, step.name, begin))
+            ops.append(PlanOp("alloc", handles.allocs[step.slot], step.name, begin))
         elif isinstance(step, AtenStep):
             plan = next(atens)
             view = spec.views.get(step.name)
             if view is not None and view.pointer_only:
                 pass  # only kernels read it: its address is computed where used
             elif view is not None:
-                ops.append(PlanOp("view", view.handle, step.name))
+                ops.append(PlanOp("view", handles.views[step.name], step.name))
             else:
                 syms = aten_sizes(step)
-                ops.append(PlanOp("aten", plan.handle, step.name, size_run(syms) if syms else -1))
+                ops.append(PlanOp("aten", handles.atens[step.name], step.name, size_run(syms) if syms else -1))
         else:
-            launch = next(launches)
+            launch, kernel = next(launches)
             if len(launch.params) > MAX_PARAMS:
                 raise ValueError(f"{step.name}: {len(launch.params)} kernel parameters; at most {MAX_PARAMS} are supported")
             grid = tuple(grid_source(g) for g in (launch.grid or launch.step.grid))
             params = tuple(param(p, launch) for p in launch.params)
             labels = (launch.step.kernel_name,) + tuple(f"{p.name}: {p.ty}" for p in launch.params)
-            ops.append(PlanOp("launch", launch.handle, step.name, -1, grid, params, labels))
+            ops.append(PlanOp("launch", kernel, step.name, -1, grid, params, labels))
         for slot in spec.releases.get(step_index, ()):  # Note [Early release]
             ops.append(PlanOp("release", slot, scm.program.value_names[slot]))
-    return HostPlan(ops, sizes)
+    return HostPlan(ops, sizes, handles=handles)
 
 
 def format_plan(plan: HostPlan, index: int = 0) -> str:

@@ -22,7 +22,7 @@ import torch
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
 from ..lowering import check_region_steps, compile_host, emit_host_module, import_region
-from ..lowering.host_plan import HostPlan, format_plan, host_plan
+from ..lowering.host_plan import HostPlan, RegionTables, format_plan
 from ..kernels.copy import index_write_checks
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
@@ -107,10 +107,9 @@ def _static_layout(program: RegionProgram, i: int) -> tuple:
             tuple(None if isinstance(e, SizeExpr) else e for e in strides))
 
 
-def _handles(spec: Specialization, plan: HostPlan) -> list:
+def _handles(plan: HostPlan) -> list:
     """The region-local native table indices a specialization's host program and plan bake in."""
-    return [[a.handle for a in spec.allocs], [a.handle for a in spec.atens],
-            [[name, v.handle] for name, v in sorted(spec.views.items())], [p.handle for p in spec.launches], plan.handle]
+    return json.loads(json.dumps(plan.handles.record() + [plan.handle]))  # as a record reads back
 
 
 class SCMRuntime:
@@ -129,7 +128,6 @@ class SCMRuntime:
         self.host_mlirs: list[str] = []  # per specialization: its host program
         self.host_plans: list[HostPlan] = []  # per specialization: its step table (Note [Host plans])
         self._lock = threading.Lock()
-        self._aten_handles: dict[str, int] = {}
         self.region_id = native.C.create_region(
             program.name,
             len(program.inputs),
@@ -138,6 +136,7 @@ class SCMRuntime:
             [o.index for o in program.outputs],
             self._on_miss,
         )
+        self.tables = RegionTables(self.region_id, program.name)  # the region's native entries
         _REGISTRY[self.region_id] = self
         self.guards = disjoint_input_guards(program)  # the region's native call guards
         self.layout_guards = [
@@ -188,7 +187,7 @@ class SCMRuntime:
         binary = self.binaries[-1]
         native_record = self._plans.store_native(spec.index, binary.engine) if hasattr(binary, "engine") else None
         if native_record is not None:
-            native_record["handles"] = _handles(spec, self.host_plans[spec.index])
+            native_record["handles"] = _handles(self.host_plans[spec.index])
         self._plans.store(spec.index, payload, native_record)
 
     def restore_cached(self) -> int:
@@ -236,27 +235,7 @@ class SCMRuntime:
     def install_specialization(self, spec: Specialization, cost: dict, native_record: Optional[dict] = None) -> Specialization:
         """Binds `spec`'s native tables, compiles its host program, makes it selectable."""
         t0 = time.perf_counter()
-        bind = native.C.region_bind
-        for plan in spec.allocs:
-            plan.handle = bind(self.region_id, "alloc", native.register_alloc(plan))
-        for plan in spec.atens:  # an operator call's template does not depend on the specialization
-            if plan.step.name not in self._aten_handles:
-                self._aten_handles[plan.step.name] = bind(self.region_id, "aten", native.register_aten(plan.step))
-            plan.handle = self._aten_handles[plan.step.name]
-        for view in spec.views.values():
-            if view.pointer_only:
-                continue  # never materialized: the host computes its address
-            f, b = view.facts, view.base_facts
-            handle = native.C.add_view(
-                view.base.kind == "input", view.base.index, list(b.sizes), list(b.strides), list(f.sizes),
-                list(f.strides), view.offset_delta, view.step.outputs[0], self._aten_handles[view.step.name],
-            )
-            view.handle = bind(self.region_id, "view", handle)
-        for plan in spec.launches:
-            plan.global_handle = native.register_launch(plan)
-            plan.handle = bind(self.region_id, "kernel", plan.global_handle)
-        table = host_plan(self.scm, spec)  # Note [Host plans]
-        table.handle = bind(self.region_id, "plan", native.C.add_plan(f"{self.program.name}.{spec.index}", table.native()))
+        table = self.tables.lower(self.scm, spec)  # Note [Host plans]: every native entry it names
         cost["plan_s"] += time.perf_counter() - t0  # native tables
         self.scm.specializations.append(spec)
         self.host_plans.append(table)
@@ -276,7 +255,7 @@ class SCMRuntime:
                 "\n".join(f"  {format_guard(g)}" for g in spec.guards),
             )
         loaded = None
-        if native_record is not None and self._plans is not None and native_record.get("handles") == _handles(spec, self.host_plans[spec.index]):
+        if native_record is not None and self._plans is not None and native_record.get("handles") == _handles(self.host_plans[spec.index]):
             loaded = self._plans.load_native(native_record)
         if loaded is not None:  # Note [Persistent plans]: the host program an earlier process built
             lib, host, select = loaded
@@ -293,6 +272,11 @@ class SCMRuntime:
     def _compile_kernels(devices) -> bool:
         """Real kernels for CUDA inputs; for CPU ones too unless TRIDENT_COMPILE_CUBIN_ON_CPU=0."""
         return any(d.type == "cuda" for d in devices) or knobs.compile_cubin_on_cpu()
+
+    @property
+    def _aten_handles(self) -> dict[str, int]:
+        """Step name -> region-local index of its native operator call."""
+        return self.tables.atens
 
     @property
     def host_mlir(self) -> str:

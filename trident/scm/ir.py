@@ -189,7 +189,6 @@ class Param:
 class AllocPlan:
     step: AllocStep
     facts: TensorFacts
-    handle: int = -1  # region-local index of its native allocation plan
     arena_offset: int = -1  # byte offset in the call's arena (Note [Allocation arena]); -1: own buffer
     arena_bytes: int = 0  # the arena's size for this specialization
     # Note [Symbolic sizes]: the sizes and strides as expressions, when some are symbolic
@@ -215,15 +214,12 @@ class LaunchPlan:
     compiled: Any = field(default=None, repr=False)  # triton CompiledKernel
     cooperative: bool = False  # Triton's launch_cooperative_grid
     pdl: bool = False  # Triton's launch_pdl
-    handle: int = -1  # region-local index of its native kernel entry
-    global_handle: int = -1  # index in the process-wide kernel table
     grid: tuple = ()  # the grid as launched (ints and SizeExprs); () -> step.grid
 
 
 @dataclass
 class AtenPlan:
     step: AtenStep
-    handle: int = -1  # region-local index of its native call entry
 
 
 @dataclass
@@ -239,7 +235,6 @@ class ViewPlan:
     offset_delta: int  # storage offset of the view minus its base's, in elements
     delta_bytes: int
     pointer_only: bool
-    handle: int = -1  # region-local index of its native view entry
 
 
 @dataclass
