@@ -27,7 +27,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import trident  # noqa: E402
-from trident.lowering.scm_to_llvm import slot_bits  # noqa: E402
+from trident.lowering.host_plan import slot_bits  # noqa: E402
 from trident.runtime import SCMRuntime  # noqa: E402
 from trident.runtime.native import C  # noqa: E402
 from trident.scm.ir import ValueRef  # noqa: E402

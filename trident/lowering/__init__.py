@@ -1,6 +1,7 @@
 from .pipeline import HostBinary, compile_host, lower_to_llvm
 from .region_to_torch import functional_region_graph, import_region
-from .scm_to_llvm import check_region_steps, emit_host_module, meta_code, slot_bits
+from .host_plan import slot_bits
+from .scm_to_llvm import check_region_steps, emit_host_module, meta_code
 
 __all__ = [
     "HostBinary",

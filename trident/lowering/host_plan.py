@@ -26,8 +26,11 @@ runtime handles; they live in its HostPlan).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Optional
+
+import torch
 
 from ..scm import sizes as S
 from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, Param, Specialization, ValueRef
@@ -36,6 +39,23 @@ from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, Param, Specialization
 OP_KINDS = {"alloc": 0, "aten": 1, "view": 2, "launch": 3, "release": 4}
 SOURCE_KINDS = {"const": 0, "input": 1, "value": 2, "address": 3, "size": 4}
 MAX_PARAMS = 256  # HostPlan::kMaxParams
+
+
+def slot_bits(ty: str, value) -> int:
+    """Raw bits of a scalar kernel parameter, zero-extended to 64 bits (Note [Host ABI])."""
+    if ty in ("i1", "u1"):
+        return int(bool(value))
+    if ty[0] in "iu":
+        width = int(ty[1:])
+        return int(value) & ((1 << width) - 1)
+    if ty == "fp32":
+        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    if ty == "fp64":
+        return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+    if ty in ("fp16", "bf16"):
+        dt = torch.float16 if ty == "fp16" else torch.bfloat16
+        return int(torch.tensor(float(value), dtype=dt).view(torch.int16).item()) & 0xFFFF
+    raise ValueError(f"no slot encoding for kernel parameter type {ty!r}")
 
 
 @dataclass(frozen=True)
@@ -187,8 +207,6 @@ def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
         if isinstance(src, S.SizeExpr):  # an integer computed from sizes; its key is guarded
             width = int(p.ty[1:]) if p.ty[0] in "iu" and p.ty[1:].isdigit() else 64
             return Source("size", size_index(src), (1 << width) - 1 if width < 64 else -1)
-        from .scm_to_llvm import slot_bits
-
         bits = slot_bits(p.ty, src)
         return Source("const", bits - (1 << 64) if bits >= 1 << 63 else bits)
 

@@ -17,8 +17,6 @@ and `scm_host(rt, ctx) -> i64`, which calls it and runs the plan. Together they
 
 from __future__ import annotations
 
-import struct
-
 import numpy
 
 import torch
@@ -29,7 +27,7 @@ from ..scm import sizes as S
 from ..scm.sizes import INT_KEY_CODES
 from ..scm.guards import FactEquals, IntegerKey, SizeRelation
 from ..scm.ir import SCM, LaunchStep, Specialization
-from .host_plan import HostPlan
+from .host_plan import HostPlan  # noqa: F401 - the plans it is given (annotations)
 from .region_to_torch import LAUNCH_OP_NAME, op_step
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
@@ -56,23 +54,6 @@ def meta_code(dtype: torch.dtype, device: torch.device) -> int:
     """The prologue's meta fact for a tensor (scm_runtime.cpp: encode_meta)."""
     index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
     return dtype_code(dtype) | (_DEVICE_TYPE[device.type] << 8) | ((index + 1) << 16)
-
-
-def slot_bits(ty: str, value) -> int:
-    """Raw bits of a scalar kernel parameter, zero-extended to 64 bits (Note [Host ABI])."""
-    if ty in ("i1", "u1"):
-        return int(bool(value))
-    if ty[0] in "iu":
-        width = int(ty[1:])
-        return int(value) & ((1 << width) - 1)
-    if ty == "fp32":
-        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
-    if ty == "fp64":
-        return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
-    if ty in ("fp16", "bf16"):
-        dt = torch.float16 if ty == "fp16" else torch.bfloat16
-        return int(torch.tensor(float(value), dtype=dt).view(torch.int16).item()) & 0xFFFF
-    raise ValueError(f"no slot encoding for kernel parameter type {ty!r}")
 
 
 # Note [Integer keys]
