@@ -78,6 +78,8 @@ def propagate_values(
     key = tuple(inputs)
     memo = program.layouts
     layouts = memo.pop(key, None)
+    if layouts is None and program.symbolic and program.value_exprs:
+        layouts = _symbolic_layouts(program, inputs)
     if layouts is None:
         layouts = _fake_layouts(program, inputs)
     memo[key] = layouts  # most recently used last
@@ -100,7 +102,34 @@ def propagate_values(
 # state 4 bytes off a 16-byte boundary): it reuses the propagation of the facts it shares with
 # an earlier specialization, and only the residues are recomputed. A few sets are kept per
 # region (least recently used dropped).
+# A symbolic region knows its values' layouts as expressions of its inputs' sizes and strides
+# (RegionProgram.value_exprs, exact under the trace's shape guards that every served call
+# satisfies): for new sizes with the dtypes, devices and ranks of facts already propagated, the
+# layouts are those expressions evaluated, and which storage each value shares (the aliasing
+# the traced ops make, the same at every size the trace admits) comes from the earlier
+# propagation (tests/scm/test_layouts.py checks both against fake propagation on many sizes).
 _LAYOUTS_KEPT = 8
+
+
+def _symbolic_layouts(program: RegionProgram, inputs: Sequence[TensorFacts]) -> Optional[tuple]:
+    """The layouts of a symbolic region's values for `inputs`, from its expressions and an
+    earlier propagation of facts of the same dtypes, devices and ranks; None when there is none."""
+    shape = [(f.dtype, f.device, len(f.sizes)) for f in inputs]
+    template = next(
+        (v for k, v in reversed(program.layouts.items()) if [(f.dtype, f.device, len(f.sizes)) for f in k] == shape),
+        None,
+    )
+    if template is None:
+        return None
+    env = size_environment(program, inputs)
+    old_facts, _, roots, _, escaping, storage_ids = template
+    facts, offsets, offset_bytes = [], [], []
+    for old, (sizes, strides, offset) in zip(old_facts, program.value_exprs):
+        f = TensorFacts(old.dtype, old.device, tuple(S.concrete(sizes, env)), tuple(S.concrete(strides, env)))
+        facts.append(f)
+        offsets.append(int(S.concrete(offset, env)))
+        offset_bytes.append(offsets[-1] * f.dtype.itemsize)
+    return tuple(facts), tuple(offsets), roots, tuple(offset_bytes), escaping, storage_ids
 
 
 def _fake_layouts(program: RegionProgram, inputs: Sequence[TensorFacts]) -> tuple:
