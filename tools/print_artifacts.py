@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import trident  # noqa: E402
 from tests.conftest import normalize  # noqa: E402
 from tests.goldens import axpy_graph, mixed_graph, tuned_graph  # noqa: E402
+from trident.lowering.host_plan import format_plan  # noqa: E402
 from trident.runtime import SCMRuntime  # noqa: E402
 
 
@@ -30,6 +31,8 @@ def main() -> None:
             rt = SCMRuntime.get(rid)
             print(f"##### {name}/{rt.program.name}: torch dialect\n{rt.torch_mlir}")
             print(f"##### {name}/{rt.program.name}: host program\n{rt.host_mlir}")
+            plans = "\n".join(format_plan(p, i) for i, p in enumerate(rt.host_plans))
+            print(f"##### {name}/{rt.program.name}: host plans (Note [Host plans])\n{plans}\n")
 
 
 if __name__ == "__main__":

@@ -158,3 +158,22 @@ def test_failed_pipeline_saves_input_and_repro(tmp_path, monkeypatch):
         capture_output=True, text=True, env={**os.environ, "TRIDENT_REPRO_DIR": str(tmp_path / "again")},
     )
     assert proc.returncode != 0 and "LoweringError" in proc.stderr
+
+
+def test_symbolic_host_plan_reads_its_size_program():
+    """Note [Host plans]: a symbolic region's operators, allocations and grids read the size
+    program's array; the host program computes each entry (its symbols are loads of facts)."""
+    import re
+
+    import torch
+
+    import trident
+    from tests.capture.test_symbolic import reshaped_rowsum
+
+    opt = trident.optimize(trident.capture(reshaped_rowsum, torch.randn(64), dynamic=True))
+    rt = _runtime(opt)
+    text = format_plan(rt.host_plans[0])
+    (sym,) = set(re.findall(r"s\d+", text))
+    assert f"sizes[0] = ({sym}//16)" in text and "aten #0 view sizes@0" in text and "alloc #0 empty sizes@1" in text
+    assert re.search(r"launch #0 _rowsum_kernel\[sizes\[\d\], 1, 1\]", text)
+    assert "arith.floordivsi" in rt.host_mlir and "llvm.call" in rt.host_mlir
