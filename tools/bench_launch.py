@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import trident  # noqa: E402
 from trident.lowering.host_plan import slot_bits  # noqa: E402
 from trident.runtime import SCMRuntime  # noqa: E402
+from trident.runtime import native  # noqa: E402
 from trident.runtime.native import C  # noqa: E402
 from trident.scm.ir import ValueRef  # noqa: E402
 
@@ -119,7 +120,7 @@ def bare_launch_us(opt, x, y, out, iters: int, reps: int) -> float:
                 slots.append(t.data_ptr())
             else:
                 slots.append(slot_bits(p.ty, p.source))
-        launches.append((plan.global_handle, *plan.step.grid, slots))
+        launches.append((native.register_launch(plan), *plan.step.grid, slots))  # its process-wide entry (memoized)
     dev = x.device.index or 0
     return native_loop_us(lambda n: C.bare_launch_loop(launches, dev, n), iters, reps)
 
