@@ -174,9 +174,6 @@ class _Emitter:
     def eq(self, a, b):
         return arith.CmpIOp(arith.CmpIPredicate.eq, a, b).result
 
-    def ne(self, a, b):
-        return arith.CmpIOp(arith.CmpIPredicate.ne, a, b).result
-
     def fact(self, input_index: int, offset: int):
         key = (input_index, offset)
         if key not in self.facts:
