@@ -32,6 +32,7 @@ from torch_mlir.extras.fx_importer import NODE_CANONICALIZE, FxImporter
 
 from ..passes.common import inplace_root
 from ..scm.ir import RegionProgram
+from .sizes_to_torch import SIZE_FILE, expand
 
 LAUNCH_OP_NAME = "torch.trident.triton_launch"
 STEP_FILE_PREFIX = "trident-step:"  # Note [Steps by location]
@@ -47,6 +48,8 @@ def op_step(op) -> int | None:
     """The index of the SCM step an imported op belongs to, None for plumbing (Note [Steps by
     location]). Raises when the op carries no Trident location."""
     loc = op.location
+    if isinstance(loc, ir.FileLineColLoc) and loc.filename == SIZE_FILE:
+        return None  # size arithmetic (Note [Sizes through the torch dialect]): no step
     if not isinstance(loc, ir.FileLineColLoc) or not loc.filename.startswith(STEP_FILE_PREFIX):
         raise ValueError(f"op {op.name} has no Trident step location: {loc}")
     return loc.start_line - 1 if loc.start_line > 0 else None
@@ -126,12 +129,19 @@ def _is_size_read(node: torch.fx.Node) -> bool:
     )
 
 
-def _captured_size(program: RegionProgram, placeholders, node: torch.fx.Node, current) -> int:
+def _size_node(g: torch.fx.Graph, node: torch.fx.Node, current):
+    """The copy of a size read in the functional graph: the read itself, or an outlined
+    `evaluate_size` expanded back into integer operators (an int when constant)."""
     if node.target is torch.ops.aten.sym_size.int or node.target is torch.ops.aten.sym_stride.int:
-        facts = program.captured_inputs[placeholders.index(node.args[0])]
-        return (facts.sizes if node.target is torch.ops.aten.sym_size.int else facts.strides)[node.args[1]]
+        new = g.node_copy(node, lambda x: current[x])
+        if not isinstance(new.meta.get("val"), (int, torch.SymInt)):  # its type: !torch.int
+            fake = new.args[0].meta["val"]
+            new.meta["val"] = (fake.shape if node.target is torch.ops.aten.sym_size.int else fake.stride())[node.args[1]]
+        _locate(new, None, node.name)
+        return new
     expr, names, *values = node.args
-    return expr.evaluate(dict(zip(names, [current[v] if isinstance(v, torch.fx.Node) else v for v in values])))
+    env = dict(zip(names, [current[v] if isinstance(v, torch.fx.Node) else v for v in values]))
+    return expand(g, expr.expr, env.__getitem__)
 
 
 def functional_region_graph(program: RegionProgram) -> torch.fx.Graph:
@@ -159,9 +169,9 @@ def functional_region_graph(program: RegionProgram) -> torch.fx.Graph:
             env[node] = current[node] = p
             placeholders.append(node)
         elif _is_size_read(node):
-            # Note [Symbolic sizes]: the region's sizes are computed by the host program from the
-            # SCM IR's SizeExprs; here they are the captured example values.
-            current[node] = _captured_size(program, placeholders, node, current)
+            # Note [Sizes through the torch dialect]: the region computes its sizes from its
+            # inputs' (torch.aten.size.int and integer operators), as the host program does.
+            current[node] = _size_node(g, node, current)
         elif node.op == "output":
             outputs = node.args[0]
         elif node.target is torch.ops.higher_order.triton_kernel_wrapper_mutation:

@@ -29,6 +29,8 @@ from ..scm.guards import FactEquals, IntegerKey, SizeRelation
 from ..scm.ir import SCM, LaunchStep, Specialization
 from .host_plan import HostPlan  # noqa: F401 - the plans it is given (annotations)
 from .region_to_torch import LAUNCH_OP_NAME, op_step
+from .sizes_to_torch import import_size_program, size_function_name
+from .torch_to_arith import lower_size_function
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
 RT_RUN_PLAN = 7  # RuntimeTable::run_plan (Note [Host plans]); 0..6: the services run_plan calls
@@ -148,8 +150,9 @@ def program_steps(scm: SCM) -> list[tuple]:
 
 
 class _Emitter:
-    def __init__(self, scm: SCM, specs: "list[Specialization]", plans: "list[HostPlan]"):
+    def __init__(self, scm: SCM, specs: "list[Specialization]", plans: "list[HostPlan]", size_modules=None):
         self.scm = scm
+        self.size_modules = size_modules or {}  # spec index -> its size program in torch dialect
         self.specs = specs  # the specializations this program holds, in selection order
         self.plans = plans  # their step tables (Note [Host plans]), registered
         self.i64 = ir.IntegerType.get_signless(64)
@@ -274,13 +277,9 @@ class _Emitter:
                 cf.CondBranchOp(self.eq(selected, self.const(spec.index)), [], [], body_blocks[i], nxt)
             done = region.blocks.append()
             with ir.InsertionPoint(body_blocks[i]):
-                computed: dict = {}
-                for k, v in enumerate(plan.sizes):  # the size program (Note [Symbolic sizes])
-                    key = str(v.expr) if isinstance(v, S.SizeExpr) else int(v)
-                    if key not in computed:
-                        computed[key] = self.size(v)
+                for k, v in enumerate(self.size_program(spec, plan)):  # Note [Sizes through the torch dialect]
                     addr = llvm.GEPOp(self.ptr, sizes_buf, [], [k], self.i64, 0).result
-                    llvm.StoreOp(computed[key], addr)
+                    llvm.StoreOp(v, addr)
                 r = llvm.CallOp(self.i64, [run_plan, ctx, self.const(plan.handle), sizes_buf], [], []).result
                 cf.CondBranchOp(self.eq(r, self.const(0)), [], [], done, fail)
             with ir.InsertionPoint(done):
@@ -291,6 +290,23 @@ class _Emitter:
             func.ReturnOp([self.const(-2)])
 
     # -- Note [Symbolic sizes] ------------------------------------------------------------
+    def size_program(self, spec: Specialization, plan: "HostPlan") -> list:
+        """The i64 of each entry of `plan`'s size program, at the insertion point: lowered from
+        its torch-dialect function (Note [Sizes through the torch dialect]) when one was
+        imported for `spec`, as constants when every entry is one."""
+        module = self.size_modules.get(spec.index)
+        if module is None:
+            if any(isinstance(v, S.SizeExpr) for v in plan.sizes):
+                raise TypeError(f"specialization {spec.index} has a symbolic size program but no torch-dialect import")
+            return [self.const(int(v)) for v in plan.sizes]
+        name = size_function_name(self.scm.program, spec.index)
+        return lower_size_function(module, name, self.input_fact)
+
+    def input_fact(self, input_index: int, kind: str, dim: int):
+        rank = len(self.scm.program.captured_inputs[input_index].sizes)
+        dim = dim + rank if dim < 0 else dim
+        return self.fact(input_index, FACTS_FIXED + dim if kind == "size" else FACTS_FIXED + self.scm.max_rank + dim)
+
     def symbol(self, name: str):
         b = self.scm.program.symbols[name]
         offset = FACTS_FIXED + b.dim if b.kind == "size" else FACTS_FIXED + self.scm.max_rank + b.dim
@@ -349,14 +365,28 @@ def check_region_steps(scm: SCM, torch_module: ir.Module) -> None:
     )
 
 
+def import_size_programs(scm: SCM, context: ir.Context, specs, plans) -> dict:
+    """Spec index -> the torch-dialect module of its size program, for each of `specs` whose plan
+    computes a symbolic size (Note [Sizes through the torch dialect])."""
+    return {
+        spec.index: import_size_program(scm.program, plan.sizes, context, spec.index)
+        for spec, plan in zip(specs, plans)
+        if any(isinstance(v, S.SizeExpr) for v in plan.sizes)
+    }
+
+
 def emit_host_module(
-    scm: SCM, torch_module: ir.Module, specs: "list[Specialization]", plans: "list[HostPlan]"
+    scm: SCM, torch_module: ir.Module, specs: "list[Specialization]", plans: "list[HostPlan]",
+    size_modules: "dict | None" = None,
 ) -> ir.Module:
     """A new module, in the context of `torch_module` (checked by check_region_steps), holding the
     host program of `specs`, whose registered step tables are `plans` (the runtime compiles one
-    per specialization: Note [One host program per specialization])."""
+    per specialization: Note [One host program per specialization]). `size_modules`: their size
+    programs in torch dialect (import_size_programs; imported here when not given)."""
     with torch_module.context, ir.Location.unknown():
+        if size_modules is None:
+            size_modules = import_size_programs(scm, torch_module.context, specs, plans)
         module = ir.Module.create()
-        _Emitter(scm, specs, plans).emit_select(module)
-        _Emitter(scm, specs, plans).emit_host(module)
+        _Emitter(scm, specs, plans, size_modules).emit_select(module)
+        _Emitter(scm, specs, plans, size_modules).emit_host(module)
     return module

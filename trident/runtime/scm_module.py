@@ -21,7 +21,7 @@ import torch
 
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
-from ..lowering import check_region_steps, compile_host, emit_host_module, import_region
+from ..lowering import check_region_steps, compile_host, emit_host_module, import_region, import_size_programs
 from ..lowering.host_plan import HostPlan, RegionTables, format_plan
 from ..kernels.copy import index_write_checks
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
@@ -123,6 +123,7 @@ class SCMRuntime:
         # host MLIR emission and LLVM (the miss-cost split; tools/bench_miss.py)
         self.build_costs: list[dict] = []
         self.torch_mlir: str = ""
+        self.size_mlirs: list[str] = []  # the size programs in torch dialect, of the symbolic specializations
         self._torch_module = None  # the region in torch dialect, imported once
         self._plans = PlanCache.for_region(self.scm)  # Note [Persistent plans]; None when off
         self.host_mlirs: list[str] = []  # per specialization: its host program
@@ -295,8 +296,11 @@ class SCMRuntime:
             self._torch_module = import_region(self.program, ir.Context())
             self.torch_mlir = str(self._torch_module)
             check_region_steps(self.scm, self._torch_module)
+        plans = [self.host_plans[spec.index]]
+        size_modules = import_size_programs(self.scm, self._torch_module.context, [spec], plans)
+        self.size_mlirs.extend(str(m) for m in size_modules.values())  # Note [Sizes through the torch dialect]
         t1 = time.perf_counter()
-        host = emit_host_module(self.scm, self._torch_module, [spec], [self.host_plans[spec.index]])
+        host = emit_host_module(self.scm, self._torch_module, [spec], plans, size_modules)
         self.host_mlirs.append(str(host))
         t2 = time.perf_counter()
         binary = compile_host(host, f"{self.program.name}.{spec.index}", self.host_mlirs[-1])
@@ -325,7 +329,8 @@ class SCMRuntime:
             except SerializationError as e:
                 records.append((f".spec{spec.index}.json", json.dumps({"not_serializable": str(e)})))
         plans = "\n".join(format_plan(p, i) for i, p in enumerate(self.host_plans))
-        texts = [(".scm.txt", format_scm(self.scm)), (".torch.mlir", self.torch_mlir), (".host.mlir", self.host_mlir),
+        texts = [(".scm.txt", format_scm(self.scm)), (".torch.mlir", "\n".join([self.torch_mlir] + self.size_mlirs)),
+                 (".host.mlir", self.host_mlir),
                  (".plan.txt", plans)]
         for suffix, text in texts + records:
             with open(stem + suffix, "w") as f:
