@@ -194,7 +194,7 @@ def _kernel_globals(gm: torch.fx.GraphModule) -> list:
     seen = set()
     for rt in _regions(gm):
         for step in rt.program.launches:
-            kernels = [step.kernel] + [getattr(step.tuner, "fn", None)]
+            kernels = [step.fn] + [getattr(step.autotuner, "fn", None)]
             for kernel in kernels:
                 if kernel is None or id(kernel) in seen or not hasattr(kernel, "used_global_vals"):
                     continue

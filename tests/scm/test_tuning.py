@@ -156,7 +156,7 @@ def test_heuristics_over_and_under_autotune():
     torch.testing.assert_close(opt(x), 0.5 * x)
     (plan,) = _launch_plans(opt)
     assert plan.constexprs["BLOCK"] == 256 and plan.constexprs["EVEN"] is False
-    assert plan.step.heuristics is not None and plan.step.tuner is K.heuristic_tuned_kernel.fn
+    assert plan.step.heuristics is not None and plan.step.autotuner is K.heuristic_tuned_kernel.fn
     opt = trident.optimize(trident.capture(K.tuned_heuristic, x))
     torch.testing.assert_close(opt(x), 4.0 * x)
     (plan,) = _launch_plans(opt)

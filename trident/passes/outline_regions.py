@@ -28,6 +28,7 @@ from .. import knobs
 from ..errors import UnsupportedError
 from ..scm import sizes as S
 from ..scm.guards import FactEquals, SizeRelation
+from ..scm.refs import kernel_ref, op_name
 from ..scm.ir import DEFAULT, AllocStep, AtenStep, LaunchStep, RegionInput, RegionProgram, TensorFacts, ValueRef
 from .common import (
     ALLOCATION_OPS,
@@ -209,7 +210,7 @@ def _mark_constant_calls(steps, outputs, refs, region):
                 and not any(o >= 0 and (o in written or o in viewed or o in leaving) for o in step.outputs)
             )
             if constant:
-                step = AtenStep(step.name, step.op, step.op_name, step.args, step.outputs, cached=True)
+                step = AtenStep(step.name, step.op_name, step.args, step.outputs, cached=True)
         marked.append(step)
     return marked
 
@@ -281,9 +282,9 @@ def region_program(region: Region):
             grids = tuple(tuple(to_arg(x) for x in g) for g in node.kwargs["grid"]) if tuner is not None else ()
             steps.append(
                 LaunchStep(
-                    node.name, kernel, kernel.fn.__name__, tuple(to_arg(x) for x in node.kwargs["grid"][0]), args,
-                    tuple(writes_by_node[node]), tuner=tuner, grids=grids,
-                    heuristics=node.meta.get("trident_heuristics"),
+                    node.name, kernel_ref(kernel), kernel.fn.__name__, tuple(to_arg(x) for x in node.kwargs["grid"][0]),
+                    args, tuple(writes_by_node[node]), tuner=None if tuner is None else kernel_ref(tuner), grids=grids,
+                    heuristics=_heuristics_ref(node.meta.get("trident_heuristics")),
                 )
             )
         elif node.target is operator.getitem:
@@ -301,7 +302,7 @@ def region_program(region: Region):
                 refs[node] = outs[0]
             args = tuple(to_arg(a) for a in _bind_schema_args(node))
             slots = tuple(-1 if o is None else o.index for o in outs)
-            steps.append(AtenStep(node.name, node.target, str(node.target), args, slots))
+            steps.append(AtenStep(node.name, op_name(node.target), args, slots))
 
     if knobs.native_path("constants"):
         steps = _mark_constant_calls(steps, [refs[n] for n in results], refs, region)
@@ -475,6 +476,15 @@ def _order_sizes(graph: torch.fx.Graph) -> None:
                 last.append(node)
                 moved = True
                 break
+
+
+def _heuristics_ref(tagged):
+    """(the Heuristics by stable key, its captured values) of a launch made through
+    @triton.heuristics (Note [Stable keys])."""
+    if tagged is None:
+        return None
+    h, values = tagged
+    return kernel_ref(h), values
 
 
 def outline_regions(

@@ -26,13 +26,13 @@ _kernel_handles: dict[tuple, int] = {}
 def register_launch(plan: LaunchPlan) -> int:
     """Native kernel table entry for a launch plan; one per compiled kernel and constexpr set."""
     compiled = plan.compiled
-    key = (id(plan.step.kernel), compiled.hash if compiled is not None else None, plan.key)
+    key = (plan.step.kernel, plan.binary, plan.key)
     handle = _kernel_handles.get(key)
     if handle is not None:
         return handle
     names = [p.name for p in plan.params]
     types = [p.ty for p in plan.params]
-    runner = make_cpu_runner(plan.step.kernel, names, types, plan.constexprs)
+    runner = make_cpu_runner(plan.step.fn, names, types, plan.constexprs)
     meta = compiled.metadata if compiled is not None else None
     cubin = compiled.asm.get("cubin", b"") if compiled is not None else b""
     handle = C.add_kernel(

@@ -99,11 +99,8 @@ def region_key(scm) -> str:
     parts = list(format_program(scm))
     parts += [format_facts(f) for f in program.captured_inputs]
     parts += [repr(g.record()) for g in program.size_guards]  # Note [Symbolic sizes]
-    for step in program.launches:
-        kernel = step.kernel
-        parts.append(f"{step.name}: {getattr(kernel, 'cache_key', '')}")
-        if step.tuner is not None:
-            parts.append(repr([str(c) for c in step.tuner.configs]))
+    for step in program.launches:  # Note [Stable keys]: Triton's cache key, autotuner configs and all
+        parts.append(f"{step.name}: {step.kernel.key} {step.tuner.key if step.tuner is not None else ''}")
     parts.append(json.dumps(versions(f.device for f in program.captured_inputs), sort_keys=True))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 

@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 import torch
 
 from ..layout import span
+from .refs import KernelRef, compiled_kernel, live, operator
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,17 @@ class AtenStep:
     and constants, a constant, or DEFAULT for the schema's default."""
 
     name: str
-    op: Any = field(compare=False)  # the torch OpOverload
-    op_name: str  # e.g. "aten.mm.default"
+    op_name: str  # the operator by name, e.g. "aten.mm.default" (Note [Stable keys])
     args: tuple
     outputs: tuple[int, ...]  # value slots of its tensor results, in return order (-1: not kept)
     # Constant: deterministic, reads no region value, its results never written nor leaving the
     # region -- computed on the first call (per device) and reused (Note [Constant operator calls]).
     cached: bool = False
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        """The torch OpOverload `op_name` names."""
+        return operator(self.op_name)
 
 
 class _Default:
@@ -70,21 +75,32 @@ class LaunchStep:
     """One Triton launch (a triton_kernel_wrapper_mutation node)."""
 
     name: str
-    kernel: Any = field(compare=False)  # the triton JITFunction
+    kernel: KernelRef  # the @triton.jit function, by stable key (Note [Stable keys]); `fn` is it
     kernel_name: str
     grid: tuple[int, int, int]
     args: dict[str, Any] = field(compare=False)  # param name -> Value ref or Python constant
     writes: tuple[str, ...]  # param names of the tensors it writes (torch's TTIR analysis)
-    # A multi-config @triton.autotune launch (Note [Autotuned launches]): the Autotuner and the
-    # grid of each of its configs. A specialization picks one config and replaces the step by
-    # the launch with that config's grid and arguments (`tuned` then says which and how).
-    tuner: Any = field(default=None, compare=False)
+    # A multi-config @triton.autotune launch (Note [Autotuned launches]): the Autotuner (by
+    # stable key; `autotuner` is it) and the grid of each of its configs. A specialization picks
+    # one config and replaces the step by the launch with that config's grid and arguments
+    # (`tuned` then says which and how).
+    tuner: Optional[KernelRef] = None
     grids: tuple = ()
     tuned: str = ""
     config: int = -1  # the index of the tuner's config this (tuned) step launches
-    # Launched through @triton.heuristics: (the Heuristics, the values computed at capture),
-    # re-checked for every specialization (Note [Autotuned launches]).
-    heuristics: Any = field(default=None, compare=False)
+    # Launched through @triton.heuristics: (the Heuristics by stable key, the values computed at
+    # capture), re-checked for every specialization (Note [Autotuned launches]).
+    heuristics: Optional[tuple] = field(default=None, compare=False)
+
+    @property
+    def fn(self):
+        """The triton JITFunction launched."""
+        return live(self.kernel)
+
+    @property
+    def autotuner(self):
+        """The triton Autotuner of a multi-config launch, else None."""
+        return None if self.tuner is None else live(self.tuner)
 
 
 @dataclass(frozen=True)
@@ -211,10 +227,15 @@ class LaunchPlan:
     num_ctas: int  # > 1: launched as clusters of num_ctas CTAs (Note [Cluster launches])
     shared: int
     aligned_values: tuple[int, ...]  # value slots passed as 'D' pointers: checked at run time
-    compiled: Any = field(default=None, repr=False)  # triton CompiledKernel
+    binary: Optional[str] = None  # the compiled kernel by Triton's hash of it (`compiled` is it); None: not compiled
     cooperative: bool = False  # Triton's launch_cooperative_grid
     pdl: bool = False  # Triton's launch_pdl
     grid: tuple = ()  # the grid as launched (ints and SizeExprs); () -> step.grid
+
+    @property
+    def compiled(self):
+        """Triton's CompiledKernel (Note [Stable keys]), None when not compiled."""
+        return None if self.binary is None else compiled_kernel(self.binary)
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 Note [A closed plan]
 ~~~~~~~~~~~~~~~~~~~~
-A `Specialization` in memory points at live objects: the program's steps (with their
-JITFunctions, OpOverloads, Autotuners), Triton's CompiledKernels, native handles. As data it is
-closed: steps are named by the program's step names, a tuned launch by its config's index, a
+A `Specialization` holds no live objects, in memory too: kernels, autotuners and heuristics are
+`KernelRef`s, operators their names, compiled kernels Triton's hashes (Note [Stable keys],
+scm/refs.py), and native handles live in the runtime's tables (RegionTables), so a
+specialization pickles as it is. As a record it is closed the same way: steps are named by the program's step names, a tuned launch by its config's index, a
 kernel by Triton's key (the key is what Triton's own binder computes for the recorded argument
 facts: restoring re-derives it and refuses the record when it differs, e.g. after a Triton
 upgrade), tensors by facts (dtype and device as strings, sizes, strides), Python scalars by
@@ -196,7 +197,7 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
         if item["config"] >= 0:
             step = dataclasses.replace(tuning.tuned_step(step, item["config"], ""), tuned=item["tuned"])
         key = _dec(item["key"])
-        names = [p.name for p in step.kernel.params]
+        names = [p.name for p in step.fn.params]
         attrs = dict(zip(names, key))
         call_args = {}
         for name, value in step.args.items():

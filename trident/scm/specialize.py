@@ -30,6 +30,7 @@ from .. import knobs, logs, triton_state
 from . import sizes as S
 from . import tuning
 from .guards import IntegerKey, SizeRelation
+from .refs import register_compiled
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
@@ -235,7 +236,7 @@ def plan_launch(step: LaunchStep, call_args: dict, device: torch.device, compile
     """The plan of one launch (a tuned step: its config's) given what Triton's specializer sees of
     each argument (`PointerStandIn`s for tensors): Triton's key from its own binder, the
     compiled kernel (JITFunction.warmup, when `compile_kernel`), the parameters it receives."""
-    kernel = step.kernel
+    kernel = step.fn
     with _device_scope(device):
         binder = _binder(kernel)
         try:
@@ -284,7 +285,7 @@ def plan_launch(step: LaunchStep, call_args: dict, device: torch.device, compile
         num_ctas=meta.num_ctas if meta else 1,
         shared=meta.shared if meta else 0,
         aligned_values=tuple(sorted(set(aligned_values))),
-        compiled=compiled,
+        binary=None if compiled is None else register_compiled(compiled),
         cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
         pdl=bool(getattr(meta, "launch_pdl", False)),
     )
@@ -348,7 +349,7 @@ def _build_specialization(
     aligned: dict[int, bool] = {}
     exact: dict[int, int] = {}
     for plan in launches:
-        kparams = {q.name: q for q in plan.step.kernel.params}
+        kparams = {q.name: q for q in plan.step.fn.params}
         for p in plan.params:
             kp = kparams[p.name]
             if not isinstance(p.source, ValueRef) or kp.do_not_specialize or kp.do_not_specialize_on_alignment:
@@ -448,9 +449,9 @@ def _symbolic_launch(program: RegionProgram, step: LaunchStep, plan: LaunchPlan,
     ]
     from .sizes import INT_KEY_CODES
 
-    declared = {p.name: p for p in step.kernel.params}
+    declared = {p.name: p for p in step.fn.params}
     guards = []
-    for pname, (ty, attr) in zip([p.name for p in step.kernel.params], plan.key):
+    for pname, (ty, attr) in zip([p.name for p in step.fn.params], plan.key):
         expr = step.args.get(pname)
         if not S.is_symbolic(expr):
             continue

@@ -42,6 +42,7 @@ import torch
 
 from ..errors import UnsupportedError
 from .ir import LaunchStep, TensorFacts
+from .refs import live
 
 # (autotuner, config, stand-in args) -> a time; None: take the first pruned config on the CPU.
 _cpu_timer: Optional[Callable[[Any, Any, dict], float]] = None
@@ -103,7 +104,7 @@ def _grid_fn(tuner, grids):
 def choose(step: LaunchStep, args: dict, device: torch.device) -> tuple[int, str]:
     """(config index, how it was chosen) for `step` with `args`: parameter name -> stand-in
     tensor (`TensorFacts.allocate`, zeroed) or the constant passed."""
-    tuner = step.tuner
+    tuner = step.autotuner
     key = tuning_key(tuner, args)
     if key in tuner.cache:
         return _config_index(tuner, tuner.cache[key]), f"autotuner cache, key {key}"
@@ -151,7 +152,8 @@ def heuristic_values(h, named: dict) -> dict:
 def check_heuristics(step: LaunchStep, args: dict) -> None:
     """Raise UnsupportedError when a @triton.heuristics value differs for these arguments from
     the one captured."""
-    h, captured = step.heuristics
+    ref, captured = step.heuristics
+    h = live(ref)
     try:
         values = heuristic_values(h, {k: v for k, v in args.items() if k not in captured})
     except HeuristicFailed as e:  # a heuristic that reads what stand-ins lack (data, exact addresses)
@@ -171,11 +173,11 @@ def check_heuristics(step: LaunchStep, args: dict) -> None:
 
 def tuned_step(step: LaunchStep, index: int, how: str) -> LaunchStep:
     """The launch of config `index`: its grid, its meta-parameters and launch options."""
-    config = step.tuner.configs[index]
+    config = step.autotuner.configs[index]
     return dataclasses.replace(
         step,
         grid=step.grids[index],
         args={**step.args, **config.all_kwargs()},
-        tuned=f"{describe(step.tuner, index)}; {how}",
+        tuned=f"{describe(step.autotuner, index)}; {how}",
         config=index,
     )

@@ -1,0 +1,148 @@
+"""Stable keys for the live objects a plan names.
+
+Note [Stable keys]
+~~~~~~~~~~~~~~~~~~
+The SCM IR is data (Note [A closed plan]): a program step or a specialization holds no
+JITFunction, Autotuner, Heuristics, OpOverload or CompiledKernel. It names them:
+
+  * a Triton kernel by a `KernelRef`: its function's name and a digest of what Triton itself
+    keys it by -- `JITFunction.cache_key` (its source and the sources and constexpr globals it
+    depends on, Triton's DependenciesFinder) -- plus, for an @triton.autotune or
+    @triton.heuristics wrapper, the configs / keys / value functions it adds;
+  * an operator by its name (`aten.mm.default`), which `operator` resolves through torch.ops;
+  * a compiled kernel by Triton's hash of it (`CompiledKernel.hash`, the name of its entry in
+    Triton's cache).
+
+The objects stay where the process keeps them: this registry maps each key to the object that
+was registered under it (capture registers the kernels of the launches it records; specialize
+the kernels Triton compiles). Two objects with the same key are the same kernel as far as Triton
+is concerned (same source, same dependencies), so either serves. A key is the same in another
+process for the same source, which is what lets plans be written to disk and compared.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelRef:
+    """A Triton kernel (or a wrapper of one) by stable key. Prints as its name."""
+
+    name: str
+    key: str  # hex digest (Note [Stable keys])
+    kind: str = "jit"  # "jit" | "autotune" | "heuristics"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{self.name}@{self.key[:12]}"
+
+
+_live: dict[KernelRef, Any] = {}
+_by_object: dict[int, tuple[Any, KernelRef]] = {}  # id -> (the object, kept alive; its ref)
+_compiled: dict[str, Any] = {}
+
+
+def _code_digest(code) -> str:
+    """What a code object does, the same in every process (no addresses)."""
+    consts = [_code_digest(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+    return repr((code.co_code, consts, code.co_names))
+
+
+def _function_digest(fn) -> str:
+    if fn is None:
+        return "None"
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its class and, when it has one, its __call__'s code
+        call = getattr(type(fn), "__call__", None)
+        return f"{type(fn).__module__}.{type(fn).__qualname__}:{_code_digest(call.__code__) if hasattr(call, '__code__') else ''}"
+    return _code_digest(code)
+
+
+def _digest(kernel) -> tuple[str, str, str]:
+    """(name, key, kind) of a JITFunction, Autotuner or Heuristics."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    h = hashlib.sha256()
+    if isinstance(kernel, Autotuner):
+        name, inner, _ = _digest(kernel.fn)
+        h.update(inner.encode())
+        h.update(repr([str(c) for c in kernel.configs]).encode())
+        h.update(repr(list(kernel.keys)).encode())
+        for part in (getattr(kernel, "early_config_prune", None), getattr(kernel, "perf_model", None)):
+            h.update(_function_digest(part).encode())
+        return name, h.hexdigest(), "autotune"
+    if isinstance(kernel, Heuristics):
+        name, inner = _digest(kernel.fn)[:2]
+        h.update(inner.encode())
+        for value_name, fn in sorted(kernel.values.items()):
+            h.update(value_name.encode())
+            h.update(_function_digest(fn).encode())
+        return name, h.hexdigest(), "heuristics"
+    name = getattr(getattr(kernel, "fn", None), "__qualname__", None) or getattr(kernel, "__name__", "kernel")
+    from .. import triton_state
+
+    try:
+        with triton_state.exclusive():  # the dependency walk reads triton.language (Note [Triton's interpreter state])
+            key = kernel.cache_key  # Triton's: source and dependencies
+    except Exception:  # noqa: BLE001 - a kernel Triton cannot key still needs a name here
+        key = _function_digest(getattr(kernel, "fn", kernel))
+    h.update(getattr(getattr(kernel, "fn", None), "__module__", "").encode())
+    h.update(name.encode())
+    h.update(str(key).encode())
+    return name.rsplit(".", 1)[-1], h.hexdigest(), "jit"
+
+
+def kernel_ref(kernel) -> KernelRef:
+    """The stable key of `kernel` (a JITFunction, Autotuner or Heuristics), registering it."""
+    known = _by_object.get(id(kernel))
+    if known is not None and known[0] is kernel:
+        return known[1]
+    ref = KernelRef(*_digest(kernel))
+    _live.setdefault(ref, kernel)
+    _by_object[id(kernel)] = (kernel, ref)
+    return ref
+
+
+def live(ref: KernelRef):
+    """The object registered under `ref`."""
+    try:
+        return _live[ref]
+    except KeyError:
+        raise KeyError(f"no kernel registered in this process under {ref!r} (capture registers them)") from None
+
+
+def op_name(op: torch._ops.OpOverload) -> str:
+    """The name `operator` resolves back to `op`: namespace.name.overload."""
+    name = f"{op.namespace}.{op._schema.name.split('::', 1)[1]}.{op._overloadname}"
+    if operator(name) is not op:
+        raise ValueError(f"operator {op} cannot be named stably ({name} resolves to {operator(name)})")
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def operator(name: str) -> torch._ops.OpOverload:
+    """The OpOverload named `name` ("aten.mm.default", "mylib.op.overload")."""
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+def register_compiled(compiled) -> str:
+    """Triton's hash of a CompiledKernel, which names it from now on."""
+    _compiled.setdefault(compiled.hash, compiled)
+    return compiled.hash
+
+
+def compiled_kernel(key: str):
+    """The CompiledKernel Triton's hash `key` names (registered by register_compiled)."""
+    try:
+        return _compiled[key]
+    except KeyError:
+        raise KeyError(f"no compiled kernel registered in this process under hash {key}") from None
