@@ -17,7 +17,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 CHILD = r"""
 import functools, json, sys, torch
+import torch._higher_order_ops.triton_kernel_wrap as tkw
+import triton.runtime.cache
 import trident
+analyses = []
+_identify = tkw.identify_accessed_tensors
+tkw.identify_accessed_tensors = lambda *a, **k: analyses.append(1) or _identify(*a, **k)
 from tests import kernels as K
 from tests.decode_model import Config, decode_step, make_caches, make_weights, misaligned
 from trident.optimize import _regions
@@ -31,7 +36,8 @@ decode = trident.optimize(trident.capture(functools.partial(decode_step, cfg), x
 v = torch.randn(3000)
 tuned = trident.optimize(trident.capture(K.tuned_scale, v))
 outs = [decode(x, pos, cos, sin, *caches, *weights), decode(misaligned(x), pos, cos, sin, *caches, *weights), tuned(v)]
-report = {"sums": [float(o.double().sum()) for o in outs], "regions": []}
+report = {"sums": [float(o.double().sum()) for o in outs], "regions": [], "ttir_analyses": len(analyses),
+          "triton_key": triton.runtime.cache.triton_key.cache_info().currsize}
 for opt in (decode, tuned):
     for rt in _regions(opt):
         report["regions"].append({"restored": [bool(c.get("restored")) for c in rt.build_costs],
@@ -71,6 +77,24 @@ def test_second_process_restores_every_specialization(dirs):
     assert [r["misses"] for r in second["regions"]] == [0, 0]  # the misaligned call hit spec 1
     assert second["sums"] == first["sums"]
     assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files  # Triton compiled nothing
+    # Note [Cached analyses], refs.load_compiled: no TTIR analysis of what a launch writes, and
+    # Triton's compiler never entered (its per-process key of its own installation not computed)
+    assert first["ttir_analyses"] > 0 and first["triton_key"] == 1
+    assert second["ttir_analyses"] == 0 and second["triton_key"] == 0
+    assert any(os.sep + "written" + os.sep in f for f in _files(root))
+
+
+def test_kernels_gone_from_tritons_cache_are_compiled_again(dirs):
+    """refs.load_compiled reads a recorded kernel from Triton's cache by its hash; with Triton's
+    cache emptied the restore compiles it through Triton (and gets the same binary)."""
+    import shutil
+
+    first, _ = _run(dirs)
+    shutil.rmtree(dirs["TRITON_CACHE_DIR"])
+    second, _ = _run(dirs)
+    assert [r["restored"] for r in second["regions"]] == [[True, True], [True]]
+    assert second["triton_key"] == 1 and second["sums"] == first["sums"]
+    assert _files(dirs["TRITON_CACHE_DIR"])  # compiled anew
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not_utf8", "corrupt", "foreign", "library"])

@@ -24,7 +24,7 @@ import torch
 from torch._higher_order_ops import triton_kernel_wrap as tkw
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import knobs
+from .. import disk_cache, knobs
 from ..errors import UnsupportedError
 from ..scm import sizes as S
 from ..scm.guards import FactEquals, SizeRelation
@@ -100,12 +100,21 @@ def written_params(node: torch.fx.Node) -> list[str]:
     key = _analysis_key(node, kwargs)
     names = _WRITTEN.get(key) if key is not None else None
     if names is None:
-        try:
-            names = tkw.get_mutated_tensors(
-                node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs, node.kwargs["tma_descriptor_metadata"]
-            )
-        except Exception:
-            names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        tensors = {k for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        # Note [Cached analyses]: by the kernel's stable key in TRIDENT_CACHE_DIR
+        stored_key = disk_cache.key_of(kernel_ref(key[1]).key, key[2], key[3]) if key is not None else None
+        if stored_key is not None:
+            names = disk_cache.load("written", stored_key, lambda v: isinstance(v, list) and set(v) <= tensors)
+        if names is None:
+            try:
+                names = tkw.get_mutated_tensors(
+                    node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs,
+                    node.kwargs["tma_descriptor_metadata"],
+                )
+            except Exception:
+                names = list(tensors)
+            if stored_key is not None:
+                disk_cache.store("written", stored_key, sorted(set(names)))
         names = tuple(sorted(set(names)))
         if key is not None:
             _WRITTEN[key] = names

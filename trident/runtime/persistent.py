@@ -41,6 +41,7 @@ from typing import Any, Optional
 import torch
 
 from .. import knobs, logs
+from ..disk_cache import make_private_dirs
 from ..scm.printer import format_facts, format_program
 from ..scm.serialize import FORMAT
 
@@ -120,17 +121,6 @@ def _private(folder: str) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def _make_private_dirs(folder: str) -> None:
-    """`folder` and the folders above it that do not exist yet, each created 0700."""
-    missing = []
-    while folder and not os.path.isdir(folder):
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    for path in reversed(missing):
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
 
 
 class PlanCache:
@@ -214,7 +204,7 @@ class PlanCache:
         if linker is None:
             return None
         try:
-            _make_private_dirs(self.folder)
+            make_private_dirs(self.folder)
             fd, obj = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".o")
             os.close(fd)
             fd, lib = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".so")
@@ -247,7 +237,7 @@ class PlanCache:
 
     def store(self, index: int, payload: dict, native: Optional[dict] = None) -> None:
         try:
-            _make_private_dirs(self.folder)
+            make_private_dirs(self.folder)
             entry = {"versions": self.versions, "sha256": _digest(payload, native), "payload": payload, "native": native}
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".tmp")
             with os.fdopen(fd, "w") as f:

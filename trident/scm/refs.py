@@ -140,6 +140,38 @@ def register_compiled(compiled) -> str:
     return compiled.hash
 
 
+def triton_environment() -> str:
+    """A digest of the environment settings Triton's compiler keys its cache by
+    (`get_cache_invalidating_env_vars`): a compiled kernel named by its hash is the one Triton
+    would compile now only while these are the same."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return hashlib.sha256(repr(sorted(get_cache_invalidating_env_vars().items())).encode()).hexdigest()[:16]
+
+
+def load_compiled(key: str, name: str):
+    """The CompiledKernel Triton's hash `key` names: registered in this process, else read from
+    Triton's own cache the way its compile reads a cache hit (`CompiledKernel(src, group, hash)`,
+    no compiler and no `triton_key()` -- which hashes Triton's installation, ~0.3 s once per
+    process); None when Triton's cache does not hold it."""
+    if key in _compiled:
+        return _compiled[key]
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.cache import get_cache_manager
+
+    metadata = f"{name[:150]}.json"  # the file name Triton's compile gives it
+    try:
+        group = get_cache_manager(key).get_group(metadata)
+        if not group or metadata not in group:
+            return None
+        compiled = CompiledKernel(None, group, key)
+    except Exception:  # noqa: BLE001 - an unreadable entry: Triton compiles (or finds) it again
+        return None
+    if compiled.name != name or compiled.hash != key:
+        return None
+    return _compiled.setdefault(key, compiled)
+
+
 def compiled_kernel(key: str):
     """The CompiledKernel Triton's hash `key` names (registered by register_compiled)."""
     try:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .. import triton_state
+from .refs import triton_environment
 from ..errors import TridentError
 from .ir import (
     AllocPlan,
@@ -112,6 +113,7 @@ def _program_steps(program: RegionProgram) -> list[str]:
 def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict:
     """The closed record of `spec` (Note [A closed plan]); JSON-serializable."""
     devices = {str(g.facts.device) for g in spec.guards} | {str(f.device) for f in spec.value_facts}
+    triton_env = triton_environment()
     return {
         "format": FORMAT,
         "program": program.name,
@@ -139,7 +141,7 @@ def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict
             {"step": p.step.name, "config": p.step.config, "tuned": p.step.tuned, "key": _enc(p.key),
              "num_warps": p.num_warps, "num_ctas": p.num_ctas, "shared": p.shared,
              "kernel": p.compiled.name if p.compiled is not None else p.step.kernel_name,
-             "kernel_hash": getattr(p.compiled, "hash", None)}
+             "kernel_hash": p.binary, "triton_env": triton_env}
             for p in spec.launches
         ],
     }
@@ -190,6 +192,7 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
     devices = [torch.device(d) for d in data["devices"] if d != "cpu"] or [torch.device("cpu")]
     device = devices[0]
     launches = []
+    triton_env = triton_environment()
     for item in data["launches"]:
         symbolic_step = step = launches_by_name[item["step"]]
         if env:
@@ -207,7 +210,12 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
                 call_args[name] = PointerStandIn(facts.dtype, ty_attr is not None and ty_attr[1] == "D")
             else:
                 call_args[name] = value
-        plan = plan_launch(step, call_args, device, compile_kernels)
+        # the kernel Triton compiled for the record, from its cache by hash, while the settings
+        # Triton keys compiles by are the same (else Triton's compile decides)
+        binary = None
+        if item.get("kernel_hash") and item.get("triton_env") == triton_env:
+            binary = (item["kernel_hash"], item["kernel"])
+        plan = plan_launch(step, call_args, device, compile_kernels, binary)
         if plan.key != key:
             raise SerializationError(
                 f"launch {step.name} ({step.kernel_name}): Triton's key is now {plan.key}, the record has {key}"

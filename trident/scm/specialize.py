@@ -30,7 +30,7 @@ from .. import knobs, logs, triton_state
 from . import sizes as S
 from . import tuning
 from .guards import IntegerKey, SizeRelation
-from .refs import register_compiled
+from .refs import load_compiled, register_compiled
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
@@ -232,10 +232,14 @@ def _launch_plan(
     return plan_launch(step, call_args, device, compile_kernel)
 
 
-def plan_launch(step: LaunchStep, call_args: dict, device: torch.device, compile_kernel: bool) -> LaunchPlan:
+def plan_launch(
+    step: LaunchStep, call_args: dict, device: torch.device, compile_kernel: bool, binary: Optional[tuple] = None
+) -> LaunchPlan:
     """The plan of one launch (a tuned step: its config's) given what Triton's specializer sees of
     each argument (`PointerStandIn`s for tensors): Triton's key from its own binder, the
-    compiled kernel (JITFunction.warmup, when `compile_kernel`), the parameters it receives."""
+    compiled kernel (JITFunction.warmup, when `compile_kernel`), the parameters it receives.
+    `binary`: (Triton's hash, kernel name) of the kernel a plan record says it compiled to, read
+    from Triton's cache instead of compiling (refs.load_compiled) when it is there."""
     kernel = step.fn
     with _device_scope(device):
         binder = _binder(kernel)
@@ -255,7 +259,11 @@ def plan_launch(step: LaunchStep, call_args: dict, device: torch.device, compile
                 "eager kernel[grid] would fail the same way"
             ) from e
         t0 = time.perf_counter()
-        compiled = kernel.warmup(grid=step.grid, **call_args) if compile_kernel else None
+        compiled = None
+        if compile_kernel and binary is not None:
+            compiled = load_compiled(*binary)
+        if compile_kernel and compiled is None:
+            compiled = kernel.warmup(grid=step.grid, **call_args)
         _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
     key = tuple((ty, attr) for ty, attr in specialization)
     # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and

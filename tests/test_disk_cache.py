@@ -1,0 +1,65 @@
+"""Note [Cached analyses]: answers kept in TRIDENT_CACHE_DIR save work and never decide a result:
+entries that do not parse, name another key or fail the caller's check are ignored; the TTIR
+write analysis of a launch is read back instead of computed, and a damaged entry is recomputed."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import stat
+
+import torch
+
+import trident
+from tests import kernels as K
+from trident import disk_cache, knobs
+outline_regions = importlib.import_module("trident.passes.outline_regions")  # the module, not the pass
+
+
+def _entries(root):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".json"))
+
+
+def test_round_trip_and_damaged_entries(tmp_path):
+    with knobs.scope(cache_dir=str(tmp_path / "c")):
+        key = disk_cache.key_of("k", 1)
+        assert disk_cache.load("facts", key, lambda v: True) is None
+        disk_cache.store("facts", key, ["a", "b"])
+        (path,) = _entries(tmp_path)
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        assert disk_cache.load("facts", key, lambda v: True) == ["a", "b"]
+        assert disk_cache.load("facts", key, lambda v: v == ["x"]) is None  # the caller's check
+        assert disk_cache.load("facts", disk_cache.key_of("other"), lambda v: True) is None
+        with open(path, "w") as f:
+            f.write('{"key": "' + key[:10])  # truncated
+        assert disk_cache.load("facts", key, lambda v: True) is None
+        with open(path, "w") as f:
+            f.write('{"key": "another", "value": ["a"]}')  # another key's entry under this name
+        assert disk_cache.load("facts", key, lambda v: True) is None
+    assert disk_cache.load("facts", key, lambda v: True) is None  # no TRIDENT_CACHE_DIR: nothing
+
+
+def test_write_analysis_is_read_back_and_a_damaged_one_recomputed(tmp_path, monkeypatch):
+    import torch._higher_order_ops.triton_kernel_wrap as tkw
+
+    calls = []
+    real = tkw.get_mutated_tensors
+    monkeypatch.setattr(tkw, "get_mutated_tensors", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(100)
+    with knobs.scope(cache_dir=str(tmp_path / "c")):
+        outline_regions._WRITTEN.clear()
+        opt = trident.optimize(trident.capture(K.inplace_mul, x.clone()))
+        assert len(calls) == 1
+        (entry,) = [e for e in _entries(tmp_path) if os.sep + "written" + os.sep in e]
+        outline_regions._WRITTEN.clear()  # a new process, as far as the analysis knows
+        trident.optimize(trident.capture(K.inplace_mul, x.clone()))
+        assert len(calls) == 1  # read back
+        with open(entry, "w") as f:
+            f.write('{"key": "x", "value": ["not_a_tensor_argument"]}')
+        outline_regions._WRITTEN.clear()
+        opt = trident.optimize(trident.capture(K.inplace_mul, x.clone()))
+        assert len(calls) == 2  # ignored, computed again and written anew
+        y = x.clone()
+        opt(y)
+        torch.testing.assert_close(y, K.inplace_mul_ref(x.clone()))
+        assert disk_cache.load("written", os.path.basename(entry)[:-5], lambda v: True) == ["x_ptr"]
