@@ -227,3 +227,33 @@ def test_host_program_code_does_not_grow_with_the_region():
     assert code[0] == code[1]
     assert ops[1] > 2.5 * ops[0]
     assert f"host plan: {ops[1]} op(s), 0 computed size(s); built in plan" in trident.explain(opt)
+
+
+def test_an_alignment_miss_replans_only_the_launches_that_read_the_input():
+    """_memo_launch_plan: launches whose arguments have the facts of an earlier specialization's
+    reuse its plan (Triton's binder not called again); the others are planned anew, with the new
+    key, and every result stays right."""
+    import functools
+
+    from tests.decode_model import Config, decode_step, make_caches, make_weights
+    from trident.optimize import _regions
+
+    cfg = Config(layers=2)
+    weights, cos, sin = make_weights(cfg, "cpu")
+    caches = make_caches(cfg, "cpu")
+    x, pos = torch.randn(1, cfg.hidden), torch.tensor([0])
+    step = functools.partial(decode_step, cfg)
+    opt = trident.optimize(trident.capture(step, x, pos, cos, sin, *caches, *weights))
+    (rt,) = _regions(opt)
+    planned = len(rt.program.launch_plans)
+    assert planned == len(rt.program.launches)
+    xm = misaligned(torch.randn(1, cfg.hidden))
+    ref_caches = [c.clone() for c in caches]
+    want = step(xm.clone(), pos, cos, sin, *ref_caches, *weights)
+    torch.testing.assert_close(opt(xm, pos, cos, sin, *caches, *weights), want)
+    assert len(rt.scm.specializations) == 2
+    new = len(rt.program.launch_plans) - planned
+    assert 0 < new < len(rt.program.launches)  # only launches reading the misaligned state
+    first, second = rt.scm.specializations
+    changed = [a.key != b.key for a, b in zip(first.launches, second.launches)]
+    assert sum(changed) == new and any(changed)

@@ -29,6 +29,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 from .. import triton_state
 from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
+from .collectives import check_graph, collectives_as_functional
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import has_triton_ops, inline_triton_ops
 
@@ -230,7 +231,9 @@ def capture(
     log: list = []
     try:
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
-        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling(dynamic):
+        # Note [Collectives in regions]: dist.all_reduce & co. traced as functional collectives
+        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling(dynamic), \
+                collectives_as_functional():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
@@ -240,6 +243,7 @@ def capture(
                     log.clear()  # the graph of the second trace is the one kept
                     gm = inline_triton_ops(gm, example_inputs, mode)
         _tag_heuristics(gm, log)
+        check_graph(gm)
     except CaptureError:
         raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause

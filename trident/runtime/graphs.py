@@ -16,6 +16,7 @@ import torch
 
 from .. import knobs, logs
 from ..scm.ir import DEFAULT, AtenStep, LaunchStep, RegionProgram, TensorFacts
+from ..capture.collectives import is_collective, process_group_backend
 from . import native
 
 RECORD_AFTER = 2  # consecutive ordinary calls with equal facts (but addresses) before recording
@@ -49,7 +50,29 @@ def policy(program: RegionProgram) -> tuple[bool, bool, Optional[str]]:
         if isinstance(step, AtenStep) and _draws_random(step):
             # A replay would repeat the recorded random numbers; the ordinary path draws new ones.
             return False, False, f"never: {step.name} ({step.op}) draws random numbers"
+        if isinstance(step, AtenStep) and is_collective(step.op):
+            why = _collective_not_capturable(step, mode)
+            if why is not None:
+                return False, False, why
     return True, mode == "all", None
+
+
+def _collective_not_capturable(step: AtenStep, mode: str) -> Optional[str]:
+    """Why a region with this functional collective cannot be replayed as a CUDA graph, or None
+    (Note [Collectives in regions]): NCCL supports graph capture, other backends do not, and an
+    CPU regions' emulated graphs (TRIDENT_GRAPHS=all) run on gloo: refused like them."""
+    names = [a.name for a in step.op._schema.arguments]
+    if "group_name" not in names:  # wait_tensor: the collective it waits for decides
+        return None
+    group = step.args[names.index("group_name")]
+    try:
+        backend = process_group_backend(group)
+    except Exception as e:  # noqa: BLE001 - a group this process cannot resolve
+        return f"never: {step.name} ({step.op}) on process group {group!r}, which cannot be resolved here ({e})"
+    if backend != "nccl":
+        return (f"never: {step.name} ({step.op}) runs on process group {group!r} with backend {backend!r}; "
+                "only NCCL collectives can be recorded into CUDA graphs")
+    return None
 
 
 def ordinary_cost_us(program: RegionProgram) -> float:

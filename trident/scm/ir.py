@@ -130,6 +130,10 @@ class RegionProgram:
     # Note [Layouts per input facts] (scm/specialize.py): the values' layouts per set of input
     # facts already propagated; a memo, not part of what the program is
     layouts: dict = field(default_factory=dict, compare=False, repr=False)
+    # the launch plans built so far, by the facts of their arguments (scm/specialize.py:
+    # _memo_launch_plan); a memo, like `layouts`
+    launch_plans: dict = field(default_factory=dict, compare=False, repr=False)
+    last_uses: dict = field(default_factory=dict, compare=False, repr=False)  # storage_last_uses, per storage ids
 
     @property
     def symbolic(self) -> bool:

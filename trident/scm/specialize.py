@@ -198,6 +198,26 @@ def _binder(kernel):
     return binder
 
 
+def _memo_launch_plan(program: RegionProgram, step: LaunchStep, input_facts, input_residues, value_facts,
+                      value_residues, device, compile_kernel) -> LaunchPlan:
+    """_launch_plan, reused when the launch's arguments have the facts (dtype, layout, address
+    residue) of an earlier specialization's: a miss on one input's alignment re-plans only the
+    launches that read it (Note [Layouts per input facts] does the same for propagation). A
+    launch plan is data (Note [Stable keys]), so a copy of the earlier one is this one."""
+    facts = []
+    for name, value in step.args.items():
+        if isinstance(value, ValueRef):
+            f, r = (input_facts, input_residues) if value.kind == "input" else (value_facts, value_residues)
+            facts.append((name, f[value.index], r[value.index]))
+    key = (step.name, device, compile_kernel, tuple(facts))
+    plan = program.launch_plans.get(key)
+    if plan is None:
+        plan = program.launch_plans[key] = _launch_plan(
+            step, input_facts, input_residues, value_facts, value_residues, device, compile_kernel
+        )
+    return dataclasses.replace(plan)
+
+
 def _launch_plan(
     step: LaunchStep,
     input_facts: Sequence[TensorFacts],
@@ -345,10 +365,12 @@ def _build_specialization(
     size_guards = list(program.size_guards)
     launches = []
     for step in steps:
-        concrete_step = _concrete_step(step, env) if env else step
-        plan = _launch_plan(concrete_step, inputs, residues, value_facts, value_residues, device, compile_kernels)
         if env:
+            concrete_step = _concrete_step(step, env)
+            plan = _launch_plan(concrete_step, inputs, residues, value_facts, value_residues, device, compile_kernels)
             size_guards += _symbolic_launch(program, step, plan, env)
+        else:
+            plan = _memo_launch_plan(program, step, inputs, residues, value_facts, value_residues, device, compile_kernels)
         launches.append(plan)
     # A guard pins an input's alignment when some launch specializes on it: as aligned or not
     # when the input itself is passed, exactly (address % 16) when a view of it is. (Triton's
@@ -483,7 +505,12 @@ def _value_refs(value) -> list[ValueRef]:
 
 def storage_last_uses(program: RegionProgram, storage_ids: Sequence[int]) -> dict[int, int]:
     """Per storage: the index of the last step that reads or writes any value living in it
-    (an operator argument, a kernel argument, a view's base)."""
+    (an operator argument, a kernel argument, a view's base). Kept per storage assignment
+    (the arena and the releases ask for the same one)."""
+    key = tuple(storage_ids)
+    known = program.last_uses.get(key)
+    if known is not None:
+        return known
     last: dict[int, int] = {}
     for i, step in enumerate(program.steps):
         args = step.args.values() if isinstance(step, LaunchStep) else getattr(step, "args", ())
@@ -493,6 +520,7 @@ def storage_last_uses(program: RegionProgram, storage_ids: Sequence[int]) -> dic
         for slot in getattr(step, "outputs", ()):
             if slot >= 0:  # a result living in an existing storage (a view, an in-place result)
                 last[storage_ids[slot]] = max(last.get(storage_ids[slot], i), i)
+    program.last_uses[key] = last
     return last
 
 
