@@ -115,7 +115,15 @@ def _add(x, y):
 def decode_step(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
     """One token per sequence (x: [batch, hidden]) through `cfg.layers` layers, all sequences
     at position `pos`; writes the KV caches ([batch, kv_heads, max_seq, head_dim]) in place."""
-    hd, H, KV = cfg.head_dim, cfg.heads, cfg.kv_heads
+    return decode_layers(cfg, cfg.heads, cfg.kv_heads, cfg.intermediate, None, x, pos, cos_table, sin_table,
+                         *caches_and_weights)
+
+
+def decode_layers(cfg: Config, H: int, KV: int, I: int, reduce, x, pos, cos_table, sin_table, *caches_and_weights):
+    """decode_step's layers over H query heads, KV key/value heads and I intermediate columns
+    (all of them, or one tensor-parallel rank's: tests/tp_decode_model.py), `reduce` (None: none)
+    applied to the attention output's and the MLP's partial projections."""
+    hd = cfg.head_dim
     B = x.shape[0]
     caches = caches_and_weights[: 2 * cfg.layers]
     weights = caches_and_weights[2 * cfg.layers:]
@@ -136,11 +144,13 @@ def decode_step(cfg: Config, x, pos, cos_table, sin_table, *caches_and_weights):
         kk = k_cache[:, :, None].expand(B, KV, H // KV, cfg.max_seq, hd).reshape(B, H, cfg.max_seq, hd)
         vv = v_cache[:, :, None].expand(B, KV, H // KV, cfg.max_seq, hd).reshape(B, H, cfg.max_seq, hd)
         attn = torch.nn.functional.scaled_dot_product_attention(q.view(B, H, 1, hd), kk, vv, attn_mask=mask)
-        x = _add(x, torch.nn.functional.linear(attn.reshape(B, H * hd), wo))
+        o = torch.nn.functional.linear(attn.reshape(B, H * hd), wo)
+        x = _add(x, o if reduce is None else reduce(o))
         gu = torch.nn.functional.linear(_rmsnorm(cfg, x, ln2), w_gu)
-        act = torch.empty(B, cfg.intermediate, device=x.device, dtype=x.dtype)
-        silu_mul_kernel[(triton.cdiv(cfg.intermediate, 128), B)](gu, act, cfg.intermediate, BLOCK=128)
-        x = _add(x, torch.nn.functional.linear(act, w_down))
+        act = torch.empty(B, I, device=x.device, dtype=x.dtype)
+        silu_mul_kernel[(triton.cdiv(I, 128), B)](gu, act, I, BLOCK=128)
+        d = torch.nn.functional.linear(act, w_down)
+        x = _add(x, d if reduce is None else reduce(d))
     return x
 
 

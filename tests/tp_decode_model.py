@@ -10,13 +10,13 @@ so a rank's outputs can be checked against decode_step_reference on the full mod
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import triton
 
-from tests.decode_model import Config, _add, _rmsnorm, rotary_kernel, silu_mul_kernel
+from tests.decode_model import Config, decode_layers
 
 
 @dataclass(frozen=True)
@@ -62,31 +62,5 @@ def _reduce(tp: TP, t: torch.Tensor) -> torch.Tensor:
 
 def tp_decode_step(cfg: Config, tp: TP, x, pos, cos_table, sin_table, *caches_and_weights):
     """decode_step on this rank's shard (shard()): x [batch, hidden] replicated on every rank."""
-    hd = cfg.head_dim
-    H, KV, I = cfg.heads // tp.world, cfg.kv_heads // tp.world, cfg.intermediate // tp.world
-    B = x.shape[0]
-    caches = caches_and_weights[: 2 * cfg.layers]
-    weights = caches_and_weights[2 * cfg.layers:]
-    cos = cos_table.index_select(0, pos)
-    sin = sin_table.index_select(0, pos)
-    mask = (torch.arange(cfg.max_seq, device=x.device) <= pos).view(1, 1, 1, cfg.max_seq)
-    for layer in range(cfg.layers):
-        ln1, wq, wk, wv, wo, ln2, w_gu, w_down = weights[8 * layer: 8 * layer + 8]
-        k_cache, v_cache = caches[2 * layer], caches[2 * layer + 1]
-        h = _rmsnorm(cfg, x, ln1)
-        q = torch.nn.functional.linear(h, wq)
-        k = torch.nn.functional.linear(h, wk)
-        v = torch.nn.functional.linear(h, wv)
-        rotary_kernel[(B * H,)](q, cos, sin, HALF=hd // 2)
-        rotary_kernel[(B * KV,)](k, cos, sin, HALF=hd // 2)
-        k_cache.index_copy_(2, pos, k.view(B, KV, 1, hd))
-        v_cache.index_copy_(2, pos, v.view(B, KV, 1, hd))
-        kk = k_cache[:, :, None].expand(B, KV, H // KV, cfg.max_seq, hd).reshape(B, H, cfg.max_seq, hd)
-        vv = v_cache[:, :, None].expand(B, KV, H // KV, cfg.max_seq, hd).reshape(B, H, cfg.max_seq, hd)
-        attn = torch.nn.functional.scaled_dot_product_attention(q.view(B, H, 1, hd), kk, vv, attn_mask=mask)
-        x = _add(x, _reduce(tp, torch.nn.functional.linear(attn.reshape(B, H * hd), wo)))
-        gu = torch.nn.functional.linear(_rmsnorm(cfg, x, ln2), w_gu)
-        act = torch.empty(B, I, device=x.device, dtype=x.dtype)
-        silu_mul_kernel[(triton.cdiv(I, 128), B)](gu, act, I, BLOCK=128)
-        x = _add(x, _reduce(tp, torch.nn.functional.linear(act, w_down)))
-    return x
+    return decode_layers(cfg, cfg.heads // tp.world, cfg.kv_heads // tp.world, cfg.intermediate // tp.world,
+                         functools.partial(_reduce, tp), x, pos, cos_table, sin_table, *caches_and_weights)
