@@ -651,3 +651,60 @@ def test_a_graph_serving_aliased_calls_is_not_retired_by_one_that_stages(device)
     st = C.graph_stats(_region(opt))
     assert [(g["staged"], g["retired"]) for g in st["graphs"]] == [([], False), ([1], False)]
     assert [g["replays"] for g in st["graphs"]] == [1 + 2, 2]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_graph_facts_guard_is_the_twin_of_the_native_replay_match(device, seed):
+    """Note [One guard table]: GraphFacts.check (Python) predicts, before every call, whether the
+    native runtime replays a recorded graph -- over random calls mixing pinned and staged, moved,
+    aliased and other-dtype inputs -- and when no graph holds, its failure names the first fact
+    that stood in the way, in the caller's names."""
+    g = torch.Generator().manual_seed(seed)
+    opt = _optimized_inplace(device)
+    rid = _region(opt)
+    names = [i.name for i in SCMRuntime.get(rid).program.inputs]
+
+    def rand(dtype=torch.float32):
+        return torch.randn(256, generator=g, dtype=dtype).to(device)
+
+    written = [rand(), rand()]
+    reads = [rand(), rand()]
+    outcomes = set()
+    for _ in range(60):
+        choice = int(torch.randint(0, 6, (1,), generator=g))
+        w = written[int(torch.randint(0, 2, (1,), generator=g))]
+        args = {0: (w, reads[0]), 1: (w, reads[1]), 2: (w, rand()), 3: (w, w),
+                4: (rand(torch.float64), rand(torch.float64)), 5: (written[0], reads[0])}[choice]
+        st = C.graph_stats(rid)
+        live = [guard for guard, info in zip(graphs.graph_guards(rid), st["graphs"]) if not info["retired"]]
+        predicted = any(guard.check(args) for guard in live)
+        before = sum(x["replays"] for x in st["graphs"])
+        opt(*args)
+        replayed = sum(x["replays"] for x in C.graph_stats(rid)["graphs"][: len(st["graphs"])]) > before
+        assert replayed == predicted, (choice, [guard.failure(args, names) for guard in live])
+        outcomes.add(replayed)
+        for guard in live:
+            why = guard.reason(args)
+            assert (why is None) == guard.check(args)
+            if why is not None:
+                outcomes.add(why[0])
+                assert guard.failure(args, names).startswith(f"graph {guard.graph}: ")
+    assert {True, False, "facts"} <= outcomes and ({"pinned_moved", "aliased"} & outcomes), outcomes
+
+
+def test_graph_facts_reasons(device):
+    opt = _optimized_inplace(device)
+    rid = _region(opt)
+    x = torch.randn(256, device=device)
+    for _ in range(4):
+        opt(x, torch.randn(256, device=device))  # `a` fresh each call: staged; x pinned
+    (guard,) = graphs.graph_guards(rid)
+    names = ["x", "a"]
+    assert guard.staged == (False, True) and guard.written == (True, False)
+    assert guard.check((x, torch.randn(256, device=device)))
+    assert guard.failure((x.clone(), torch.randn(256, device=device)), names) == (
+        "graph 0: input 'x' is pinned in the graphs and came at another address")
+    assert guard.reason((x, torch.randn(256, device=device, dtype=torch.float64))) == ("facts", 1)
+    assert guard.failure((x, x), names) == ("graph 0: staged input 'a' shares memory with an input the region "
+                                             "writes (or is written and shares memory with another input)")
+    assert "pinned at their recorded addresses: x" in trident.scm.guards.describe(guard, names)

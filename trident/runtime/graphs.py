@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import knobs, logs
+from ..scm.guards import GRAPH_MISS_REASONS, GraphFacts
 from ..scm.ir import DEFAULT, AtenStep, LaunchStep, RegionProgram, TensorFacts
 from ..capture.collectives import is_collective, process_group_backend
 from . import native
@@ -188,6 +189,7 @@ def _record(
     devices = {t.device for t in inputs}
     if all(d.type == "cpu" for d in devices) and emulate:
         C.add_graph(region_id, static, staged, [], 0, 0, staging_bytes, None)  # emulated: the host program reruns
+        _add_guard(region_id, static, staged, program)
         return None
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         return f"never: inputs on {sorted(map(str, devices))}; a graph needs every input on one CUDA device"
@@ -230,7 +232,26 @@ def _record(
             region_id, static, staged, outs, graph.raw_cuda_graph_exec(), user.cuda_stream,
             staging_bytes + pool_bytes, graph,
         )
+        _add_guard(region_id, static, staged, program)
     return None
+
+
+# Note [One guard table]: each recorded graph's GraphFacts, per region, in the native entries' order
+_graph_guards: dict[int, list[GraphFacts]] = {}
+
+
+def _add_guard(region_id: int, static: Sequence[torch.Tensor], staged: Sequence[bool], program) -> None:
+    guards = _graph_guards.setdefault(region_id, [])
+    recorded = len(native.C.graph_stats(region_id)["graphs"])
+    if recorded != len(guards) + 1:  # the native table took no entry (its bound): nothing to describe
+        return
+    written = [i.mutated for i in program.inputs] if program is not None else [False] * len(static)
+    guards.append(GraphFacts.of(len(guards), static, staged, written))
+
+
+def graph_guards(region_id: int) -> list[GraphFacts]:
+    """The GraphFacts of every graph the region recorded (retired ones included), in order."""
+    return list(_graph_guards.get(region_id, ()))
 
 
 def describe(
@@ -291,18 +312,8 @@ def describe(
         lines.append(f"graphs: {st['declined']} call(s) matched no recorded graph (ordinary path)")
     why, i = st["last_ordinary"]
     name = input_names[i] if 0 <= i < n else "?"
-    text = {
-        "no_graph": "no graph recorded (yet)",
-        "capturing": "the caller's stream was being captured (the caller's own CUDA graph records ordinary launches)",
-        "stream": "no graph for this stream and device (a graph replays on the stream it was recorded for)",
-        "facts": f"input {name!r} has another dtype, rank, sizes or strides than in every graph",
-        "pinned_moved": f"input {name!r} is pinned in the graphs and came at another address",
-        "aliased": f"staged input {name!r} shares memory with an input the region writes (or is written and shares "
-        "memory with another input)",
-        "unstageable": f"input {name!r} moves between calls and cannot be staged, so no graph is recorded while it moves",
-    }.get(why)
-    if text:
-        lines.append(f"graphs: the last ordinary call replayed no graph: {text}")
+    if why in GRAPH_MISS_REASONS:
+        lines.append(f"graphs: the last ordinary call replayed no graph: {GRAPH_MISS_REASONS[why].format(name=name)}")
     return lines
 
 

@@ -22,6 +22,10 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
                                           tensor's stride s1)
   IntegerKey       the region, natively   Triton's key of an integer kernel argument      a miss: the next
                                           computed from sizes (== 1, % 16, i32 / i64)     specialization
+  GraphFacts       the region's graph     a recorded CUDA graph's facts: dtype, sizes,    the ordinary path
+                   replay, natively       strides as recorded, pinned inputs at their     (explain() says
+                                          addresses, staged inputs not aliasing written   why)
+                                          ones (Note [Graph replay])
   TracedShapes     the module's __call__  every assumption of a symbolic trace about the  GuardError
                                           graph's inputs (shape guards, ranges, static
                                           dims, facts tied to symbols), also those no
@@ -396,8 +400,90 @@ class TracedShapes:
         return {"kind": "traced_shapes", "conditions": [c for c, _ in self.conditions]}
 
 
+# Why a call replays no recorded graph (the native runtime's `Ordinary` codes, graph_replay.h),
+# in the caller's names: GraphFacts.failure and explain() both word a reason from here.
+GRAPH_MISS_REASONS = {
+    "no_graph": "no graph recorded (yet)",
+    "capturing": "the caller's stream was being captured (the caller's own CUDA graph records ordinary launches)",
+    "stream": "no graph for this stream and device (a graph replays on the stream it was recorded for)",
+    "facts": "input {name!r} has another dtype, rank, sizes or strides than in every graph",
+    "pinned_moved": "input {name!r} is pinned in the graphs and came at another address",
+    "aliased": "staged input {name!r} shares memory with an input the region writes (or is written and shares "
+    "memory with another input)",
+    "unstageable": "input {name!r} moves between calls and cannot be staged, so no graph is recorded while it moves",
+}
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What a call must bring for recorded graph `graph` of a region to replay (Note [Graph
+    replay], graph_replay.cpp: facts_match and staged_conflict, whose Python twin `check` is):
+    every input's dtype, device, sizes and strides as recorded; the recorded address for each
+    input the graph pins (staged ones are copied in, their address is free); and no staged input
+    sharing memory with an input the region writes (or, written, with any other input)."""
+
+    graph: int
+    facts: tuple  # per region input: its TensorFacts at recording, None for a non-tensor
+    addresses: tuple[int, ...]  # per region input: data_ptr at recording (0: not a tensor)
+    staged: tuple[bool, ...]
+    written: tuple[bool, ...]  # per region input: the region writes it
+    native: ClassVar[bool] = True
+
+    @staticmethod
+    def of(graph: int, inputs: Sequence, staged: Sequence[bool], written: Sequence[bool]) -> "GraphFacts":
+        from .ir import TensorFacts
+
+        return GraphFacts(
+            graph,
+            tuple(TensorFacts.of(t) if isinstance(t, torch.Tensor) else None for t in inputs),
+            tuple(t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in inputs),
+            tuple(bool(s) for s in staged),
+            tuple(bool(w) for w in written),
+        )
+
+    def reason(self, values: Sequence) -> "tuple[str, int] | None":
+        """(Ordinary code, input) of the first fact that keeps this graph from replaying, or None."""
+        from .ir import TensorFacts
+
+        for i, (t, want) in enumerate(zip(values, self.facts)):
+            got = TensorFacts.of(t) if isinstance(t, torch.Tensor) else None
+            if got != want:
+                return "facts", i
+            address = t.data_ptr() if isinstance(t, torch.Tensor) else 0
+            if address != self.addresses[i] and not self.staged[i]:
+                return "pinned_moved", i
+        for i, t in enumerate(values):
+            if not self.staged[i]:
+                continue
+            for j, u in enumerate(values):
+                if j != i and (self.written[i] or self.written[j]) and _shares_storage(t, u):
+                    return "aliased", i
+        return None
+
+    def check(self, values: Sequence) -> bool:
+        return self.reason(values) is None
+
+    def failure(self, values: Sequence, names: Sequence[str]) -> str:
+        why = self.reason(values)
+        if why is None:
+            return ""
+        code, i = why
+        return f"graph {self.graph}: " + GRAPH_MISS_REASONS[code].format(name=names[i])
+
+    def record(self) -> dict:
+        return {"kind": "graph_facts", "graph": self.graph, "staged": list(self.staged),
+                "pinned": [i for i, s in enumerate(self.staged) if not s]}
+
+
+def _shares_storage(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    pa, pb = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+    return pa == pb and pa != 0
+
+
 SizeGuard = SizeRelation | FactEquals | IntegerKey
-CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout | TracedShapes
+CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout | TracedShapes | GraphFacts
 
 
 class GuardList(list):
@@ -436,4 +522,8 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
         return "symbolic trace: " + "; ".join(w for _, w in guard.conditions)
     if isinstance(guard, CapturedLayout):
         return f"{guard.name}: sizes {list(guard.sizes)} strides {list(guard.strides)} (static capture, on a miss)"
+    if isinstance(guard, GraphFacts):
+        pinned = [names[i] for i, st in enumerate(guard.staged) if not st]
+        return (f"graph {guard.graph}: every input's dtype, sizes and strides as recorded; pinned at their "
+                f"recorded addresses: {', '.join(pinned) or 'none'}; staged inputs not sharing a written one's memory")
     return f"disjoint: {guard.what} (natively, each call)"
