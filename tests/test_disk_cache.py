@@ -63,3 +63,13 @@ def test_write_analysis_is_read_back_and_a_damaged_one_recomputed(tmp_path, monk
         opt(y)
         torch.testing.assert_close(y, K.inplace_mul_ref(x.clone()))
         assert disk_cache.load("written", os.path.basename(entry)[:-5], lambda v: True) == ["x_ptr"]
+
+
+def test_entries_in_a_folder_others_may_write_are_not_read(tmp_path):
+    with knobs.scope(cache_dir=str(tmp_path / "c")):
+        key = disk_cache.key_of("shared")
+        disk_cache.store("facts", key, [1])
+        (path,) = _entries(tmp_path)
+        assert disk_cache.load("facts", key, lambda v: True) == [1]
+        os.chmod(os.path.dirname(path), 0o777)
+        assert disk_cache.load("facts", key, lambda v: True) is None

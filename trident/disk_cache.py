@@ -7,10 +7,12 @@ analysis of which arguments a launch writes (`get_mutated_tensors` compiles the 
 ~40 ms a kernel). They depend only on what the key names (the kernel's stable key, Note [Stable
 keys], its constant arguments, each argument's dtype or scalar value, the versions of torch and
 Triton), so with TRIDENT_CACHE_DIR set each answer is kept as `<dir>/<kind>/<k[:2]>/<k>.json`
-and read back by a later process. Folders are created 0700 (as the plans'); an entry is written
-to a temporary file and renamed; one that does not parse, names another key or fails the
-caller's check is ignored (the answer is computed again and written anew): an entry only ever
-saves work, never decides a result on its own.
+and read back by a later process. Folders are created 0700 (as the plans'), and an entry is read
+only from folders owned by this user that nobody else may write: like a plan, an answer read
+back is trusted (a planted write analysis could drop a dependency), so it must be the user's
+own. An entry is written to a temporary file and renamed; one that does not parse, names
+another key or fails the caller's check is ignored (the answer is computed again and written
+anew). Only answers the analysis gave are kept, never the fallback it takes when it fails.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ def make_private_dirs(folder: str) -> None:
             pass
 
 
+def private(folder: str) -> bool:
+    """The folder belongs to this user and nobody else may write it."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def key_of(*parts: Any) -> str:
     import torch
     import triton
@@ -57,6 +68,11 @@ def load(kind: str, key: str, check: Callable[[Any], bool]) -> Any:
     `check(value)` holds; else None."""
     path = _path(kind, key)
     if path is None:
+        return None
+    folder = os.path.dirname(path)
+    if not (private(folder) and private(os.path.dirname(folder)) and private(os.path.dirname(os.path.dirname(folder)))):
+        if os.path.exists(path):
+            _log.debug("cached %s %s ignored: its folder is not private to this user", kind, path)
         return None
     try:
         with open(path, "rb") as f:

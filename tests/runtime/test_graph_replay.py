@@ -696,8 +696,9 @@ def test_graph_facts_reasons(device):
     opt = _optimized_inplace(device)
     rid = _region(opt)
     x = torch.randn(256, device=device)
-    for _ in range(4):
-        opt(x, torch.randn(256, device=device))  # `a` fresh each call: staged; x pinned
+    fresh = [torch.randn(256, device=device) for _ in range(4)]  # held: a freed one's address could come back
+    for a in fresh:
+        opt(x, a)  # `a` fresh each call: staged; x pinned
     (guard,) = graphs.graph_guards(rid)
     names = ["x", "a"]
     assert guard.staged == (False, True) and guard.written == (True, False)

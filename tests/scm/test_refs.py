@@ -124,3 +124,32 @@ def test_a_changed_autotuner_has_another_key():
     other.configs = list(other.configs) + [triton.Config({"BLOCK": 1024})]
     assert refs.kernel_ref(other) != refs.kernel_ref(K.tuned_scale_kernel)
     assert refs.live(refs.kernel_ref(other)) is other
+
+
+def test_objects_the_digest_cannot_tell_apart_get_keys_of_their_own():
+    """Two @triton.heuristics over one kernel whose value functions differ only in a captured
+    value have the same code digest: each still gets its own key, and the key resolves to it."""
+    import triton
+
+    def even(m):
+        return lambda args: args["n"] % m == 0
+
+    h16 = triton.heuristics({"EVEN": even(16)})(K.heuristic_tuned_kernel.fn.fn)
+    h64 = triton.heuristics({"EVEN": even(64)})(K.heuristic_tuned_kernel.fn.fn)
+    r16, r64 = refs.kernel_ref(h16), refs.kernel_ref(h64)
+    assert r16 != r64 and refs.live(r16) is h16 and refs.live(r64) is h64
+    assert refs.kernel_ref(h16) == r16  # stable for the object
+
+
+def test_an_unpickled_plan_finds_its_kernels_in_tritons_cache(timer):
+    x = torch.randn(1000)
+    opt = trident.optimize(trident.capture(program, x))
+    (spec,) = [s for rid in opt.meta["trident_regions"] for s in SCMRuntime.get(rid).scm.specializations]
+    back = pickle.loads(pickle.dumps(spec))
+    binaries = [p.binary for p in back.launches if p.binary is not None]
+    assert binaries  # kernels are compiled on the CPU machine too (sm_90 cubins)
+    for b in binaries:
+        refs._compiled.pop(b, None)  # as in another process
+    for p in back.launches:
+        if p.binary is not None:
+            assert p.compiled.hash == p.binary and p.compiled.name == p.step.kernel_name

@@ -52,11 +52,15 @@ def _modules():
 
 
 def _remaps() -> dict:
+    """Dynamo's remaps of the classic collectives, but the point-to-point ones (isend, irecv,
+    batch_isend_irecv): c10d checks P2POp's function by identity, and no region needs them."""
     try:
         import torch.distributed._functional_collectives as funcol
+        import torch.distributed.distributed_c10d as c10d
     except (ImportError, RuntimeError):  # a torch built without distributed
         return {}
-    return dict(funcol.traceable_collective_remaps)
+    p2p = {getattr(c10d, n, None) for n in ("isend", "irecv", "batch_isend_irecv")}
+    return {k: v for k, v in funcol.traceable_collective_remaps.items() if k not in p2p}
 
 
 def _routed(original, remapped):
@@ -104,11 +108,14 @@ def collectives_as_functional() -> Iterator[None]:
         return
     with _lock:
         if _users[0] == 0:
+            wrappers: dict = {}  # one per function: `dist.all_reduce is c10d.all_reduce` still holds
             for module in _modules():
                 for name, value in list(vars(module).items()):
                     if callable(value) and value in remaps:
+                        if value not in wrappers:
+                            wrappers[value] = _routed(value, remaps[value])
                         _patched.append((module, name, value))
-                        setattr(module, name, _routed(value, remaps[value]))
+                        setattr(module, name, wrappers[value])
         _users[0] += 1
     outer = getattr(_state, "tracing", False)
     _state.tracing = True

@@ -111,10 +111,10 @@ def written_params(node: torch.fx.Node) -> list[str]:
                     node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs,
                     node.kwargs["tma_descriptor_metadata"],
                 )
+                if stored_key is not None:  # the analysis' own answer, not the fallback below
+                    disk_cache.store("written", stored_key, sorted(set(names)))
             except Exception:
                 names = list(tensors)
-            if stored_key is not None:
-                disk_cache.store("written", stored_key, sorted(set(names)))
         names = tuple(sorted(set(names)))
         if key is not None:
             _WRITTEN[key] = names

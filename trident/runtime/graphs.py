@@ -52,16 +52,16 @@ def policy(program: RegionProgram) -> tuple[bool, bool, Optional[str]]:
             # A replay would repeat the recorded random numbers; the ordinary path draws new ones.
             return False, False, f"never: {step.name} ({step.op}) draws random numbers"
         if isinstance(step, AtenStep) and is_collective(step.op):
-            why = _collective_not_capturable(step, mode)
+            why = _collective_not_capturable(step)
             if why is not None:
                 return False, False, why
     return True, mode == "all", None
 
 
-def _collective_not_capturable(step: AtenStep, mode: str) -> Optional[str]:
+def _collective_not_capturable(step: AtenStep) -> Optional[str]:
     """Why a region with this functional collective cannot be replayed as a CUDA graph, or None
-    (Note [Collectives in regions]): NCCL supports graph capture, other backends do not, and an
-    CPU regions' emulated graphs (TRIDENT_GRAPHS=all) run on gloo: refused like them."""
+    (Note [Collectives in regions]): NCCL supports graph capture, other backends do not (CPU
+    regions' emulated graphs, TRIDENT_GRAPHS=all, run on gloo: refused like the others)."""
     names = [a.name for a in step.op._schema.arguments]
     if "group_name" not in names:  # wait_tensor: the collective it waits for decides
         return None

@@ -41,7 +41,7 @@ from typing import Any, Optional
 import torch
 
 from .. import knobs, logs
-from ..disk_cache import make_private_dirs
+from ..disk_cache import make_private_dirs, private
 from ..scm.printer import format_facts, format_program
 from ..scm.serialize import FORMAT
 
@@ -111,18 +111,6 @@ def _digest(payload: dict, native: Optional[dict] = None) -> str:
     return hashlib.sha256(json.dumps({"payload": payload, "native": native}, sort_keys=True).encode()).hexdigest()
 
 
-def _private(folder: str) -> bool:
-    """The folder belongs to this user and nobody else may write it (a library loaded from it
-    runs as this process)."""
-    try:
-        st = os.stat(folder)
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
-
-
 class PlanCache:
     """The records of one region in TRIDENT_CACHE_DIR (Note [Persistent plans])."""
 
@@ -175,7 +163,7 @@ class PlanCache:
         import ctypes
 
         path = os.path.join(self.folder, str(native.get("file", "")))
-        if not _private(self.folder) or not _private(os.path.dirname(self.folder)):
+        if not private(self.folder) or not private(os.path.dirname(self.folder)):
             _log.warning("%s: cached host program %s not loaded: its folder is not private to this user; "
                          "building it again", self.name, path)
             return None

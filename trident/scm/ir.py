@@ -239,7 +239,7 @@ class LaunchPlan:
     @property
     def compiled(self):
         """Triton's CompiledKernel (Note [Stable keys]), None when not compiled."""
-        return None if self.binary is None else compiled_kernel(self.binary)
+        return None if self.binary is None else compiled_kernel(self.binary, self.step.kernel_name)
 
 
 @dataclass

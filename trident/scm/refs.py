@@ -50,10 +50,17 @@ _by_object: dict[int, tuple[Any, KernelRef]] = {}  # id -> (the object, kept ali
 _compiled: dict[str, Any] = {}
 
 
+def _const_digest(c) -> str:
+    if hasattr(c, "co_code"):
+        return _code_digest(c)
+    if isinstance(c, frozenset):  # its repr's order follows the hash seed
+        return "frozenset" + repr(sorted(map(_const_digest, c)))
+    return repr(c)
+
+
 def _code_digest(code) -> str:
     """What a code object does, the same in every process (no addresses)."""
-    consts = [_code_digest(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
-    return repr((code.co_code, consts, code.co_names))
+    return repr((code.co_code, [_const_digest(c) for c in code.co_consts], code.co_names))
 
 
 def _function_digest(fn) -> str:
@@ -101,12 +108,19 @@ def _digest(kernel) -> tuple[str, str, str]:
 
 
 def kernel_ref(kernel) -> KernelRef:
-    """The stable key of `kernel` (a JITFunction, Autotuner or Heuristics), registering it."""
+    """The stable key of `kernel` (a JITFunction, Autotuner or Heuristics), registering it.
+    The digest does not see everything an object holds (a closure's captured values, a
+    partial's arguments, decorator options), so a second, different object with the digest of a
+    registered one gets its own key (the digest and a count): a key never names two objects."""
     known = _by_object.get(id(kernel))
     if known is not None and known[0] is kernel:
         return known[1]
-    ref = KernelRef(*_digest(kernel))
-    _live.setdefault(ref, kernel)
+    name, key, kind = _digest(kernel)
+    ref = KernelRef(name, key, kind)
+    n = 1
+    while _live.setdefault(ref, kernel) is not kernel:
+        ref = KernelRef(name, f"{key}#{n}", kind)
+        n += 1
     _by_object[id(kernel)] = (kernel, ref)
     return ref
 
@@ -172,9 +186,11 @@ def load_compiled(key: str, name: str):
     return _compiled.setdefault(key, compiled)
 
 
-def compiled_kernel(key: str):
-    """The CompiledKernel Triton's hash `key` names (registered by register_compiled)."""
-    try:
-        return _compiled[key]
-    except KeyError:
-        raise KeyError(f"no compiled kernel registered in this process under hash {key}") from None
+def compiled_kernel(key: str, name: str):
+    """The CompiledKernel Triton's hash `key` names: registered in this process (register_compiled),
+    else read from Triton's cache (a plan unpickled in another process, say)."""
+    compiled = load_compiled(key, name)
+    if compiled is None:
+        raise KeyError(f"compiled kernel {name} (Triton hash {key}) is neither registered in this process nor "
+                       "in Triton's cache; plan the specialization again")
+    return compiled

@@ -225,8 +225,8 @@ _NATIVE = _MAX + _MIN + _POW + (
 def emit(expr: sympy.Basic, load: Callable[[str], object], const: Callable[[int], object]):
     """MLIR (arith) computing `expr` at the insertion point: an i64 for an integer expression, an
     i1 for a relation. `load(name)` gives the i64 of a symbol, `const(v)` an i64 constant.
-    Division and modulo by zero give 0 here (Python raises; the guards that select a
-    specialization never divide by a size that can be 0 there: sizes 0 and 1 are specialized)."""
+    A divisor of 0 is taken as 1 here (Python raises; the guards that select a specialization
+    never divide by a size that can be 0 there: sizes 0 and 1 are specialized)."""
     from torch_mlir import ir
     from torch_mlir.dialects import arith
 
