@@ -419,6 +419,12 @@ def explain(gm) -> str:
                     f"    arena: {len(in_arena)} of {len(spec.allocs)} allocation(s) in one buffer of "
                     f"{in_arena[0].arena_bytes} bytes per call"
                 )
+            elif spec.arena:  # Note [Symbolic arena]
+                fixed = sum(b.nbytes >= 0 for b in spec.arena)
+                lines.append(
+                    f"    arena: {len(spec.arena)} of {len(spec.allocs)} allocation(s) in one buffer placed per call "
+                    f"for the sizes ({len(spec.arena) - fixed} sized by them, {fixed} fixed)"
+                )
         devices = [g.facts.device for spec in rt.scm.specializations for g in spec.guards]
         names = [i.name for i in rt.program.inputs]
         lines.extend("  " + line for line in graphs.describe(rt.region_id, names, rt.graph_reason, devices))

@@ -4,6 +4,8 @@ only where Triton would compile a new binary (its key changes) or a Python decis
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import triton
@@ -197,3 +199,58 @@ def test_bad_inputs_to_a_symbolic_capture_are_named():
         opt(torch.randn(0), torch.randn(0))
     x, y = torch.randn(10), torch.randn(10)  # and a good call after the refused ones
     torch.testing.assert_close(opt(x, y), K.two_kernels_ref(x, y))
+
+
+def temporaries(x, y):
+    """Four temporaries whose sizes follow x's (three of them live together) and one of fixed
+    size: every one is a slice of the call's arena, placed per call (Note [Symbolic arena])."""
+    a = K.axpy(x, y)
+    b = K.axpy(a, x)
+    wide = K.axpy(torch.cat([b, a]), torch.cat([a, b]))  # twice x's size
+    c = K.axpy(b, a)
+    fixed = K.axpy(torch.ones(40, device=x.device), torch.ones(40, device=x.device))
+    return K.axpy(c, wide[: x.shape[0]]) + fixed.sum()
+
+
+def test_temporaries_of_symbolic_sizes_share_one_arena(device):
+    opt = trident.optimize(trident.capture(temporaries, torch.randn(1000, device=device),
+                                           torch.randn(1000, device=device), dynamic=True))
+    line = next(ln.strip() for ln in trident.explain(opt).splitlines() if ln.strip().startswith("arena:"))
+    assert "placed per call for the sizes" in line and "1 fixed" in line, line
+    text = trident.scm_text(opt)
+    assert "sized per call, above arena[" in text, text
+    # the grids' sym_numel(a), sym_numel(b), ... read outside the region do not make the
+    # temporaries leave it (Note [Values leaving a region]): one result, six arena buffers
+    assert re.match(r"scm region\d+\(x, y\) -> \(\w+\)$", text.splitlines()[0]), text.splitlines()[0]
+    assert "arena: 6 of 6 allocation(s)" in line, line
+    for n in [1000, 1001, 3000, 17, 1000, 64, 5000, 2]:  # growing and shrinking, through one plan
+        x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+        torch.testing.assert_close(opt(x, y), temporaries(x, y))
+    (info,) = trident.cache_info(opt).values()
+    assert info["specializations"] <= 4, info  # Triton's keys of n (% 16, == 1), never per size
+
+
+def last_rows(x):
+    """Views whose offset depends on sizes (the last row, a narrowed middle) read by kernels,
+    and a reshaped view an operator reads: native views with their layouts from the size program
+    (Note [Symbolic views])."""
+    last = x[-1]  # offset (rows - 1) * cols
+    middle = x.narrow(0, 1, x.shape[0] - 2)
+    flat = middle.reshape(-1)
+    return K.axpy(last, x[0]), K.axpy(flat, flat) * 2.0, middle.t().sum(1)
+
+
+def test_views_whose_layout_depends_on_sizes_are_native(device):
+    opt = trident.optimize(trident.capture(last_rows, torch.randn(6, 32, device=device), dynamic=True))
+    explained = trident.explain(opt)
+    native_views = int(re.search(r"(\d+) native views", explained).group(1))
+    assert native_views >= 3, explained
+    assert re.search(r"select = native view: x \+ \(\d*\*?\(?s\d+", trident.scm_text(opt)) or \
+        "native view: x + (" in trident.scm_text(opt), trident.scm_text(opt)
+    for rows, cols in [(6, 32), (9, 32), (4, 100), (40, 7), (6, 32)]:
+        x = torch.randn(rows, cols, device=device)
+        for got, want in zip(opt(x), last_rows(x)):
+            torch.testing.assert_close(got, want)
+    # a base not laid out as planned (a transposed input is refused by the guards before that)
+    with pytest.raises(GuardError, match="stride"):
+        opt(torch.randn(32, 6, device=device).t())

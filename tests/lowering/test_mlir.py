@@ -174,6 +174,10 @@ def test_symbolic_host_plan_reads_its_size_program():
     rt = _runtime(opt)
     text = format_plan(rt.host_plans[0])
     (sym,) = set(re.findall(r"s\d+", text))
-    assert f"sizes[0] = ({sym}//16)" in text and "aten #0 view sizes@0" in text and "alloc #0 empty sizes@1" in text
-    assert re.search(r"launch #0 _rowsum_kernel\[sizes\[\d\], 1, 1\]", text)
+    # the view is native (Note [Symbolic views]): its run is the operator's size arguments (the
+    # fallback's), then the base's sizes and strides, its own, and its offset from the base
+    run = [f"({sym}//16)", sym, "1", f"({sym}//16)", "16", "16", "1", "0"]
+    assert "".join(f"  sizes[{k}] = {e}\n" for k, e in enumerate(run)) in text, text
+    assert "view #0 view sizes@0" in text and f"alloc #0 empty sizes@{len(run)}" in text
+    assert re.search(r"launch #0 _rowsum_kernel\[sizes\[\d+\], 1, 1\]", text)
     assert "arith.floordivsi" in rt.host_mlir and "llvm.call" in rt.host_mlir

@@ -159,13 +159,18 @@ module {
         (sizes,) = rt.size_mlirs
         self.assertExpectedInline(norm(sizes), """\
 module {
-  func.func @region0_sizes_0(%arg0: !torch.vtensor<[?],f32>) -> (!torch.int, !torch.int, !torch.int, !torch.int) {
+  func.func @region0_sizes_0(%arg0: !torch.vtensor<[?],f32>) -> (!torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int) {
     %int0 = torch.constant.int 0
     %0 = torch.aten.size.int %arg0, %int0 : !torch.vtensor<[?],f32>, !torch.int -> !torch.int
     %int16 = torch.constant.int 16
     %1 = torch.aten.floordiv.int %0, %int16 : !torch.int, !torch.int -> !torch.int
     %int1 = torch.constant.int 1
-    return %1, %1, %int1, %1 : !torch.int, !torch.int, !torch.int, !torch.int
+    %int16_0 = torch.constant.int 16
+    %int16_1 = torch.constant.int 16
+    %int1_2 = torch.constant.int 1
+    %int0_3 = torch.constant.int 0
+    %int1_4 = torch.constant.int 1
+    return %1, %0, %int1, %1, %int16_0, %int16_1, %int1_2, %int0_3, %1, %int1_4, %1 : !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int
   }
 }
 """)

@@ -79,12 +79,14 @@ int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, 
 
 int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, const at::Tensor& dtype_of,
                   const std::string& device, bool zero, int64_t slot, int64_t arena_offset, int64_t arena_bytes,
-                  bool dynamic) {
+                  bool dynamic, int64_t arena_slot) {
   TORCH_CHECK(arena_offset < 0 || (arena_offset % 256 == 0 && arena_offset < arena_bytes),
               "trident: arena offset ", arena_offset, " outside an arena of ", arena_bytes, " bytes");
-  TORCH_CHECK(!dynamic || arena_offset < 0, "trident: an allocation with symbolic sizes cannot be in the arena");
+  TORCH_CHECK(!dynamic || arena_offset < 0, "trident: an allocation with symbolic sizes has no fixed arena offset");
+  TORCH_CHECK(arena_slot < 0 || arena_offset < 0, "trident: an arena buffer is placed per call or fixed, not both");
   AllocEntry a;
   a.dynamic = dynamic;
+  a.arena_slot = arena_slot;
   a.arena_offset = arena_offset;
   a.arena_bytes = arena_bytes;
   a.sizes = std::move(sizes);
@@ -94,6 +96,28 @@ int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, cons
   a.zero = zero;
   a.slot = slot;
   return register_alloc(std::move(a));
+}
+
+// Note [Symbolic arena]: (sizes_at, rank, itemsize, fixed bytes, below) per buffer.
+using ArenaSpec = std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>>;
+
+std::vector<ArenaBuffer> parse_arena(const std::vector<ArenaSpec>& arena) {
+  std::vector<ArenaBuffer> out;
+  for (const auto& [sizes_at, rank, itemsize, bytes, below] : arena) {
+    ArenaBuffer b;
+    b.sizes_at = sizes_at;
+    b.rank = rank;
+    b.itemsize = itemsize;
+    b.bytes = bytes;
+    TORCH_CHECK(rank >= 0 && itemsize > 0 && bytes >= 0 && bytes % 256 == 0, "trident: bad arena buffer");
+    for (int64_t j : below) {
+      TORCH_CHECK(j >= 0 && j < static_cast<int64_t>(out.size()), "trident: an arena buffer is placed above ", j,
+                  ", not an earlier buffer");
+      b.below.push_back(j);
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
 }
 
 // spec: one entry per schema argument, a tuple ("const", value) | ("input", i) |
@@ -385,8 +409,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("add_view", [](bool base_is_input, int64_t base_index, std::vector<int64_t> base_sizes,
                        std::vector<int64_t> base_strides, std::vector<int64_t> sizes, std::vector<int64_t> strides,
-                       int64_t offset_delta, int64_t slot, int64_t fallback_aten) {
+                       int64_t offset_delta, int64_t slot, int64_t fallback_aten, int64_t layout_at) {
     trident::ViewEntry v;
+    v.layout_at = layout_at;
     v.base_is_input = base_is_input;
     v.base_index = base_index;
     v.base_sizes = std::move(base_sizes);
@@ -418,7 +443,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Note [Host plans]: ops = [(kind, index, sizes, grid[3], params)], sources = (kind, a, b, aligned)
   using Source = std::tuple<int64_t, int64_t, int64_t, bool>;
   m.def("add_plan", [](const std::string& name,
-                       const std::vector<std::tuple<int64_t, int64_t, int64_t, std::vector<Source>, std::vector<Source>>>& ops) {
+                       const std::vector<std::tuple<int64_t, int64_t, int64_t, std::vector<Source>, std::vector<Source>>>& ops,
+                       const std::vector<trident::ArenaSpec>& arena) {
     auto source = [](const Source& s) {
       trident::PlanSource out;
       out.kind = std::get<0>(s);
@@ -444,9 +470,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       for (const auto& p : params) op.params.push_back(source(p));
       plan.ops.push_back(std::move(op));
     }
+    plan.arena = trident::parse_arena(arena);
     return trident::register_plan(std::move(plan));
   });
   m.def("add_alloc", &trident::add_alloc);
+  m.def("place_arena", [](const std::vector<trident::ArenaSpec>& arena, const std::vector<int64_t>& sizes) {
+    return trident::arena_placement(trident::parse_arena(arena), sizes);  // Note [Symbolic arena] (tests)
+  });
   m.def("tensor_facts", &trident::tensor_facts);
   m.def("encode_meta", &trident::encode_meta);
   m.def("probe", &trident::probe_region);

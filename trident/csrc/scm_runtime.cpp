@@ -126,7 +126,28 @@ int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
       return kAllocFailed;
     }
     at::Tensor t;
-    if (a.dynamic) {  // Note [Symbolic sizes]: this call's sizes, then strides
+    if (a.arena_slot >= 0) {  // Note [Symbolic arena]: placed by run_plan for this call's sizes
+      const int64_t rank = static_cast<int64_t>(a.sizes.size());
+      if (a.dynamic && ctx->sizes == nullptr) {
+        ctx->error = "allocation with symbolic sizes called without its sizes";
+        return kAllocFailed;
+      }
+      if (a.arena_slot >= static_cast<int64_t>(ctx->arena_offsets.size())) {
+        ctx->error = "arena buffer " + std::to_string(a.arena_slot) + " was not placed";
+        return kAllocFailed;
+      }
+      if (!ctx->arena.defined()) ctx->arena = empty_on(a, {ctx->arena_total}, {1}, at::kByte);
+      const int64_t item = static_cast<int64_t>(c10::elementSize(a.dtype));
+      auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(ctx->arena.storage()), ctx->arena.key_set(),
+                                                      caffe2::TypeMeta::fromScalarType(a.dtype));
+      const int64_t offset = ctx->arena_offsets[a.arena_slot] / item;
+      if (a.dynamic) {
+        impl->set_sizes_and_strides(c10::IntArrayRef(ctx->sizes, rank), c10::IntArrayRef(ctx->sizes + rank, rank), offset);
+      } else {
+        impl->set_sizes_and_strides(a.sizes, a.strides, offset);
+      }
+      t = at::Tensor(std::move(impl));
+    } else if (a.dynamic) {  // Note [Symbolic sizes]: this call's sizes, then strides
       const int64_t rank = static_cast<int64_t>(a.sizes.size());
       if (ctx->sizes == nullptr) {
         ctx->error = "allocation with symbolic sizes called without its sizes";
@@ -419,14 +440,29 @@ int64_t rt_view(HostCtx* ctx, int64_t index) noexcept {
     const ViewEntry& v = views().items[ctx->region->view_handles[index]];
     ProfScope prof(view_prof());  // a fallback operator call is also counted under its entry
     const at::Tensor& base = v.base_is_input ? (*ctx->inputs)[v.base_index] : ctx->values[v.base_index];
-    if (!base.defined() || base.sizes() != c10::IntArrayRef(v.base_sizes) ||
-        base.strides() != c10::IntArrayRef(v.base_strides)) {
+    const int64_t base_rank = static_cast<int64_t>(v.base_sizes.size());
+    const int64_t rank = static_cast<int64_t>(v.sizes.size());
+    c10::IntArrayRef base_sizes(v.base_sizes), base_strides(v.base_strides), sizes(v.sizes), strides(v.strides);
+    int64_t delta = v.offset_delta;
+    if (v.layout_at >= 0) {  // Note [Symbolic views]: this call's layout, from the size program
+      if (ctx->sizes == nullptr) {
+        ctx->error = "view with symbolic sizes called without its sizes";
+        return -2;
+      }
+      const int64_t* l = ctx->sizes + v.layout_at;
+      base_sizes = c10::IntArrayRef(l, base_rank);
+      base_strides = c10::IntArrayRef(l + base_rank, base_rank);
+      sizes = c10::IntArrayRef(l + 2 * base_rank, rank);
+      strides = c10::IntArrayRef(l + 2 * base_rank + rank, rank);
+      delta = l[2 * base_rank + 2 * rank];
+    }
+    if (!base.defined() || base.sizes() != base_sizes || base.strides() != base_strides) {
       return rt_aten(ctx, v.fallback_aten);  // not the planned base: let the operator decide
     }
     // What at::alias / as_strided build, without dispatch: a TensorImpl sharing the storage.
     auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
                                                     base.key_set(), base.dtype());
-    impl->set_sizes_and_strides(v.sizes, v.strides, base.storage_offset() + v.offset_delta);
+    impl->set_sizes_and_strides(sizes, strides, base.storage_offset() + delta);
     ctx->values[v.slot] = at::Tensor(std::move(impl));
     return 0;
   } catch (const std::exception& e) {
@@ -468,11 +504,61 @@ inline int64_t source_value(HostCtx* ctx, const PlanSource& s, const int64_t* si
   }
 }
 
+// Bytes a buffer of these sizes and strides takes in the arena: its span rounded up to 256
+// (trident/scm/specialize.py `arena_bytes`); -1 for a negative size or stride or an overflow.
+int64_t arena_span(const int64_t* sizes, const int64_t* strides, int64_t rank, int64_t itemsize) noexcept {
+  int64_t extent = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (sizes[d] < 0 || strides[d] < 0) return -1;
+    if (sizes[d] == 0) return 0;
+  }
+  for (int64_t d = 0; d < rank; ++d) {
+    int64_t term = 0;
+    if (__builtin_mul_overflow(sizes[d] - 1, strides[d], &term) || __builtin_add_overflow(extent, term, &extent)) return -1;
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(extent, itemsize, &bytes) || __builtin_add_overflow(bytes, int64_t{255}, &bytes)) return -1;
+  return bytes / 256 * 256;
+}
+
+// Note [Symbolic arena] (trident/scm/specialize.py `place_arena` is the Python twin): each buffer
+// at the highest end of the buffers it is placed above, in table order.
+bool place_arena(HostCtx* ctx, const HostPlan& p, const int64_t* sizes) noexcept {
+  const size_t n = p.arena.size();
+  ctx->arena_offsets.resize(n);
+  ctx->arena_sizes.resize(n);
+  int64_t total = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const ArenaBuffer& b = p.arena[k];
+    int64_t bytes = b.bytes;
+    if (b.sizes_at >= 0) {
+      bytes = arena_span(sizes + b.sizes_at, sizes + b.sizes_at + b.rank, b.rank, b.itemsize);
+      if (bytes < 0) {
+        ctx->error = "arena buffer " + std::to_string(k) + " of plan " + p.name +
+                     ": a negative size or stride, or a span beyond 2**63 bytes";
+        return false;
+      }
+    }
+    int64_t offset = 0;
+    for (int64_t j : b.below) offset = std::max(offset, ctx->arena_offsets[j] + ctx->arena_sizes[j]);
+    ctx->arena_offsets[k] = offset;
+    ctx->arena_sizes[k] = bytes;
+    if (__builtin_add_overflow(offset, bytes, &bytes)) {
+      ctx->error = "arena of plan " + p.name + " beyond 2**63 bytes";
+      return false;
+    }
+    total = std::max(total, bytes);
+  }
+  ctx->arena_total = total;
+  return true;
+}
+
 // Note [Host plans]: the specialization's steps, in order; the services report their own errors.
 int64_t rt_run_plan(HostCtx* ctx, int64_t index, const int64_t* sizes) noexcept {
   const HostPlan& p = plans().items[ctx->region->plan_handles[index]];
   const int64_t stride = ctx->region->facts_stride();
   std::array<int64_t, HostPlan::kMaxParams> slots;
+  if (!p.arena.empty() && !place_arena(ctx, p, sizes)) return -2;
   for (const PlanOp& op : p.ops) {
     if (op.sizes >= 0) ctx->sizes = sizes + op.sizes;
     switch (op.kind) {
@@ -644,6 +730,20 @@ void* kernel_function(int64_t index, int64_t device, std::string* error) {
   return load_kernel(*kernels().items[index], device, error);
 }
 
+std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<ArenaBuffer>& arena,
+                                                         const std::vector<int64_t>& sizes) {
+  for (const ArenaBuffer& b : arena) {
+    TORCH_CHECK(b.sizes_at < 0 || b.sizes_at + 2 * b.rank <= static_cast<int64_t>(sizes.size()),
+                "trident: arena buffer reads sizes beyond the ", sizes.size(), " given");
+  }
+  HostPlan p;
+  p.name = "placement";
+  p.arena = arena;
+  HostCtx ctx;
+  TORCH_CHECK(place_arena(&ctx, p, sizes.data()), "trident: ", ctx.error);
+  return {ctx.arena_offsets, ctx.arena_total};
+}
+
 static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
                     c10::OptionalDeviceGuard& guard) {
   const int64_t stride = r.facts_stride();
@@ -655,6 +755,8 @@ static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& c
   ctx.values.assign(r.num_values, at::Tensor());
   ctx.temps.clear();
   ctx.arena.reset();
+  ctx.arena_offsets.clear();
+  ctx.arena_total = 0;
   ctx.error.clear();
   ctx.device_index = -1;
   ctx.stream = nullptr;

@@ -148,8 +148,11 @@ struct AllocEntry {
   int64_t arena_offset = -1;
   int64_t arena_bytes = 0;
   // Sizes that depend on the input sizes (Note [Symbolic sizes]): the rank's sizes then strides
-  // come from HostCtx::sizes (set_sizes) instead of `sizes` / `strides`; never in the arena.
+  // come from HostCtx::sizes (set_sizes) instead of `sizes` / `strides`.
   bool dynamic = false;
+  // Note [Symbolic arena] (trident/scm/specialize.py): >= 0 when this buffer is entry
+  // `arena_slot` of its plan's arena table; its offset is placed per call (HostCtx::arena_offsets).
+  int64_t arena_slot = -1;
 };
 
 // One ATen (or any schema'd) operator call: a boxed call through the dispatcher with an
@@ -176,6 +179,10 @@ struct ViewEntry {
   int64_t offset_delta = 0;  // storage offset of the view minus that of its base, in elements
   int64_t slot = -1;
   int64_t fallback_aten = -1;  // region-local index of the operator call doing the same
+  // Note [Symbolic views] (trident/scm/specialize.py): >= 0 when the layout depends on sizes: it
+  // is read from HostCtx::sizes at this index -- base sizes, base strides (base rank each), sizes,
+  // strides (rank each), offset delta; the ranks are those of the vectors above.
+  int64_t layout_at = -1;
 };
 
 struct AtenEntry {
@@ -223,9 +230,21 @@ struct PlanOp {
   std::vector<PlanSource> params;
 };
 
+// Note [Symbolic arena] (trident/scm/specialize.py): one buffer of an arena whose offsets depend
+// on sizes. Its bytes are fixed or the span of its allocation's sizes and strides (at
+// sizes[sizes_at]); its offset is the highest end of the buffers `below` (earlier entries).
+struct ArenaBuffer {
+  int64_t sizes_at = -1;
+  int64_t rank = 0;
+  int64_t itemsize = 1;
+  int64_t bytes = 0;
+  std::vector<int64_t> below;
+};
+
 struct HostPlan {
   std::string name;
   std::vector<PlanOp> ops;
+  std::vector<ArenaBuffer> arena;  // empty: no arena, or one of fixed offsets (AllocEntry)
   static constexpr size_t kMaxParams = 256;
 };
 
@@ -238,6 +257,9 @@ struct HostCtx {
   std::vector<at::Tensor> values;  // the region's value table (allocations, ATen results)
   std::vector<at::Tensor> temps;   // scratch buffers kept alive until the call returns
   at::Tensor arena;                // Note [Allocation arena]: this call's arena, once made
+  std::vector<int64_t> arena_offsets;  // Note [Symbolic arena]: this call's placement, per entry
+  std::vector<int64_t> arena_sizes;    // ... and each entry's bytes
+  int64_t arena_total = 0;
   const int64_t* sizes = nullptr;  // Note [Symbolic sizes]: set_sizes' array, for the next service
   void* stream = nullptr;
   int64_t device_index = -1;
@@ -295,6 +317,10 @@ struct Region {
 
   int64_t facts_stride() const { return kFactsFixed + 2 * max_rank; }
 };
+
+// Note [Symbolic arena]: the offsets and the arena size run_plan places for these sizes (tests).
+std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<ArenaBuffer>& arena,
+                                                         const std::vector<int64_t>& sizes);
 
 // Process-wide tables, indexed by the integers baked into generated code and FX graphs.
 int64_t register_region(std::shared_ptr<Region> region);

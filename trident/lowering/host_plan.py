@@ -100,6 +100,23 @@ class PlanOp:
         return (OP_KINDS[self.kind], self.index, self.sizes, grid, [p.native() for p in self.params])
 
 
+@dataclass(frozen=True)
+class ArenaEntry:
+    """One buffer of a symbolic arena as the runtime places it (scm_runtime.h: ArenaBuffer)."""
+
+    slot: int  # the value it becomes (printing)
+    sizes_at: int  # >= 0: its allocation's sizes then strides start at sizes[this]; -1: fixed bytes
+    rank: int
+    itemsize: int
+    nbytes: int  # fixed bytes (sizes_at < 0)
+    below: tuple  # arena entries it is placed above
+
+    def __str__(self) -> str:
+        size = f"{self.nbytes} B" if self.sizes_at < 0 else f"span of sizes@{self.sizes_at} x {self.itemsize} B"
+        above = f" above {', '.join(f'arena[{j}]' for j in self.below)}" if self.below else " at 0"
+        return f"%{self.slot}: {size}{above}"
+
+
 @dataclass
 class HostPlan:
     ops: list[PlanOp]
@@ -108,6 +125,7 @@ class HostPlan:
     sizes: list = field(default_factory=list)
     handle: int = -1  # region-local index of the registered table (the host program bakes it)
     handles: Optional["Handles"] = None  # the native indices its ops name
+    arena: list = field(default_factory=list)  # Note [Symbolic arena]: ArenaEntry per buffer
 
     def native(self) -> list:
         return [op.native() for op in self.ops]
@@ -138,6 +156,7 @@ class RegionTables:
 
     def lower(self, scm: SCM, spec: Specialization) -> HostPlan:
         from ..runtime import native
+        from ..runtime.native import aten_sizes
 
         bind = native.C.region_bind
         h = Handles()
@@ -151,14 +170,18 @@ class RegionTables:
             if view.pointer_only:
                 continue  # never materialized: the host computes its address
             f, b = view.facts, view.base_facts
+            # Note [Symbolic views]: a dynamic view reads its layout from its run of the sizes
+            # array, after the operator's own size arguments (the fallback's)
+            layout_at = len(aten_sizes(view.step)) if view.dynamic else -1
             entry = native.C.add_view(
                 view.base.kind == "input", view.base.index, list(b.sizes), list(b.strides), list(f.sizes),
-                list(f.strides), view.offset_delta, view.step.outputs[0], self.atens[name],
+                list(f.strides), view.offset_delta, view.step.outputs[0], self.atens[name], layout_at,
             )
             h.views[name] = bind(self.region_id, "view", entry)
         h.kernels = [bind(self.region_id, "kernel", native.register_launch(plan)) for plan in spec.launches]
         table = host_plan(scm, spec, h)
-        table.handle = bind(self.region_id, "plan", native.C.add_plan(f"{self.name}.{spec.index}", table.native()))
+        arena = [(b.sizes_at, b.rank, b.itemsize, b.nbytes, list(b.below)) for b in table.arena]
+        table.handle = bind(self.region_id, "plan", native.C.add_plan(f"{self.name}.{spec.index}", table.native(), arena))
         return table
 
 
@@ -227,6 +250,10 @@ def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
             view = spec.views.get(step.name)
             if view is not None and view.pointer_only:
                 pass  # only kernels read it: its address is computed where used
+            elif view is not None and view.dynamic:  # Note [Symbolic views]
+                bsizes, bstrides, vsizes, vstrides, delta = view.exprs
+                run = tuple(aten_sizes(step)) + bsizes + bstrides + vsizes + vstrides + (delta,)
+                ops.append(PlanOp("view", handles.views[step.name], step.name, size_run(run)))
             elif view is not None:
                 ops.append(PlanOp("view", handles.views[step.name], step.name))
             else:
@@ -242,7 +269,16 @@ def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
             ops.append(PlanOp("launch", kernel, step.name, -1, grid, params, labels))
         for slot in spec.releases.get(step_index, ()):  # Note [Early release]
             ops.append(PlanOp("release", slot, scm.program.value_names[slot]))
-    return HostPlan(ops, sizes, handles=handles)
+    # Note [Symbolic arena]: each buffer's bytes come from its allocation's run of the sizes array
+    # (sizes, then strides) when they depend on sizes
+    runs = {op.name: op.sizes for op in ops if op.kind == "alloc"}
+    alloc_runs = {plan.step.slot: runs.get(plan.step.name, -1) for plan in spec.allocs}
+    arena = []
+    for buf in spec.arena:
+        f = spec.value_facts[buf.slot]
+        at = alloc_runs[buf.slot] if buf.nbytes < 0 else -1
+        arena.append(ArenaEntry(buf.slot, at, len(f.sizes), f.dtype.itemsize, max(buf.nbytes, 0), buf.below))
+    return HostPlan(ops, sizes, handles=handles, arena=arena)
 
 
 def format_plan(plan: HostPlan, index: int = 0) -> str:
@@ -250,6 +286,8 @@ def format_plan(plan: HostPlan, index: int = 0) -> str:
     lines = [f"plan of specialization {index}: {len(plan.ops)} ops"]
     for k, e in enumerate(plan.sizes):
         lines.append(f"  sizes[{k}] = {e}")
+    for k, e in enumerate(plan.arena):
+        lines.append(f"  arena[{k}] = {e}")
     for op in plan.ops:
         sizes = f" sizes@{op.sizes}" if op.sizes >= 0 else ""
         if op.kind == "launch":

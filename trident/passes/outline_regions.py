@@ -13,6 +13,10 @@ nor another result. So for each value used after the region:
   * a view (of an input or of another leaving value) is recomputed after the call from the
     values it views -- a real view, with the aliasing eager has;
   * anything else leaves as a result of the op.
+A size read outside from a value of the region (a symbolic trace's `sym_numel(out)` for the next
+launch's grid) does not make the value leave: it is computed from the region's inputs instead
+(the value's size is an expression of theirs), so a temporary stays a temporary -- in the
+arena, released early -- as in a static capture.
 """
 
 from __future__ import annotations
@@ -122,11 +126,26 @@ def written_params(node: torch.fx.Node) -> list[str]:
     return list(names)
 
 
+def _symbolic_size(node: torch.fx.Node) -> bool:
+    return is_size_node(node) and isinstance(S.size_of(node.meta["val"]), S.SizeExpr)
+
+
+def _outside_sizes(region: Region) -> list[torch.fx.Node]:
+    """Size nodes outside the region that read one of its values (Note [Values leaving a region])."""
+    members = set(region.nodes)
+    found: dict[torch.fx.Node, None] = {}
+    for n in region.nodes:
+        for u in n.users:
+            if u not in members and _symbolic_size(u):
+                found[u] = None
+    return list(found)
+
+
 def _leaving_values(region: Region) -> tuple[list[torch.fx.Node], dict, list[torch.fx.Node]]:
     """Note [Values leaving a region]: (results, redirects, views recomputed after the call)."""
     members = set(region.nodes)
     order = {n: i for i, n in enumerate(region.nodes)}
-    work = [n for n in region.nodes if any(u not in members for u in n.users)]
+    work = [n for n in region.nodes if any(u not in members and not _symbolic_size(u) for u in n.users)]
     results: list[torch.fx.Node] = []
     redirects: dict[torch.fx.Node, torch.fx.Node] = {}
     views: list[torch.fx.Node] = []
@@ -324,6 +343,11 @@ def region_program(region: Region):
         p.meta["val"] = n.meta["val"]
         env[n] = p
     symbolic = _symbolic_facts(inputs, steps, value_names, region, refs, size_nodes)
+    for u in _outside_sizes(region):
+        missing = S.size_of(u.meta["val"]).symbols - symbolic[0].keys()
+        if missing:
+            raise UnsupportedError(f"size {u.name} read from the region depends on {', '.join(sorted(missing))}, "
+                                   "which is no size or stride of a region input")
     for n in size_nodes:  # each size read from the inputs it is bound to, then evaluated
         env[n] = _size_node(graph, S.size_of(n.meta["val"]), symbolic[0], [env[i] for i in inputs])
     for node in region.nodes:
@@ -537,6 +561,16 @@ def outline_regions(
                 copy = gm.graph.node_copy(v, resolve)
             outside[v] = copy
             cursor = copy
+        for u in _outside_sizes(region):  # recomputed from the region's inputs
+            with gm.graph.inserting_before(u):
+                size = _size_node(gm.graph, S.size_of(u.meta["val"]), program.symbols, inputs)
+            size.meta["val"] = u.meta["val"]
+            for read in size.all_input_nodes:
+                if "val" not in read.meta:
+                    read.meta["val"] = read.args[0].meta["val"].shape[read.args[1]] if read.target is \
+                        torch.ops.aten.sym_size.int else read.args[0].meta["val"].stride()[read.args[1]]
+            u.replace_all_uses_with(size)
+            gm.graph.erase_node(u)
         for node in region.nodes:
             target = resolve(node)
             if target is node:

@@ -58,7 +58,7 @@ def register_alloc(plan: AllocPlan) -> int:
     f = plan.facts
     return C.add_alloc(
         list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero, plan.step.slot,
-        plan.arena_offset, plan.arena_bytes, plan.dynamic,
+        plan.arena_offset, plan.arena_bytes, plan.dynamic, plan.arena_slot,
     )
 
 

@@ -212,9 +212,12 @@ class AllocPlan:
     arena_offset: int = -1  # byte offset in the call's arena (Note [Allocation arena]); -1: own buffer
     arena_bytes: int = 0  # the arena's size for this specialization
     # Note [Symbolic sizes]: the sizes and strides as expressions, when some are symbolic
-    # (computed by the host program on every call; such an allocation is never in the arena)
+    # (computed by the host program on every call)
     sizes_expr: tuple = ()
     strides_expr: tuple = ()
+    # Note [Symbolic arena]: >= 0 when this buffer is entry `arena_slot` of the specialization's
+    # arena table (its offset computed per call from the sizes); arena_offset is then -1
+    arena_slot: int = -1
 
     @property
     def dynamic(self) -> bool:
@@ -260,6 +263,25 @@ class ViewPlan:
     offset_delta: int  # storage offset of the view minus its base's, in elements
     delta_bytes: int
     pointer_only: bool
+    # Note [Symbolic views]: when the layout depends on sizes, (base sizes, base strides, sizes,
+    # strides, offset delta) as ints and SizeExprs the host program computes on every call
+    exprs: tuple = ()
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.exprs)
+
+
+@dataclass(frozen=True)
+class ArenaBuffer:
+    """One buffer of a symbolic arena (Note [Symbolic arena], scm/specialize.py): the value slot
+    it becomes, its size in bytes when that is fixed (-1: computed from its allocation's sizes
+    and strides on every call), and the buffers it is placed above (live at the same time and
+    earlier in the placement order): its offset is the highest end among them."""
+
+    slot: int
+    nbytes: int
+    below: tuple[int, ...]
 
 
 @dataclass
@@ -276,6 +298,9 @@ class Specialization:
     # Note [Symbolic sizes]: the program's size guards, then this specialization's own (Triton's
     # integer keys, values an autotuner or heuristic saw), evaluated natively with the tensor guards
     size_guards: list = field(default_factory=list)
+    # Note [Symbolic arena]: the arena's buffers when their offsets depend on sizes (indexed by
+    # AllocPlan.arena_slot); empty when the arena, if any, has fixed offsets
+    arena: list[ArenaBuffer] = field(default_factory=list)
 
 
 @dataclass

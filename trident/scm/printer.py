@@ -111,7 +111,16 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
         lines.append(f"      {a.step.name} = alloc {format_facts(a.facts, exprs)}{' zeroed' if a.step.zero else ''}")
     for v in spec.views.values():
         how = "address only" if v.pointer_only else "native view"
-        lines.append(f"      {v.step.name} = {how}: {v.base.name} {v.delta_bytes:+d} B, {format_facts(v.facts)}")
+        if v.dynamic:  # Note [Symbolic views]
+            delta = v.exprs[4]
+            at = f"{delta:+d} elements" if isinstance(delta, int) else f"+ ({delta}) elements"
+            lines.append(f"      {v.step.name} = {how}: {v.base.name} {at}, {format_facts(v.facts, v.exprs[2:4])}")
+        else:
+            lines.append(f"      {v.step.name} = {how}: {v.base.name} {v.delta_bytes:+d} B, {format_facts(v.facts)}")
+    for k, b in enumerate(spec.arena):  # Note [Symbolic arena]
+        size = f"{b.nbytes} B" if b.nbytes >= 0 else "sized per call"
+        above = f"above arena[{', '.join(map(str, b.below))}]" if b.below else "at 0"
+        lines.append(f"      arena[{k}] = {program.value_names[b.slot] if program is not None else b.slot}: {size}, {above}")
     for launch in spec.launches:
         lines.append(
             f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.grid or launch.step.grid))}] "

@@ -28,10 +28,13 @@ from typing import Any
 import torch
 
 from .. import triton_state
+from .guards import SizeRelation
 from .refs import triton_environment
+from .sizes import from_text
 from ..errors import TridentError
 from .ir import (
     AllocPlan,
+    ArenaBuffer,
     AtenPlan,
     RegionProgram,
     Specialization,
@@ -129,7 +132,10 @@ def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict
         # restore from the program and the kernels' keys, and checked against this)
         "size_guards": [g.record() for g in spec.size_guards],
         "value_facts": [_facts(f) for f in spec.value_facts],
-        "allocs": [{"step": a.step.name, "arena_offset": a.arena_offset, "arena_bytes": a.arena_bytes} for a in spec.allocs],
+        "allocs": [{"step": a.step.name, "arena_offset": a.arena_offset, "arena_bytes": a.arena_bytes,
+                    "arena_slot": a.arena_slot} for a in spec.allocs],
+        # Note [Symbolic arena]: the placement order (value slot, fixed bytes or -1, placed above)
+        "arena": [[b.slot, b.nbytes, list(b.below)] for b in spec.arena],
         "atens": [a.step.name for a in spec.atens],
         "views": {
             name: {"base": _enc(v.base), "base_facts": _facts(v.base_facts), "facts": _facts(v.facts),
@@ -164,7 +170,9 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
     from . import tuning
     from .specialize import PointerStandIn, plan_launch
 
-    from .specialize import _alloc_exprs, _concrete_step, _symbolic_launch, size_environment, unique_size_guards
+    from .specialize import (
+        _alloc_exprs, _concrete_step, _symbolic_launch, size_environment, unique_size_guards, view_exprs,
+    )
 
     guards = [
         TensorGuard(g["input"], g["name"], _facts_back(g["facts"]), g["aligned16"], g["residue16"],
@@ -179,13 +187,15 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
     launches_by_name = {s.name: s for s in program.launches}
     allocs = [
         AllocPlan(allocs_by_name[a["step"]], value_facts[allocs_by_name[a["step"]].slot], arena_offset=a["arena_offset"],
-                  arena_bytes=a["arena_bytes"])
+                  arena_bytes=a["arena_bytes"], arena_slot=a.get("arena_slot", -1))
         for a in data["allocs"]
     ]
+    arena = [ArenaBuffer(slot, nbytes, tuple(below)) for slot, nbytes, below in data.get("arena", [])]
     atens = [AtenPlan(atens_by_name[name]) for name in data["atens"]]
     views = {
         name: ViewPlan(atens_by_name[name], _dec(v["base"]), _facts_back(v["base_facts"]), _facts_back(v["facts"]),
-                       v["offset_delta"], v["delta_bytes"], v["pointer_only"])
+                       v["offset_delta"], v["delta_bytes"], v["pointer_only"],
+                       view_exprs(program, atens_by_name[name], _dec(v["base"])))
         for name, v in data["views"].items()
     }
     releases = {int(k): tuple(v) for k, v in data["releases"].items()}
@@ -225,7 +235,14 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
         launches.append(plan)
     for plan in allocs:
         plan.sizes_expr, plan.strides_expr = _alloc_exprs(program, plan.step.slot)
+    # the alignment the kernels saw of views at offsets computed from sizes (Note [Symbolic
+    # views]): from the record, as planning derived it from the layouts it does not keep
+    size_guards += [
+        SizeRelation(from_text(g["expr"]), program.symbols, g["why"])
+        for g in data.get("size_guards", []) if g.get("kind") == "size_relation" and g["why"].startswith("alignment:")
+    ]
     size_guards = unique_size_guards(size_guards)
     if [g.record() for g in size_guards] != data.get("size_guards", []):
         raise SerializationError(f"{program.name}: the record's size guards differ from those its program gives now")
-    return Specialization(data["index"], guards, allocs, launches, atens, value_facts, views, releases, size_guards)
+    return Specialization(data["index"], guards, allocs, launches, atens, value_facts, views, releases, size_guards,
+                          arena)

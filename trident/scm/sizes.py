@@ -89,6 +89,14 @@ def size_of(value) -> Size:
     return int(value)
 
 
+def difference(a: Size, b: Size) -> Size:
+    """a - b, an int when it does not depend on sizes."""
+    ea = a.expr if isinstance(a, SizeExpr) else sympy.Integer(a)
+    eb = b.expr if isinstance(b, SizeExpr) else sympy.Integer(b)
+    d = sympy.expand(ea - eb)
+    return int(d) if d.is_number else SizeExpr(d)
+
+
 def is_symbolic(value) -> bool:
     return isinstance(value, SizeExpr)
 

@@ -25,6 +25,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 import dataclasses
 
 import sympy
+from torch.utils._sympy import functions as F
 
 from .. import knobs, logs, triton_state
 from . import sizes as S
@@ -34,6 +35,7 @@ from .refs import load_compiled, register_compiled
 from ..errors import UnsupportedError
 from .ir import (
     AllocPlan,
+    ArenaBuffer,
     AtenPlan,
     AtenStep,
     ViewPlan,
@@ -386,8 +388,11 @@ def _build_specialization(
                 continue
             if p.source.kind == "input":
                 aligned[p.source.index] = residues[p.source.index] == 0
-            elif roots[p.source.index] is not None:
+                continue
+            if roots[p.source.index] is not None:
                 exact[roots[p.source.index]] = residues[roots[p.source.index]]
+            if program.symbolic:
+                size_guards += _alignment_guard(program, p.source, roots, residues, value_facts, value_residues)
     guards = [
         TensorGuard(i, inp.name, inputs[i], None if i in exact else aligned.get(i), exact.get(i),
                     *_free_dims(program, i))
@@ -396,15 +401,40 @@ def _build_specialization(
     allocs = [AllocPlan(step, value_facts[step.slot]) for step in program.allocs]
     for plan in allocs:
         plan.sizes_expr, plan.strides_expr = _alloc_exprs(program, plan.step.slot)
-    if knobs.native_path("arena"):
-        plan_arena(program, allocs, escaping, storage_ids)
+    arena = plan_arena(program, allocs, escaping, storage_ids) if knobs.native_path("arena") else []
     atens = [AtenPlan(step) for step in program.atens]
     views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
-    if program.symbolic:  # a view whose layout depends on sizes is the operator's (Note [Symbolic sizes])
-        views = {k: v for k, v in views.items() if not _symbolic_view(program, v)}
     releases = plan_releases(program, allocs, roots, escaping, storage_ids) if knobs.native_path("release") else {}
     size_guards = unique_size_guards(size_guards)
-    return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases, size_guards)
+    return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases, size_guards, arena)
+
+
+def _alignment_guard(program, ref: ValueRef, roots, residues, value_facts, value_residues) -> list:
+    """Note [Symbolic views]: a kernel argument viewing a storage at an offset that depends on
+    sizes (`x[-1]`: (rows - 1) * cols elements in) is 16-byte aligned at some sizes and not at
+    others, and Triton's key says which: the specialization assumes what it saw, as a size guard
+    (another specialization is built where it does not hold). The storage's own start is pinned
+    (an input's address % 16 by its tensor guard; a fresh storage is 16-byte aligned)."""
+    _, _, offset = program.value_exprs[ref.index]
+    root = roots[ref.index]
+    if root is not None:
+        offset = S.difference(offset, _traced_offset(program, root))
+    if not S.is_symbolic(offset):
+        return []
+    start = residues[root] if root is not None else 0
+    rem = F.PythonMod(start + value_facts[ref.index].dtype.itemsize * offset.expr, 16)
+    aligned = value_residues[ref.index] == 0
+    rel = sympy.Eq(rem, 0) if aligned else sympy.Ne(rem, 0)
+    if rel in (sympy.true, sympy.false):
+        return []
+    what = f"alignment: {program.value_names[ref.index]} is {'' if aligned else 'not '}16-byte aligned"
+    return [SizeRelation(S.SizeExpr(rel), program.symbols, what)]
+
+
+def _traced_offset(program: RegionProgram, i: int):
+    """The storage offset input `i` had in the trace (value offsets count from its storage's start)."""
+    placeholders = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"]
+    return S.size_of(placeholders[i].meta["val"].storage_offset())
 
 
 def unique_size_guards(size_guards: list) -> list:
@@ -526,43 +556,121 @@ def storage_last_uses(program: RegionProgram, storage_ids: Sequence[int]) -> dic
 
 def plan_arena(
     program: RegionProgram, allocs: Sequence[AllocPlan], escaping: set[int], storage_ids: Sequence[int]
-) -> int:
+) -> list[ArenaBuffer]:
     """Note [Allocation arena] (trident/csrc/scm_runtime.cpp): byte offsets in one per-call
-    arena for the allocations whose storage no region output shares; returns the arena size.
-    Buffers whose lifetimes (allocation step .. last step touching their storage) do not overlap
-    share bytes: the steps run in order on one stream, so a buffer's bytes are free once the
-    last step using it has been issued. Greedy first fit, largest buffers first."""
+    arena for the allocations whose storage no region output shares. Buffers whose lifetimes
+    (allocation step .. last step touching their storage) do not overlap share bytes: the steps
+    run in order on one stream, so a buffer's bytes are free once the last step using it has
+    been issued. Greedy first fit, largest buffers first. With fixed sizes the offsets are set on
+    the plans (arena_offset) and [] is returned; when some buffer's size depends on the input
+    sizes, the placement becomes a table (Note [Symbolic arena]) that is returned."""
     step_of = {id(step): i for i, step in enumerate(program.steps)}
     last = storage_last_uses(program, storage_ids)
     inside = []
     for plan in allocs:
         f = plan.facts
-        if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda") or plan.dynamic:
+        if plan.step.slot in escaping or f.device.type not in ("cpu", "cuda"):
             continue
-        extent = 1 + sum((n - 1) * st for n, st in zip(f.sizes, f.strides)) if all(f.sizes) else 0
-        nbytes = (extent * f.dtype.itemsize + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
-        if nbytes == 0:
+        nbytes = arena_bytes(f.sizes, f.strides, f.dtype.itemsize)
+        if nbytes == 0 and not plan.dynamic:
             continue
         begin = step_of[id(plan.step)]
         end = max(last.get(storage_ids[plan.step.slot], begin), begin)
         inside.append((plan, begin, end, nbytes))
     if len(inside) < 2:
-        return 0  # one buffer: its own allocation costs the same and needs no slicing
+        return []  # one buffer: its own allocation costs the same and needs no slicing
+    offsets, size = first_fit([(begin, end, nbytes) for _, begin, end, nbytes in inside])
+    if not any(plan.dynamic for plan, *_ in inside):
+        for (plan, *_), offset in zip(inside, offsets):
+            plan.arena_offset = offset
+            plan.arena_bytes = size
+        return []
+    order = symbolic_arena([(begin, end, nbytes) for _, begin, end, nbytes in inside], offsets)
+    table = []
+    for k, i in enumerate(order.order):
+        plan, *_, nbytes = inside[i]
+        plan.arena_slot = k
+        table.append(ArenaBuffer(plan.step.slot, -1 if plan.dynamic else nbytes, order.below[k]))
+    return table
+
+
+def first_fit(buffers: Sequence[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """Offsets for buffers (first step, last step, bytes) such that two live at a common step
+    never share bytes, and the arena's size: greedy first fit, largest buffers first."""
     placed: list[tuple[int, int, int, int]] = []  # (offset, nbytes, begin, end)
     size = 0
-    for plan, begin, end, nbytes in sorted(inside, key=lambda t: (-t[3], t[1])):
+    offsets = [0] * len(buffers)
+    for i in sorted(range(len(buffers)), key=lambda i: (-buffers[i][2], buffers[i][0])):
+        begin, end, nbytes = buffers[i]
         busy = sorted((o, o + n) for o, n, b, e in placed if b <= end and begin <= e)
         offset = 0
         for lo, hi in busy:
             if offset + nbytes <= lo:
                 break
             offset = max(offset, hi)
-        plan.arena_offset = offset
+        offsets[i] = offset
         placed.append((offset, nbytes, begin, end))
         size = max(size, offset + nbytes)
-    for plan, *_ in inside:
-        plan.arena_bytes = size
-    return size
+    return offsets, size
+
+
+def arena_bytes(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
+    """Bytes a buffer of this layout takes in the arena (its span, rounded up to ARENA_ALIGN);
+    scm_runtime.cpp `arena_extent` computes the same natively."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides)) if all(sizes) else 0
+    return (extent * itemsize + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+
+
+# Note [Symbolic arena]
+# ~~~~~~~~~~~~~~~~~~~~~
+# When a buffer's size depends on the input sizes, fixed offsets cannot serve every size. The
+# placement made for this specialization's sizes (first fit above) gives an ORDER instead: the
+# buffers sorted by their offset there (buffers of no bytes at these sizes last). On every call
+# the runtime places them in that order, each at the highest end of the buffers it must not
+# overlap -- those live at the same time and earlier in the order (ArenaBuffer.below) --, with
+# its bytes computed from the sizes and strides the host program computed for its allocation
+# (scm_runtime.cpp: `place_arena`). Any two buffers live at once are then ordered, the later
+# one starting at or above the earlier one's end, whatever the sizes: the placement is valid by
+# construction. At the planning sizes no offset exceeds the first-fit one (by induction over the
+# order), so the arena is no larger there. Only the nearest of the buffers below are kept: if
+# q is below b and p below q, q's end is at or above p's (q starts at or above p's end), so p
+# cannot raise b's offset. tests/scm/test_arena_order.py checks the placement on random
+# lifetimes and sizes against an overlap oracle.
+@dataclasses.dataclass(frozen=True)
+class ArenaOrder:
+    order: tuple[int, ...]  # buffer indices in placement order
+    below: tuple[tuple[int, ...], ...]  # per position in the order: the positions it is placed above
+
+
+def symbolic_arena(buffers: Sequence[tuple[int, int, int]], offsets: Sequence[int]) -> ArenaOrder:
+    """The placement order of buffers (first step, last step, bytes at the planning sizes) that
+    `first_fit` placed at `offsets`, and what each is placed above (Note [Symbolic arena])."""
+    order = sorted(range(len(buffers)), key=lambda i: (buffers[i][2] == 0, offsets[i], buffers[i][0], i))
+    below_sets: list[set[int]] = []
+    below = []
+    for k, i in enumerate(order):
+        begin, end, _ = buffers[i]
+        overlapping = [j for j in range(k) if buffers[order[j]][0] <= end and begin <= buffers[order[j]][1]]
+        kept, covered = [], set()
+        for j in reversed(overlapping):  # nearest first: what they cover cannot raise the offset
+            if j not in covered:
+                kept.append(j)
+                covered |= below_sets[j]
+        below_sets.append(set(overlapping))
+        below.append(tuple(sorted(kept)))
+    return ArenaOrder(tuple(order), tuple(below))
+
+
+def place_arena(below: Sequence[Sequence[int]], nbytes: Sequence[int]) -> tuple[list[int], int]:
+    """The offsets and the arena size for buffers of these byte sizes, in placement order, each
+    placed above `below[k]` (the Python twin of scm_runtime.cpp `place_arena`)."""
+    offsets: list[int] = []
+    total = 0
+    for k, n in enumerate(nbytes):
+        offset = max((offsets[j] + nbytes[j] for j in below[k]), default=0)
+        offsets.append(offset)
+        total = max(total, offset + n)
+    return offsets, total
 
 
 def plan_releases(
@@ -582,7 +690,7 @@ def plan_releases(
     that slot, and work already issued on the stream is ordered before any reuse of the bytes by
     the caching allocator."""
     last = storage_last_uses(program, storage_ids)
-    in_arena = {storage_ids[p.step.slot] for p in allocs if p.arena_offset >= 0}
+    in_arena = {storage_ids[p.step.slot] for p in allocs if p.arena_offset >= 0 or p.arena_slot >= 0}
     releases: dict[int, list[int]] = {}
     for slot, sid in enumerate(storage_ids):
         if roots[slot] is not None or slot in escaping or sid in in_arena or sid not in last:
@@ -602,10 +710,29 @@ def _is_view_step(step: AtenStep) -> bool:
     return len(rets) == 1 and rets[0].alias_info is not None and not rets[0].alias_info.is_write
 
 
-def _symbolic_view(program: RegionProgram, view: ViewPlan) -> bool:
-    out = program.value_exprs[view.step.outputs[0]]
-    base = program.input_exprs[view.base.index] if view.base.kind == "input" else program.value_exprs[view.base.index]
-    return S.has_symbols(list(out)) or S.has_symbols(list(base)) or S.has_symbols(list(view.step.args))
+# Note [Symbolic views]
+# ~~~~~~~~~~~~~~~~~~~~~
+# In a symbolic region a view's layout (and its base's) are expressions of the input sizes
+# (RegionProgram.value_exprs). The native view then takes them from the size program: the host
+# program computes the base's expected sizes and strides, the view's sizes and strides and its
+# offset from the base on every call, and rt_view checks the base against them and builds the
+# view without dispatch (the operator, with its own size arguments from the same run, when the
+# base differs). A view only kernels read stays an address (base + delta bytes) when the delta
+# does not depend on sizes; with a symbolic delta it is materialized.
+def view_exprs(program: RegionProgram, step: AtenStep, base: ValueRef) -> tuple:
+    """(base sizes, base strides, sizes, strides, offset delta) of a view step as ints and
+    SizeExprs; () when none depends on sizes."""
+    if not program.symbolic:
+        return ()
+    sizes, strides, offset = program.value_exprs[step.outputs[0]]
+    if base.kind == "input":
+        bsizes, bstrides = program.input_exprs[base.index]
+        boffset = _traced_offset(program, base.index)
+    else:
+        bsizes, bstrides, boffset = program.value_exprs[base.index]
+    delta = S.difference(offset, boffset)
+    exprs = (tuple(bsizes), tuple(bstrides), tuple(sizes), tuple(strides), delta)
+    return exprs if S.has_symbols(exprs) else ()
 
 
 def plan_views(program, inputs, value_facts, value_offsets) -> dict:
@@ -625,20 +752,25 @@ def plan_views(program, inputs, value_facts, value_offsets) -> dict:
         if facts.dtype != base_facts.dtype or facts.device != base_facts.device:
             continue
         delta = value_offsets[out] - base_offset
-        candidates[step.name] = (step, base, base_facts, facts, delta, delta * facts.dtype.itemsize)
+        exprs = view_exprs(program, step, base)
+        candidates[step.name] = (step, base, base_facts, facts, delta, delta * facts.dtype.itemsize, exprs)
     # A value needs a tensor when an operator reads it, when it leaves the region, or when a
-    # view of it needs a tensor; kernels only need its address.
+    # view of it needs a tensor; kernels only need its address -- a fixed delta from its base's
+    # (Note [Symbolic views]: a view whose delta depends on sizes is materialized).
     needs_tensor = {o.index for o in program.outputs}
+    address_only = set()
     for step in reversed(program.steps):
         if isinstance(step, AtenStep):
-            if step.name in candidates and step.outputs[0] not in needs_tensor:
+            c = candidates.get(step.name)
+            if c is not None and step.outputs[0] not in needs_tensor and not (c[6] and S.is_symbolic(c[6][4])):
+                address_only.add(step.name)
                 continue  # a pointer-only view: its base need not be a tensor on its account
             for a in step.args:
                 for ref in (a if isinstance(a, list) else [a]):
                     if isinstance(ref, ValueRef) and ref.kind == "value":
                         needs_tensor.add(ref.index)
     return {
-        name: ViewPlan(step, base, bf, f, delta, dbytes, pointer_only=step.outputs[0] not in needs_tensor)
-        for name, (step, base, bf, f, delta, dbytes) in candidates.items()
+        name: ViewPlan(step, base, bf, f, delta, dbytes, name in address_only, exprs)
+        for name, (step, base, bf, f, delta, dbytes, exprs) in candidates.items()
     }
 
