@@ -145,6 +145,9 @@ class Handles:
         return [sorted(self.allocs.items()), sorted(self.atens.items()), sorted(self.views.items()), list(self.kernels)]
 
 
+_view_entries: dict[tuple, int] = {}
+
+
 class RegionTables:
     """Registers the native state of a region's specializations (Note [Host plans]); operator
     calls are shared by every specialization (their templates do not depend on one)."""
@@ -173,10 +176,11 @@ class RegionTables:
             # Note [Symbolic views]: a dynamic view reads its layout from its run of the sizes
             # array, after the operator's own size arguments (the fallback's)
             layout_at = len(aten_sizes(view.step)) if view.dynamic else -1
-            entry = native.C.add_view(
-                view.base.kind == "input", view.base.index, list(b.sizes), list(b.strides), list(f.sizes),
-                list(f.strides), view.offset_delta, view.step.outputs[0], self.atens[name], layout_at,
-            )
+            args = (view.base.kind == "input", view.base.index, tuple(b.sizes), tuple(b.strides), tuple(f.sizes),
+                    tuple(f.strides), view.offset_delta, view.step.outputs[0], self.atens[name], layout_at)
+            entry = _view_entries.get(args)  # entries are immutable: equal ones are shared
+            if entry is None:
+                entry = _view_entries[args] = native.C.add_view(*args)
             h.views[name] = bind(self.region_id, "view", entry)
         h.kernels = [bind(self.region_id, "kernel", native.register_launch(plan)) for plan in spec.launches]
         table = host_plan(scm, spec, h)

@@ -54,12 +54,21 @@ def register_launch(plan: LaunchPlan) -> int:
     return handle
 
 
+_alloc_handles: dict[tuple, int] = {}
+
+
 def register_alloc(plan: AllocPlan) -> int:
+    """Native allocation entry; entries are immutable, so equal plans share one (a miss that
+    changes only an alignment registers none)."""
     f = plan.facts
-    return C.add_alloc(
-        list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero, plan.step.slot,
-        plan.arena_offset, plan.arena_bytes, plan.dynamic, plan.arena_slot,
-    )
+    key = (f, plan.step.zero, plan.step.slot, plan.arena_offset, plan.arena_bytes, plan.dynamic, plan.arena_slot)
+    handle = _alloc_handles.get(key)
+    if handle is None:
+        handle = _alloc_handles[key] = C.add_alloc(
+            list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero,
+            plan.step.slot, plan.arena_offset, plan.arena_bytes, plan.dynamic, plan.arena_slot,
+        )
+    return handle
 
 
 def _arg_spec(value, syms: list):

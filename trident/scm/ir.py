@@ -134,6 +134,7 @@ class RegionProgram:
     # _memo_launch_plan); a memo, like `layouts`
     launch_plans: dict = field(default_factory=dict, compare=False, repr=False)
     last_uses: dict = field(default_factory=dict, compare=False, repr=False)  # storage_last_uses, per storage ids
+    view_plans: dict = field(default_factory=dict, compare=False, repr=False)  # plan_views, per input facts
 
     @property
     def symbolic(self) -> bool:

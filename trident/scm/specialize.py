@@ -403,7 +403,7 @@ def _build_specialization(
         plan.sizes_expr, plan.strides_expr = _alloc_exprs(program, plan.step.slot)
     arena = plan_arena(program, allocs, escaping, storage_ids) if knobs.native_path("arena") else []
     atens = [AtenPlan(step) for step in program.atens]
-    views = plan_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
+    views = _memo_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
     releases = plan_releases(program, allocs, roots, escaping, storage_ids) if knobs.native_path("release") else {}
     size_guards = unique_size_guards(size_guards)
     return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases, size_guards, arena)
@@ -733,6 +733,19 @@ def view_exprs(program: RegionProgram, step: AtenStep, base: ValueRef) -> tuple:
     delta = S.difference(offset, boffset)
     exprs = (tuple(bsizes), tuple(bstrides), tuple(sizes), tuple(strides), delta)
     return exprs if S.has_symbols(exprs) else ()
+
+
+def _memo_views(program, inputs, value_facts, value_offsets) -> dict:
+    """plan_views, kept per set of input facts (the layouts it reads are a function of them: Note
+    [Layouts per input facts]); an alignment miss reuses it. The plans are not mutated after."""
+    key = tuple(inputs)
+    views = program.view_plans.pop(key, None)
+    if views is None:
+        views = plan_views(program, inputs, value_facts, value_offsets)
+    program.view_plans[key] = views  # most recently used last
+    while len(program.view_plans) > _LAYOUTS_KEPT:
+        del program.view_plans[next(iter(program.view_plans))]
+    return dict(views)
 
 
 def plan_views(program, inputs, value_facts, value_offsets) -> dict:
