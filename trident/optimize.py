@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .capture import ensure_triton_driver
 from .errors import GuardError, TridentError, UnsupportedError
@@ -27,10 +28,13 @@ from .scm.printer import format_guard, format_scm, format_symbols
 
 
 def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy to optimize (the caller's module stays as it is). Its Python code is generated
+    once, when it is first called or its code is read (torch's lazy graph module), not for the
+    copy and again after the passes."""
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
-    new = torch.fx.GraphModule(gm, graph)
+    new = _LazyGraphModule(gm, graph)
     new.meta.update(gm.meta)
     return new
 

@@ -74,10 +74,11 @@ _BUILD_DIGEST: list = []
 
 
 def _build_digest() -> str:
-    """sha256 of Trident itself: its Python sources and its native extension. Records and host
-    programs bake in the planner's output and the host ABI (runtime table order, facts layout,
-    type codes), so any change of Trident's code -- not only of its version number -- makes
-    other entries foreign."""
+    """sha256 of Trident itself: its Python and C++ sources, and its native extension's size and
+    modification time (reading its ~30 MB costs more than the rest of a warm start's checks; any
+    rebuild rewrites it). Records and host programs bake in the planner's output and the host
+    ABI (runtime table order, facts layout, type codes), so any change of Trident's code -- not
+    only of its version number -- makes other entries foreign."""
     if not _BUILD_DIGEST:
         import trident
 
@@ -86,11 +87,14 @@ def _build_digest() -> str:
         for folder, dirs, files in sorted(os.walk(root)):
             dirs.sort()
             for name in sorted(files):
-                if name.endswith((".py", ".so", ".h", ".cpp")):
-                    path = os.path.join(folder, name)
+                path = os.path.join(folder, name)
+                if name.endswith((".py", ".h", ".cpp")):
                     h.update(os.path.relpath(path, root).encode())
                     with open(path, "rb") as f:
                         h.update(f.read())
+                elif name.endswith(".so"):
+                    st = os.stat(path)
+                    h.update(f"{os.path.relpath(path, root)}:{st.st_size}:{st.st_mtime_ns}".encode())
         _BUILD_DIGEST.append(h.hexdigest())
     return _BUILD_DIGEST[0]
 
