@@ -219,3 +219,16 @@ def misaligned(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
     out.copy_(t)
     assert out.data_ptr() % 16 == (elements * t.element_size()) % 16
     return out
+
+
+def decode_call(layers: int, device) -> tuple:
+    """(the decode step of `layers` layers, float32, batch 1, and its arguments: a hidden state,
+    position 0, the rotary tables, the caches and the weights) -- what the tools time."""
+    import functools
+
+    cfg = Config(layers=layers)
+    weights, cos, sin = make_weights(cfg, device)
+    caches = make_caches(cfg, device)
+    x = torch.randn(1, cfg.hidden, device=device)
+    pos = torch.tensor([0], device=device)
+    return functools.partial(decode_step, cfg), [x, pos, cos, sin, *caches, *weights]

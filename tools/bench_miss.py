@@ -24,7 +24,6 @@ compile excluded) <= 50 ms.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import subprocess
@@ -40,18 +39,13 @@ PHASES = ("plan_s", "triton_s", "torch_mlir_s", "host_mlir_s", "llvm_s")
 
 def run(layers: int, device: str) -> dict:
     import trident
-    from tests.decode_model import Config, decode_step, make_caches, make_weights, misaligned
+    from tests.decode_model import decode_call, misaligned
     from trident.optimize import _regions
 
-    cfg = Config(layers=layers)
-    weights, cos, sin = make_weights(cfg, device)
-    caches = make_caches(cfg, device)
-    x = torch.randn(1, cfg.hidden, device=device)
-    pos = torch.tensor([0], device=device)
-    step = functools.partial(decode_step, cfg)
+    step, (x, *rest) = decode_call(layers, device)
     out: dict = {"layers": layers}
     t0 = time.perf_counter()
-    gm = trident.capture(step, x, pos, cos, sin, *caches, *weights)
+    gm = trident.capture(step, x, *rest)
     out["capture_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     opt = trident.optimize(gm)
@@ -68,7 +62,7 @@ def run(layers: int, device: str) -> dict:
     for label, hidden in (("first_call", x), ("miss", misaligned(x))):
         built = len(rt.build_costs)
         t0 = time.perf_counter()
-        opt(hidden, pos, cos, sin, *caches, *weights)
+        opt(hidden, *rest)
         if device == "cuda":
             torch.cuda.synchronize()
         out[label] = {"wall_s": time.perf_counter() - t0, "builds": [split(c) for c in rt.build_costs[built:]]}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import io
 import os
 import pstats
@@ -28,25 +27,20 @@ def once(layers: int, device: str, profile: bool) -> str:
     import torch
 
     import trident
-    from tests.decode_model import Config, decode_step, make_caches, make_weights
+    from tests.decode_model import decode_call
 
-    cfg = Config(layers=layers)
-    weights, cos, sin = make_weights(cfg, device)
-    caches = make_caches(cfg, device)
-    x = torch.randn(1, cfg.hidden, device=device)
-    pos = torch.tensor([0], device=device)
-    step = functools.partial(decode_step, cfg)
+    step, args = decode_call(layers, device)
     prof = cProfile.Profile()
     if profile:
         prof.enable()
     t0 = time.perf_counter()
-    gm = trident.capture(step, x, pos, cos, sin, *caches, *weights)
+    gm = trident.capture(step, *args)
     t1 = time.perf_counter()
     opt = trident.optimize(gm)
     t2 = time.perf_counter()
     if profile:
         prof.disable()
-    opt(x, pos, cos, sin, *caches, *weights)
+    opt(*args)
     if device == "cuda":
         torch.cuda.synchronize()
     t3 = time.perf_counter()

@@ -28,6 +28,7 @@ import sympy
 from torch.utils._sympy import functions as F
 
 from .. import knobs, logs, triton_state
+from ..layout import span
 from . import sizes as S
 from . import tuning
 from .guards import IntegerKey, SizeRelation
@@ -617,8 +618,7 @@ def first_fit(buffers: Sequence[tuple[int, int, int]]) -> tuple[list[int], int]:
 def arena_bytes(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> int:
     """Bytes a buffer of this layout takes in the arena (its span, rounded up to ARENA_ALIGN);
     scm_runtime.cpp `arena_extent` computes the same natively."""
-    extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides)) if all(sizes) else 0
-    return (extent * itemsize + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+    return (span(sizes, strides) * itemsize + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
 
 
 # Note [Symbolic arena]
