@@ -107,3 +107,21 @@ def test_address_only_slices(start):
     for _ in range(2):
         x = torch.randn(512)
         torch.testing.assert_close(opt(x), 2 * x[start:start + 256])
+
+
+@pytest.mark.parametrize("offset", [0, 4, 5])
+def test_as_strided_counts_from_its_storage_start(offset):
+    """as_strided's storage offset is absolute: on an input that starts `offset` elements into
+    its storage it is the operator's (the plan counts from each input's first element)."""
+
+    def fn(x):
+        v = torch.as_strided(x, (64,), (1,), 2)
+        out = torch.empty(64)
+        K.axpy_kernel[(1,)](v, v, out, 64, 1.0, BLOCK=64)
+        return out
+
+    opt = trident.optimize(trident.capture(fn, torch.randn(128)))
+    for _ in range(2):
+        base = torch.randn(256)
+        x = base[offset:offset + 128]
+        torch.testing.assert_close(opt(x), fn(x))

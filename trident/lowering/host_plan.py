@@ -258,8 +258,9 @@ def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
                 bsizes, bstrides, vsizes, vstrides, delta = view.exprs
                 run = tuple(aten_sizes(step)) + bsizes + bstrides + vsizes + vstrides + (delta,)
                 ops.append(PlanOp("view", handles.views[step.name], step.name, size_run(run)))
-            elif view is not None:
-                ops.append(PlanOp("view", handles.views[step.name], step.name))
+            elif view is not None:  # its fallback operator reads its own size arguments, if any
+                syms = aten_sizes(step)
+                ops.append(PlanOp("view", handles.views[step.name], step.name, size_run(syms) if syms else -1))
             else:
                 syms = aten_sizes(step)
                 ops.append(PlanOp("aten", handles.atens[step.name], step.name, size_run(syms) if syms else -1))
@@ -281,6 +282,8 @@ def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
     for buf in spec.arena:
         f = spec.value_facts[buf.slot]
         at = alloc_runs[buf.slot] if buf.nbytes < 0 else -1
+        if buf.nbytes < 0 and at < 0:
+            raise ValueError(f"arena buffer %{buf.slot} is sized per call but its allocation computes no sizes")
         arena.append(ArenaEntry(buf.slot, at, len(f.sizes), f.dtype.itemsize, max(buf.nbytes, 0), buf.below))
     return HostPlan(ops, sizes, handles=handles, arena=arena)
 

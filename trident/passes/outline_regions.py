@@ -14,9 +14,10 @@ nor another result. So for each value used after the region:
     values it views -- a real view, with the aliasing eager has;
   * anything else leaves as a result of the op.
 A size read outside from a value of the region (a symbolic trace's `sym_numel(out)` for the next
-launch's grid) does not make the value leave: it is computed from the region's inputs instead
-(the value's size is an expression of theirs), so a temporary stays a temporary -- in the
-arena, released early -- as in a static capture.
+launch's grid) that only the region itself reads does not make the value leave: it is computed
+from the region's inputs instead (the value's size is an expression of theirs), so a temporary
+stays a temporary -- in the arena, released early -- as in a static capture. A size also read
+elsewhere (returned, used by an operator or region after) reads the region's result.
 """
 
 from __future__ import annotations
@@ -127,17 +128,24 @@ def written_params(node: torch.fx.Node) -> list[str]:
     return list(names)
 
 
-def _symbolic_size(node: torch.fx.Node) -> bool:
-    return is_size_node(node) and isinstance(S.size_of(node.meta["val"]), S.SizeExpr)
+def _size_for_region(node: torch.fx.Node, members: set) -> bool:
+    """A symbolic size node only the region reads (directly or through other size nodes): the
+    region computes it from its inputs, so the values it reads need not leave the region. A size
+    also read elsewhere (returned, used by an operator outside, by another region) keeps reading
+    the region's result."""
+    if not (is_size_node(node) and isinstance(S.size_of(node.meta["val"]), S.SizeExpr)):
+        return False
+    return all(u in members or _size_for_region(u, members) for u in node.users)
 
 
 def _outside_sizes(region: Region) -> list[torch.fx.Node]:
-    """Size nodes outside the region that read one of its values (Note [Values leaving a region])."""
+    """Size nodes outside the region that read one of its values and that only the region reads
+    (Note [Values leaving a region])."""
     members = set(region.nodes)
     found: dict[torch.fx.Node, None] = {}
     for n in region.nodes:
         for u in n.users:
-            if u not in members and _symbolic_size(u):
+            if u not in members and _size_for_region(u, members):
                 found[u] = None
     return list(found)
 
@@ -146,7 +154,7 @@ def _leaving_values(region: Region) -> tuple[list[torch.fx.Node], dict, list[tor
     """Note [Values leaving a region]: (results, redirects, views recomputed after the call)."""
     members = set(region.nodes)
     order = {n: i for i, n in enumerate(region.nodes)}
-    work = [n for n in region.nodes if any(u not in members and not _symbolic_size(u) for u in n.users)]
+    work = [n for n in region.nodes if any(u not in members and not _size_for_region(u, members) for u in n.users)]
     results: list[torch.fx.Node] = []
     redirects: dict[torch.fx.Node, torch.fx.Node] = {}
     views: list[torch.fx.Node] = []

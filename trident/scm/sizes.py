@@ -89,6 +89,11 @@ def size_of(value) -> Size:
     return int(value)
 
 
+def scaled(a: Size, k: int) -> Size:
+    """a * k."""
+    return a * k if isinstance(a, int) else SizeExpr(sympy.expand(a.expr * k))
+
+
 def difference(a: Size, b: Size) -> Size:
     """a - b, an int when it does not depend on sizes."""
     ea = a.expr if isinstance(a, SizeExpr) else sympy.Integer(a)

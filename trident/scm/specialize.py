@@ -35,6 +35,7 @@ from .guards import IntegerKey, SizeRelation
 from .refs import load_compiled, register_compiled
 from ..errors import UnsupportedError
 from .ir import (
+    DEFAULT,
     AllocPlan,
     ArenaBuffer,
     AtenPlan,
@@ -404,7 +405,7 @@ def _build_specialization(
         plan.sizes_expr, plan.strides_expr = _alloc_exprs(program, plan.step.slot)
     arena = plan_arena(program, allocs, escaping, storage_ids) if knobs.native_path("arena") else []
     atens = [AtenPlan(step) for step in program.atens]
-    views = _memo_views(program, inputs, value_facts, value_offsets) if knobs.native_path("views") else {}
+    views = _memo_views(program, inputs, value_facts, value_offsets, roots) if knobs.native_path("views") else {}
     releases = plan_releases(program, allocs, roots, escaping, storage_ids) if knobs.native_path("release") else {}
     size_guards = unique_size_guards(size_guards)
     return Specialization(index, guards, allocs, launches, atens, value_facts, views, releases, size_guards, arena)
@@ -418,12 +419,16 @@ def _alignment_guard(program, ref: ValueRef, roots, residues, value_facts, value
     (an input's address % 16 by its tensor guard; a fresh storage is 16-byte aligned)."""
     _, _, offset = program.value_exprs[ref.index]
     root = roots[ref.index]
+    # bytes from the storage's start (storage offsets count elements of each tensor's own dtype)
+    item = value_facts[ref.index].dtype.itemsize
+    nbytes = S.scaled(offset, item)
     if root is not None:
-        offset = S.difference(offset, _traced_offset(program, root))
-    if not S.is_symbolic(offset):
+        placeholder = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"][root]
+        nbytes = S.difference(nbytes, S.scaled(_traced_offset(program, root), placeholder.meta["val"].dtype.itemsize))
+    if not S.is_symbolic(nbytes):
         return []
     start = residues[root] if root is not None else 0
-    rem = F.PythonMod(start + value_facts[ref.index].dtype.itemsize * offset.expr, 16)
+    rem = F.PythonMod(start + nbytes.expr, 16)
     aligned = value_residues[ref.index] == 0
     rel = sympy.Eq(rem, 0) if aligned else sympy.Ne(rem, 0)
     if rel in (sympy.true, sympy.false):
@@ -735,26 +740,41 @@ def view_exprs(program: RegionProgram, step: AtenStep, base: ValueRef) -> tuple:
     return exprs if S.has_symbols(exprs) else ()
 
 
-def _memo_views(program, inputs, value_facts, value_offsets) -> dict:
+def _memo_views(program, inputs, value_facts, value_offsets, roots) -> dict:
     """plan_views, kept per set of input facts (the layouts it reads are a function of them: Note
     [Layouts per input facts]); an alignment miss reuses it. The plans are not mutated after."""
     key = tuple(inputs)
     views = program.view_plans.pop(key, None)
     if views is None:
-        views = plan_views(program, inputs, value_facts, value_offsets)
+        views = plan_views(program, inputs, value_facts, value_offsets, roots)
     program.view_plans[key] = views  # most recently used last
     while len(program.view_plans) > _LAYOUTS_KEPT:
         del program.view_plans[next(iter(program.view_plans))]
     return dict(views)
 
 
-def plan_views(program, inputs, value_facts, value_offsets) -> dict:
+def _absolute_offset(step: AtenStep) -> bool:
+    """as_strided with a storage offset: the offset counts from its storage's start, not from the
+    base's first element."""
+    return step.op._schema.name in _ABSOLUTE_OFFSET and len(step.args) > 3 and step.args[3] is not None \
+        and step.args[3] is not DEFAULT
+
+
+_ABSOLUTE_OFFSET = {"aten::as_strided"}
+
+
+def plan_views(program, inputs, value_facts, value_offsets, roots) -> dict:
     """Native views (single-result view operators on one base of the same dtype), and which
-    of them only kernels read (pointer_only)."""
+    of them only kernels read (pointer_only). A view placed at an absolute storage offset
+    (as_strided) of an input's storage is the operator's: planning counts offsets from each
+    input's first element (an input's own storage offset is no fact the plan keeps)."""
     candidates = {}
     for step in program.atens:
         base = step.args[0] if step.args else None
         if not (_is_view_step(step) and isinstance(base, ValueRef) and len(step.outputs) == 1 and step.outputs[0] >= 0):
+            continue
+        root = base.index if base.kind == "input" else roots[base.index]
+        if root is not None and _absolute_offset(step):
             continue
         out = step.outputs[0]
         if base.kind == "input":
