@@ -132,7 +132,7 @@ int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
         ctx->error = "allocation with symbolic sizes called without its sizes";
         return kAllocFailed;
       }
-      if (a.arena_slot >= static_cast<int64_t>(ctx->arena_offsets.size())) {
+      if (a.arena_slot >= ctx->arena_count) {
         ctx->error = "arena buffer " + std::to_string(a.arena_slot) + " was not placed";
         return kAllocFailed;
       }
@@ -140,7 +140,7 @@ int64_t rt_alloc(HostCtx* ctx, int64_t index) noexcept {
       const int64_t item = static_cast<int64_t>(c10::elementSize(a.dtype));
       auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(ctx->arena.storage()), ctx->arena.key_set(),
                                                       caffe2::TypeMeta::fromScalarType(a.dtype));
-      const int64_t offset = ctx->arena_offsets[a.arena_slot] / item;
+      const int64_t offset = ctx->arena_placed[2 * a.arena_slot] / item;
       if (a.dynamic) {
         impl->set_sizes_and_strides(c10::IntArrayRef(ctx->sizes, rank), c10::IntArrayRef(ctx->sizes + rank, rank), offset);
       } else {
@@ -524,9 +524,14 @@ int64_t arena_span(const int64_t* sizes, const int64_t* strides, int64_t rank, i
 // Note [Symbolic arena] (trident/scm/specialize.py `place_arena` is the Python twin): each buffer
 // at the highest end of the buffers it is placed above, in table order.
 bool place_arena(HostCtx* ctx, const HostPlan& p, const int64_t* sizes) noexcept {
+  thread_local std::vector<int64_t> placed;  // (offset, bytes) per entry
   const size_t n = p.arena.size();
-  ctx->arena_offsets.resize(n);
-  ctx->arena_sizes.resize(n);
+  try {
+    placed.resize(2 * n);  // grows on a thread's first calls only
+  } catch (const std::exception& e) {
+    ctx->error = std::string("arena placement: ") + e.what();
+    return false;
+  }
   int64_t total = 0;
   for (size_t k = 0; k < n; ++k) {
     const ArenaBuffer& b = p.arena[k];
@@ -540,15 +545,17 @@ bool place_arena(HostCtx* ctx, const HostPlan& p, const int64_t* sizes) noexcept
       }
     }
     int64_t offset = 0;
-    for (int64_t j : b.below) offset = std::max(offset, ctx->arena_offsets[j] + ctx->arena_sizes[j]);
-    ctx->arena_offsets[k] = offset;
-    ctx->arena_sizes[k] = bytes;
+    for (int64_t j : b.below) offset = std::max(offset, placed[2 * j] + placed[2 * j + 1]);
+    placed[2 * k] = offset;
+    placed[2 * k + 1] = bytes;
     if (__builtin_add_overflow(offset, bytes, &bytes)) {
       ctx->error = "arena of plan " + p.name + " beyond 2**63 bytes";
       return false;
     }
     total = std::max(total, bytes);
   }
+  ctx->arena_placed = placed.data();
+  ctx->arena_count = static_cast<int64_t>(n);
   ctx->arena_total = total;
   return true;
 }
@@ -741,7 +748,9 @@ std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<Arena
   p.arena = arena;
   HostCtx ctx;
   TORCH_CHECK(place_arena(&ctx, p, sizes.data()), "trident: ", ctx.error);
-  return {ctx.arena_offsets, ctx.arena_total};
+  std::vector<int64_t> offsets;
+  for (int64_t k = 0; k < ctx.arena_count; ++k) offsets.push_back(ctx.arena_placed[2 * k]);
+  return {offsets, ctx.arena_total};
 }
 
 static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
@@ -755,7 +764,8 @@ static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& c
   ctx.values.assign(r.num_values, at::Tensor());
   ctx.temps.clear();
   ctx.arena.reset();
-  ctx.arena_offsets.clear();
+  ctx.arena_placed = nullptr;
+  ctx.arena_count = 0;
   ctx.arena_total = 0;
   ctx.error.clear();
   ctx.device_index = -1;

@@ -257,8 +257,10 @@ struct HostCtx {
   std::vector<at::Tensor> values;  // the region's value table (allocations, ATen results)
   std::vector<at::Tensor> temps;   // scratch buffers kept alive until the call returns
   at::Tensor arena;                // Note [Allocation arena]: this call's arena, once made
-  std::vector<int64_t> arena_offsets;  // Note [Symbolic arena]: this call's placement, per entry
-  std::vector<int64_t> arena_sizes;    // ... and each entry's bytes
+  // Note [Symbolic arena]: this call's placement (offset, then bytes, per entry), in a buffer of
+  // the thread's that keeps its capacity across calls (no allocation on a hit, as tls_facts)
+  const int64_t* arena_placed = nullptr;
+  int64_t arena_count = 0;
   int64_t arena_total = 0;
   const int64_t* sizes = nullptr;  // Note [Symbolic sizes]: set_sizes' array, for the next service
   void* stream = nullptr;
