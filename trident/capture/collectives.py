@@ -35,10 +35,9 @@ from typing import Iterator
 import torch
 
 from ..errors import CaptureError
+from .shared_patch import SharedPatch
 
 _state = threading.local()
-_lock = threading.Lock()
-_users = [0]
 _patched: list[tuple[object, str, object]] = []  # (module, name, original) while patched
 
 FUNCTIONAL_NAMESPACE = "_c10d_functional"
@@ -102,33 +101,37 @@ def _reduce_op_name(op):
 def collectives_as_functional() -> Iterator[None]:
     """While this thread traces, torch.distributed's classic collectives called with
     async_op=False are their traceable functional forms (Note [Collectives in regions])."""
-    remaps = _remaps()
-    if not remaps:
+    if not _remaps():
         yield
         return
-    with _lock:
-        if _users[0] == 0:
-            wrappers: dict = {}  # one per function: `dist.all_reduce is c10d.all_reduce` still holds
-            for module in _modules():
-                for name, value in list(vars(module).items()):
-                    if callable(value) and value in remaps:
-                        if value not in wrappers:
-                            wrappers[value] = _routed(value, remaps[value])
-                        _patched.append((module, name, value))
-                        setattr(module, name, wrappers[value])
-        _users[0] += 1
-    outer = getattr(_state, "tracing", False)
-    _state.tracing = True
-    try:
-        yield
-    finally:
-        _state.tracing = outer
-        with _lock:
-            _users[0] -= 1
-            if _users[0] == 0:
-                while _patched:
-                    module, name, original = _patched.pop()
-                    setattr(module, name, original)
+    with _PATCH.held():
+        outer = getattr(_state, "tracing", False)
+        _state.tracing = True
+        try:
+            yield
+        finally:
+            _state.tracing = outer
+
+
+def _install_remaps() -> None:
+    remaps = _remaps()
+    wrappers: dict = {}  # one per function: `dist.all_reduce is c10d.all_reduce` still holds
+    for module in _modules():
+        for name, value in list(vars(module).items()):
+            if callable(value) and value in remaps:
+                if value not in wrappers:
+                    wrappers[value] = _routed(value, remaps[value])
+                _patched.append((module, name, value))
+                setattr(module, name, wrappers[value])
+
+
+def _remove_remaps() -> None:
+    while _patched:
+        module, name, original = _patched.pop()
+        setattr(module, name, original)
+
+
+_PATCH = SharedPatch(_install_remaps, _remove_remaps)
 
 
 def is_collective(op) -> bool:

@@ -31,6 +31,7 @@ from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
 from .collectives import check_graph, collectives_as_functional
 from .host_driver import ensure_triton_driver
+from .shared_patch import SharedPatch
 from .inline_triton_ops import has_triton_ops, inline_triton_ops
 
 
@@ -40,9 +41,14 @@ from .inline_triton_ops import has_triton_ops, inline_triton_ops
 # Triton's own path meanwhile (before, they were routed too: a user thread launching while
 # another traced recursed into the patch).
 _route = threading.local()
-_route_lock = threading.Lock()
-_route_users = [0]
 _ORIGINAL_GETITEM = KernelInterface.__getitem__
+
+
+def _set_getitem(fn) -> Callable[[], None]:
+    def install() -> None:
+        KernelInterface.__getitem__ = fn
+
+    return install
 
 
 def _routed_getitem(self, grid):
@@ -58,6 +64,9 @@ def _routed_getitem(self, grid):
     return wrapped[grid]
 
 
+_ROUTING = SharedPatch(_set_getitem(_routed_getitem), _set_getitem(_ORIGINAL_GETITEM))
+
+
 @contextlib.contextmanager
 def _launches_as_hops(log: list):
     """Route this thread's `kernel[grid]` through wrap_triton for the duration of a trace. A
@@ -65,19 +74,12 @@ def _launches_as_hops(log: list):
     the way `Heuristics.run` computes them, and its inner kernel launched with them; `log` gets
     (inner kernel, heuristics, values) per such launch, in launch order."""
     outer = getattr(_route, "log", None)
-    with _route_lock:
-        if _route_users[0] == 0:
-            KernelInterface.__getitem__ = _routed_getitem
-        _route_users[0] += 1
-    _route.log = log
-    try:
-        yield
-    finally:
-        _route.log = outer
-        with _route_lock:
-            _route_users[0] -= 1
-            if _route_users[0] == 0:
-                KernelInterface.__getitem__ = _ORIGINAL_GETITEM
+    with _ROUTING.held():
+        _route.log = log
+        try:
+            yield
+        finally:
+            _route.log = outer
 
 
 # Note [Capture under TRITON_INTERPRET=1]
