@@ -14,6 +14,6 @@ try:
 finally:
     LOADING = False
 
-from trident.capture.dynamo import trident_backend as backend  # noqa: E402
+from trident.frontends.dynamo import trident_backend as backend  # noqa: E402
 
 __all__ = ["backend"]

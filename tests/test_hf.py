@@ -18,7 +18,7 @@ from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 import trident  # noqa: E402,F401  (registers the backend)
 from tests.decode_model import rmsnorm_kernel  # noqa: E402  (a user's Triton RMSNorm)
-from trident.capture.dynamo import compiled_graphs  # noqa: E402
+from trident.frontends.dynamo import compiled_graphs  # noqa: E402
 
 MODELING = {"llama": modeling_llama, "qwen2": modeling_qwen2}
 

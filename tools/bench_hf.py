@@ -247,7 +247,7 @@ def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
 
 def run_case(kind: str, kernels: str, args) -> dict:
     import trident
-    from trident.capture.dynamo import compiled_graphs
+    from trident.frontends.dynamo import compiled_graphs
 
     dev = args.device
     dt = torch.bfloat16 if dev == "cuda" else torch.float32

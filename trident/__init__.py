@@ -19,11 +19,11 @@ from .errors import (
 from . import knobs  # noqa: F401  (TRIDENT_* settings, with knobs.scope for tests)
 from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
-from .capture.compile import compile  # noqa: A004 - trident.compile, like torch.compile
+from .frontends.compile import compile  # noqa: A004 - trident.compile, like torch.compile
 from .optimize import cache_info, explain, optimize, scm_text
 from .runtime.profile import profile
 from . import logs as _logs
-from .capture import dynamo as _dynamo
+from .frontends import dynamo as _dynamo
 from .capture.host_driver import install_without_gpu as _install_without_gpu
 
 _install_without_gpu()

@@ -21,5 +21,18 @@ class LaunchError(TridentError):
     """A kernel could not be launched or an SCM could not run on the given inputs."""
 
 
+class KnobError(TridentError, ValueError):
+    """A TRIDENT_* variable holds a value its knob cannot parse (also a ValueError, as before)."""
+
+
 class GuardError(TridentError):
-    """Inputs differ from the captured graph in a way no new specialization can serve."""
+    """Inputs differ from the captured graph in a way no new specialization can serve.
+
+    region: the region whose guards failed before it ran any step, or None;
+    before_effects: True when nothing of the call had run (a front door may serve it otherwise).
+    """
+
+    def __init__(self, message: str, *, region: "str | None" = None, before_effects: bool = False):
+        super().__init__(message)
+        self.region = region
+        self.before_effects = before_effects

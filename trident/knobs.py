@@ -1,13 +1,192 @@
 """Every TRIDENT_* environment setting, typed, in one place.
 
-Read at use (not at import) so tests can change them with `knobs.scope(...)`.
+Read at use (not at import) so tests can change them with `knobs.scope(...)`. Each knob of
+`_KNOBS` has one type and each type one parser (as Triton's knobs.py: env_bool, env_int, ...),
+so "off", "no" and "0" mean the same for every knob. Words are read case-insensitively, with
+spaces around them ignored:
+
+  Bool      a switch: on is 1/true/yes/on/y/t, off is 0/false/no/off/n/f/none and '' (empty is
+            off, as for every knob below where off is a value; unset is the knob's default)
+  Int       a decimal integer within the knob's bounds (e.g. 0..16, >= 0)
+  Float     a number; 'inf' and '-inf' allowed, 'nan' not
+  Str       any text, kept as it is (a folder; '' is none)
+  Choice    one of a few words, or a switch: off (a Bool off spelling) is the knob's off word,
+            on (a Bool on spelling) its on word. Device modes ('cuda', 'all', off ''; on means
+            'cuda', the default) and TRIDENT_PROGRESS ('auto', 'always', 'never') are Choices.
+  Names     a comma list of names from a fixed set (and 'all' where the knob allows it); a
+            lone off spelling is the empty list
+  Prefixes  a comma list of dotted module prefixes, '*' for any; a lone off spelling is none
+
+A value that does not parse raises KnobError (a TridentError and a ValueError) naming the
+variable, the value that came and what is expected.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Union
+
+from .errors import KnobError
+
+
+TRUE = ("1", "true", "yes", "on", "y", "t")
+FALSE = ("0", "false", "no", "off", "n", "f", "none", "")
+
+
+def _spellings(words: tuple[str, ...]) -> str:
+    return "/".join(w or "''" for w in words)
+
+
+def _word(raw: str) -> str:
+    return raw.strip().lower()
+
+
+def _fail(env: str, raw: str, expected: str) -> KnobError:
+    return KnobError(f"{env}={raw!r}: expected {expected}")
+
+
+@dataclass(frozen=True)
+class Bool:
+    """A switch; everything that is neither an on nor an off spelling is refused, not guessed."""
+
+    def parse(self, env: str, raw: str) -> bool:
+        word = _word(raw)
+        if word in TRUE:
+            return True
+        if word in FALSE:
+            return False
+        raise _fail(env, raw, self.expected())
+
+    def expected(self) -> str:
+        return f"on ({_spellings(TRUE)}) or off ({_spellings(FALSE)})"
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer within [lo, hi] (None: unbounded on that side)."""
+
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+
+    def parse(self, env: str, raw: str) -> int:
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise _fail(env, raw, self.expected()) from None
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise _fail(env, raw, self.expected())
+        return value
+
+    def expected(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"an integer in {self.lo}..{self.hi}"
+        if self.lo is not None:
+            return f"an integer >= {self.lo}"
+        if self.hi is not None:
+            return f"an integer <= {self.hi}"
+        return "an integer"
+
+
+@dataclass(frozen=True)
+class Float:
+    """A number; nan is refused because every comparison with it is false (the knob would be
+    silently ignored)."""
+
+    def parse(self, env: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise _fail(env, raw, self.expected()) from None
+        if math.isnan(value):
+            raise _fail(env, raw, self.expected())
+        return value
+
+    def expected(self) -> str:
+        return "a number (or inf, -inf)"
+
+
+@dataclass(frozen=True)
+class Str:
+    """Text kept as it came: a folder name may hold any character."""
+
+    def parse(self, env: str, raw: str) -> str:
+        return raw
+
+    def expected(self) -> str:
+        return "any text ('' for none)"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of `words`, or a switch: an off spelling is `off`, an on spelling `on` (the knob's
+    meaning of plain "on"), so TRIDENT_GRAPHS=no and TRIDENT_GRAPHS=1 both mean something."""
+
+    words: tuple[str, ...]
+    on: str
+    off: str
+
+    def parse(self, env: str, raw: str) -> str:
+        word = _word(raw)
+        if word in self.words:
+            return word
+        if word in FALSE:
+            return self.off
+        if word in TRUE:
+            return self.on
+        raise _fail(env, raw, self.expected())
+
+    def expected(self) -> str:
+        off = f"off ({_spellings(FALSE)})" if self.off == "" else f"off ({_spellings(FALSE)}: {self.off!r})"
+        return f"{', '.join(repr(w) for w in self.words)}, on ({_spellings(TRUE)}: {self.on!r}) or {off}"
+
+
+@dataclass(frozen=True)
+class Names:
+    """A comma list of names from `known`; `everything` (if set) stands for all of them. An
+    unknown name is refused: a typo must not silently turn a path or a logger off."""
+
+    known: tuple[str, ...]
+    everything: Optional[str] = None
+
+    def parse(self, env: str, raw: str) -> tuple[str, ...]:
+        if _word(raw) in FALSE:
+            return ()
+        names = {n.strip().lower() for n in raw.split(",") if n.strip()}
+        unknown = sorted(names - set(self.known) - {self.everything})
+        if unknown:
+            raise KnobError(f"{env}={raw!r}: unknown {unknown}; expected {self.expected()}")
+        if self.everything in names:
+            return self.known
+        return tuple(n for n in self.known if n in names)  # in table order, once each
+
+    def expected(self) -> str:
+        listed = f"a comma list of {', '.join(self.known)}"
+        if self.everything is not None:
+            listed += f" or {self.everything}"
+        return f"{listed}; none: {_spellings(FALSE)}"
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """A comma list of dotted module prefixes ('*': any module)."""
+
+    def parse(self, env: str, raw: str) -> tuple[str, ...]:
+        if _word(raw) in FALSE:
+            return ()
+        prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+        bad = [p for p in prefixes if p != "*" and not all(part.isidentifier() for part in p.split("."))]
+        if bad:
+            raise KnobError(f"{env}={raw!r}: not module prefixes {bad}; expected {self.expected()}")
+        return prefixes
+
+    def expected(self) -> str:
+        return f"a comma list of module prefixes (a.b) or '*'; none: {_spellings(FALSE)}"
+
+
+KnobType = Union[Bool, Int, Float, Str, Choice, Names, Prefixes]
 
 
 @dataclass(frozen=True)
@@ -15,16 +194,24 @@ class _Knob:
     env: str
     default: str
     doc: str
+    type: KnobType
 
-    def get(self) -> str:
+    def raw(self) -> str:
         return os.environ.get(self.env, self.default)
 
+    def value(self) -> Any:
+        return self.type.parse(self.env, self.raw())
+
+
+NATIVE_PATHS = ("views", "constants", "typed", "gemm", "arena", "release")
+LOG_NAMES = ("misses", "guards", "graphs", "lowering")  # the loggers of trident/logs.py
+_DEVICE_MODE = Choice(("cuda", "all"), on="cuda", off="")
 
 _KNOBS = {
-    "dump_dir": _Knob("TRIDENT_DUMP_DIR", "", "write every generated artifact (SCM IR, MLIR) here"),
-    "repro_dir": _Knob("TRIDENT_REPRO_DIR", "", "where a failed MLIR pipeline saves its input"),
+    "dump_dir": _Knob("TRIDENT_DUMP_DIR", "", "write every generated artifact (SCM IR, MLIR) here", Str()),
+    "repro_dir": _Knob("TRIDENT_REPRO_DIR", "", "where a failed MLIR pipeline saves its input", Str()),
     "cache_dir": _Knob(
-        "TRIDENT_CACHE_DIR", "", "persistent plan cache (Note [Persistent plans]); '' (default): off"
+        "TRIDENT_CACHE_DIR", "", "persistent plan cache (Note [Persistent plans]); '' (default): off", Str()
     ),
     "mlir_opt_level": _Knob(
         "TRIDENT_MLIR_OPT_LEVEL",
@@ -32,213 +219,235 @@ _KNOBS = {
         "ExecutionEngine (LLVM) optimization level of host programs; 0 is chosen for build time: a 24-layer "
         "decode specialization builds in ~0.6 s of LLVM instead of ~15 s at 2, and the host program's own "
         "instructions are a small part of a call (tools/bench_miss.py)",
+        Int(0, 3),
     ),
     "native_paths": _Knob(
-        "TRIDENT_NATIVE_PATHS", "views,constants,typed,gemm,arena,release", "native operator paths to use (A/B: set to '')"
+        "TRIDENT_NATIVE_PATHS",
+        ",".join(NATIVE_PATHS),
+        "native operator paths to use (A/B: set to '' for none)",
+        Names(NATIVE_PATHS),
     ),
     "compile_cubin_on_cpu": _Knob(
-        "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too"
+        "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too", Bool()
     ),
     "triton_copies": _Knob(
         "TRIDENT_TRITON_COPIES",
         "cuda",
-        "lower clone, copy_, index_copy(_), index_put(_), slice/select_scatter to Trident's Triton kernels: 'cuda' (CUDA tensors), 'all', '' (off)",
+        "lower clone, copy_, index_copy(_), index_put(_), slice/select_scatter to Trident's Triton kernels: "
+        "'cuda' (CUDA tensors; also any on spelling), 'all', '' (off; also any off spelling)",
+        _DEVICE_MODE,
     ),
     "gemm_epilogues": _Knob(
         "TRIDENT_GEMM_EPILOGUES",
         "cuda",
-        "residual adds into the matrix product (Note [Residual adds in the GEMM]): 'cuda' (bf16/fp16 CUDA tensors), "
-        "'all' (also other dtypes and devices: tests), '' (off: eager's two roundings)",
+        "residual adds into the matrix product (Note [Residual adds in the GEMM]): 'cuda' (bf16/fp16 CUDA tensors; "
+        "also any on spelling), 'all' (also other dtypes and devices: tests), '' (off: eager's two roundings)",
+        _DEVICE_MODE,
     ),
     "graphs": _Knob(
         "TRIDENT_GRAPHS",
         "cuda",
-        "graph replay (Note [Graph replay]): 'cuda', 'all' (also CPU regions, emulated: tests), '' (off)",
+        "graph replay (Note [Graph replay]): 'cuda' (also any on spelling), 'all' (also CPU regions, emulated: "
+        "tests), '' (off)",
+        _DEVICE_MODE,
     ),
-    "graph_limit": _Knob("TRIDENT_GRAPH_LIMIT", "4", "live graphs per region at most (0..16); past it the least "
-                         "recently used goes (Note [Graph bound])"),
-    "graph_bytes": _Knob("TRIDENT_GRAPH_BYTES", str(4 << 30), "bytes the live graphs of a region may hold together "
-                         "(private pools, staging buffers); past it the least recently used go (Note [Graph bound]; "
-                         "0: no byte bound)"),
+    "graph_limit": _Knob(
+        "TRIDENT_GRAPH_LIMIT",
+        "4",
+        "live graphs per region at most (0..16); past it the least recently used goes (Note [Graph bound])",
+        Int(0, 16),
+    ),
+    "graph_bytes": _Knob(
+        "TRIDENT_GRAPH_BYTES",
+        str(4 << 30),
+        "bytes the live graphs of a region may hold together (private pools, staging buffers); past it the least "
+        "recently used go (Note [Graph bound]; 0: no byte bound)",
+        Int(0),
+    ),
     "graph_stage_written_bytes": _Knob(
         "TRIDENT_GRAPH_STAGE_WRITTEN_BYTES",
         str(16 << 20),
         "stage a moving input the region writes (copied in before a replay, back after it) when it spans at most this "
         "many bytes; larger ones (KV caches) stay pinned (Note [Staging written inputs]; 0: never)",
+        Int(0),
     ),
     "dynamo_captures": _Knob(
         "TRIDENT_DYNAMO_CAPTURES",
         "8",
         "torch.compile(backend='trident'): static captures per Dynamo graph (one per input signature) before calls "
         "run the graph eagerly (Note [Dynamo graphs and static capture])",
+        Int(0),
     ),
     "dynamo_symbolic": _Knob(
         "TRIDENT_DYNAMO_SYMBOLIC",
         "1",
         "torch.compile(backend='trident'): a Dynamo graph with symbolic sizes gets one symbolic capture (Note "
-        "[Dynamic Dynamo graphs]); 0: static captures per input signature",
+        "[Dynamic Dynamo graphs]); off: static captures per input signature",
+        Bool(),
     ),
     "dynamo_trace_disabled": _Knob(
         "TRIDENT_DYNAMO_TRACE_DISABLED",
         "liger_kernel",
         "torch.compile(backend='trident'): modules (comma list of prefixes; '*': any outside torch; '': none) whose "
         "torch.compiler.disable()d functions stay in the graph for Trident to trace instead of a graph break "
-        "(Note [Disabled functions under backend=\"trident\"])",
+        '(Note [Disabled functions under backend="trident"])',
+        Prefixes(),
     ),
     "compile_captures": _Knob(
-        "TRIDENT_COMPILE_CAPTURES", "8", "trident.compile: captures kept per function, the oldest dropped first"
+        "TRIDENT_COMPILE_CAPTURES",
+        "8",
+        "trident.compile: captures kept per function, the oldest dropped first",
+        Int(1),
     ),
     "progress": _Knob(
         "TRIDENT_PROGRESS",
         "auto",
-        "a tqdm progress bar while a miss compiles kernels: 'auto' (on a terminal, 8 kernels or more), '1' (always), '0'",
+        "a tqdm progress bar while a miss compiles kernels: 'auto' (on a terminal, 8 kernels or more), "
+        "'always' (also any on spelling), 'never' (also any off spelling)",
+        Choice(("auto", "always", "never"), on="always", off="never"),
     ),
     "graph_min_saving_us": _Knob(
         "TRIDENT_GRAPH_MIN_SAVING_US",
         "0",
-        "record a graph only when a replay is estimated to save more host µs than this (Note [When a graph pays off]; '-inf': always)",
+        "record a graph only when a replay is estimated to save more host µs than this (Note [When a graph pays "
+        "off]; '-inf': always)",
+        Float(),
+    ),
+    "log": _Knob(
+        "TRIDENT_LOG",
+        "",
+        "loggers turned on at DEBUG on stderr (trident/logs.py): a comma list of "
+        f"{', '.join(LOG_NAMES)}, or all; '' (default): none",
+        Names(LOG_NAMES, everything="all"),
     ),
 }
 
 
 def get(name: str) -> str:
-    """A knob's raw value by name (its environment variable, else its default)."""
-    return _KNOBS[name].get()
+    """A knob's raw value by name (its environment variable, else its default): what plan keys
+    record (trident/runtime/persistent.py)."""
+    return _KNOBS[name].raw()
+
+
+def value(name: str) -> Any:
+    """A knob's parsed value by name; KnobError if its variable does not parse."""
+    return _KNOBS[name].value()
+
+
+def parse(name: str, raw: str) -> Any:
+    """`raw` parsed as knob `name` would parse it (logs.configure's explicit value)."""
+    knob = _KNOBS[name]
+    return knob.type.parse(knob.env, raw)
 
 
 def cache_dir() -> str:
-    return _KNOBS["cache_dir"].get()
+    return _KNOBS["cache_dir"].value()
 
 
 def dump_dir() -> str:
-    return _KNOBS["dump_dir"].get()
+    return _KNOBS["dump_dir"].value()
 
 
 def repro_dir() -> str:
-    return _KNOBS["repro_dir"].get()
+    return _KNOBS["repro_dir"].value()
 
 
 def mlir_opt_level() -> int:
-    return int(_KNOBS["mlir_opt_level"].get())
+    return _KNOBS["mlir_opt_level"].value()
 
 
 def native_path(name: str) -> bool:
     """Whether the native operator path `name` (views, constants, typed, gemm, arena, release) is enabled."""
-    return name in {p.strip() for p in _KNOBS["native_paths"].get().split(",")}
+    if name not in NATIVE_PATHS:
+        raise KeyError(f"no native path {name!r}; known: {', '.join(NATIVE_PATHS)}")
+    return name in _KNOBS["native_paths"].value()
 
 
 def compile_cubin_on_cpu() -> bool:
-    return _KNOBS["compile_cubin_on_cpu"].get() not in ("0", "false", "False", "")
-
-
-def _device_mode(name: str) -> str:
-    """A knob naming where a feature applies: "cuda", "all" or "" (off, also 0/off/none/false)."""
-    knob = _KNOBS[name]
-    value = knob.get().strip().lower()
-    if value in ("", "0", "off", "none", "false"):
-        return ""
-    if value not in ("cuda", "all"):
-        raise ValueError(f"{knob.env}={value!r}: expected 'cuda', 'all' or '' (off)")
-    return value
+    return _KNOBS["compile_cubin_on_cpu"].value()
 
 
 def triton_copies() -> str:
     """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
-    return _device_mode("triton_copies")
+    return _KNOBS["triton_copies"].value()
 
 
 def gemm_epilogues() -> str:
     """Where fuse_residual_adds folds `x + a @ b` into one addmm: "cuda", "all" or "" (nowhere)."""
-    return _device_mode("gemm_epilogues")
+    return _KNOBS["gemm_epilogues"].value()
 
 
 def graphs() -> str:
     """Graph replay mode (Note [Graph replay]): "cuda", "all" (CPU regions emulated) or "" (off)."""
-    return _device_mode("graphs")
+    return _KNOBS["graphs"].value()
 
 
 def graph_min_saving_us() -> float:
-    raw = _KNOBS["graph_min_saving_us"].get()
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"TRIDENT_GRAPH_MIN_SAVING_US={raw!r}: expected a number of microseconds (or -inf)") from None
+    return _KNOBS["graph_min_saving_us"].value()
 
 
 def graph_bytes() -> int:
-    raw = _KNOBS["graph_bytes"].get()
-    if not raw.isdigit():
-        raise ValueError(f"TRIDENT_GRAPH_BYTES={raw!r}: expected a number of bytes >= 0")
-    return int(raw)
+    return _KNOBS["graph_bytes"].value()
 
 
 def graph_limit() -> int:
-    value = int(_KNOBS["graph_limit"].get())
-    if not 0 <= value <= 16:
-        raise ValueError(f"TRIDENT_GRAPH_LIMIT={value}: expected 0..16")
-    return value
+    return _KNOBS["graph_limit"].value()
 
 
 def dynamo_captures() -> int:
-    raw = _KNOBS["dynamo_captures"].get()
-    if not raw.isdigit():
-        raise ValueError(f"TRIDENT_DYNAMO_CAPTURES={raw!r}: expected a count >= 0")
-    return int(raw)
+    return _KNOBS["dynamo_captures"].value()
 
 
 def dynamo_symbolic() -> bool:
-    raw = _KNOBS["dynamo_symbolic"].get()
-    if raw not in ("0", "1"):
-        raise ValueError(f"TRIDENT_DYNAMO_SYMBOLIC={raw!r}: expected 0 or 1")
-    return raw == "1"
+    return _KNOBS["dynamo_symbolic"].value()
 
 
 def dynamo_trace_disabled() -> tuple[str, ...]:
-    raw = _KNOBS["dynamo_trace_disabled"].get().strip()
-    if raw.lower() in ("0", "false", "off", "none", ""):
-        return ()
-    return tuple(p.strip() for p in raw.split(",") if p.strip())
+    return _KNOBS["dynamo_trace_disabled"].value()
 
 
 def compile_captures() -> int:
-    raw = _KNOBS["compile_captures"].get()
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"TRIDENT_COMPILE_CAPTURES={raw!r}: expected a count >= 1")
-    return int(raw)
+    return _KNOBS["compile_captures"].value()
 
 
 def graph_stage_written_bytes() -> int:
-    raw = _KNOBS["graph_stage_written_bytes"].get()
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"TRIDENT_GRAPH_STAGE_WRITTEN_BYTES={raw!r}: expected a number of bytes >= 0")
-    return value
+    return _KNOBS["graph_stage_written_bytes"].value()
 
 
 def progress() -> str:
-    """"auto", "always" or "never" (TRIDENT_PROGRESS)."""
-    raw = _KNOBS["progress"].get().strip().lower()
-    if raw in ("auto", ""):
-        return "auto"
-    if raw in ("1", "on", "true", "always"):
-        return "always"
-    if raw in ("0", "off", "false", "never"):
-        return "never"
-    raise ValueError(f"TRIDENT_PROGRESS={raw!r}: expected 'auto', '1' (always) or '0' (never)")
+    """TRIDENT_PROGRESS: "auto", "always" or "never"."""
+    return _KNOBS["progress"].value()
+
+
+def log() -> tuple[str, ...]:
+    """The loggers TRIDENT_LOG turns on ('all' expanded), in LOG_NAMES order."""
+    return _KNOBS["log"].value()
+
+
+def _to_env(value: Any) -> str:
+    """A Python value as its variable's text: booleans as 1/0, sequences as comma lists, so
+    `scope(graph_limit=1, compile_cubin_on_cpu=False, native_paths=("views",))` works."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 @contextlib.contextmanager
-def scope(**values: str):
-    """Temporarily set knobs by name, e.g. `with knobs.scope(dump_dir="/tmp/x"): ...`."""
+def scope(**values: Any) -> Iterator[None]:
+    """Temporarily set knobs by name, e.g. `with knobs.scope(dump_dir="/tmp/x"): ...`; None
+    unsets a knob's variable (its default applies). Values are not checked here, so a test can
+    set a bad one and see the knob's reader refuse it."""
     saved = {}
     try:
-        for name, value in values.items():
+        for name, new in values.items():
             env = _KNOBS[name].env
             saved[env] = os.environ.get(env)
-            os.environ[env] = str(value)
+            if new is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = _to_env(new)
         yield
     finally:
         for env, old in saved.items():

@@ -15,13 +15,14 @@ is logged on the hit path.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Iterable, TypeVar
 
+from . import knobs
+
 T = TypeVar("T")
 
-NAMES = ("misses", "guards", "graphs", "lowering")
+NAMES = knobs.LOG_NAMES  # parsed, with the other TRIDENT_* knobs, by knobs.log
 
 misses = logging.getLogger("trident.misses")
 guards = logging.getLogger("trident.guards")
@@ -33,15 +34,9 @@ _handler: "logging.Handler | None" = None
 
 def configure(value: "str | None" = None) -> None:
     """Applies TRIDENT_LOG (or `value`): the named loggers at DEBUG on stderr, the others back
-    to the program's configuration. Raises ValueError for an unknown name."""
+    to the program's configuration. Raises knobs.KnobError (a ValueError) for an unknown name."""
     global _handler
-    raw = os.environ.get("TRIDENT_LOG", "") if value is None else value
-    wanted = {n.strip() for n in raw.split(",") if n.strip()}
-    if "all" in wanted:
-        wanted = set(NAMES)
-    unknown = wanted - set(NAMES)
-    if unknown:
-        raise ValueError(f"TRIDENT_LOG={raw!r}: unknown {sorted(unknown)}; expected a comma list of {', '.join(NAMES)} or all")
+    wanted = set(knobs.log() if value is None else knobs.parse("log", value))
     if _handler is None:
         _handler = logging.StreamHandler()
         _handler.setFormatter(logging.Formatter("[trident.%(short)s] %(message)s"))
@@ -72,8 +67,6 @@ def progress(items: "list[T]", desc: str) -> "Iterable[T]":
     """`items`, with a tqdm bar on stderr while they are worked through (a miss compiling a
     region's kernels: a 24-layer model has hundreds). TRIDENT_PROGRESS: 'auto' shows it on a
     terminal from PROGRESS_MIN_ITEMS items, '1' always, '0' never."""
-    from . import knobs
-
     mode = knobs.progress()
     if mode == "never" or not items:
         return items

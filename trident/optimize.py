@@ -117,8 +117,8 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
         if guards:
             failed = first_failure(guards, args)
             if failed is not None:
-                error = GuardError(failed.failure(args, names))
-                error.before_effects = True  # nothing ran: a front door may serve the call otherwise
+                # nothing ran: a front door may serve the call otherwise
+                error = GuardError(failed.failure(args, names), before_effects=True)
                 raise error
         try:
             return direct(self, *args)
@@ -326,7 +326,7 @@ def _captures(obj) -> "list[tuple[str, torch.fx.GraphModule]] | None":
 def _dynamo_graphs(obj):
     if isinstance(obj, torch.fx.GraphModule):
         return None
-    from .capture.dynamo import graphs_of
+    from .frontends.dynamo import graphs_of
 
     return graphs_of(obj)
 
@@ -442,6 +442,8 @@ def explain(gm) -> str:
     removed = gm.meta.get("trident_cse_removed", 0)
     if removed:
         lines.append(f"common subexpressions removed: {removed} node(s)")
+    for op, why in gm.meta.get("trident_boxed_custom_ops", {}).items():  # Note [Inlining custom ops]
+        lines.append(f"custom op {op} stays a boxed call: {why}")
     cuts = gm.meta.get("trident_cuts", [])
     if cuts:
         lines.append("cuts:")

@@ -103,7 +103,7 @@ def test_hits_check_tensors_natively_only(monkeypatch):
     """After a capture, a call's tensors are checked by native guards (torch's TensorGuards) and
     the SCM's: Python computes no tensor facts on a hit; a new dtype, size or layout fails the
     native guards and takes the miss path (a new signature: eager once, then its own capture)."""
-    from trident.capture import compile as compile_module
+    from trident.frontends import compile as compile_module
 
     facts_calls = []
     plain = compile_module.signature
@@ -160,7 +160,7 @@ def test_symbolic_capture_serves_new_sizes_and_strided_inputs_get_their_own():
 def test_python_fallback_guards_agree_with_torchs_tensor_guards():
     """_FactGuards (for torch builds without TensorGuards' interface) against TensorGuards on
     tensors of other dtypes, sizes, strides, offsets and ranks."""
-    from trident.capture.compile import _FactGuards, _tensor_guards
+    from trident.frontends.compile import _FactGuards, _tensor_guards
 
     base = torch.randn(4, 6)
     variants = [base, base.clone(), base.double(), base.t(), base[:, ::2], base[1:], base.reshape(24),
@@ -182,23 +182,29 @@ class _Layer:
         self.calls = 0  # a Python int the function reads and advances (HF's sliding-window layers do)
 
 
-def test_python_scalars_of_objects_passed_by_identity_are_part_of_the_signature():
-    """A traced call reads an object's Python scalars as constants: replaying a capture after
-    they changed would compute with the old values. They are in the signature, so each new
-    state is a new signature (its first call eager): every result is eager's."""
+def test_python_scalars_of_objects_passed_are_state():
+    """A traced call reads an object's Python scalars: replaying a capture with the values it
+    saw would compute with the old ones. An int that changes between calls is made symbolic
+    (Note [State the function is passed]): counts 0, 1 and the first of "2 or more" run
+    eagerly (each a new structure's first call), then ONE capture serves every later count, and
+    the counter it advances is written back to the caller's object after each call."""
+
+    table = torch.arange(16.0)
 
     def f(x, y, state):
         layer = state.layers[0]
-        out = _axpy(x, y, float(layer.calls))
+        out = _axpy(x * table.select(0, layer.calls), y, 1.0)  # the count as a position
         layer.calls += 1
         return out
 
     compiled = trident.compile(f)
     state = _Counter()
     x, y = torch.randn(100), torch.randn(100)
-    for i in range(5):
+    for i in range(8):
         torch.testing.assert_close(compiled(x, y, state), i * x + y)
-    assert compiled.captures == {} and compiled.eager_calls == 5
+    assert state.layers[0].calls == 8
+    assert len(compiled.captures) == 1 and compiled.eager_calls == 3
+    assert "state.layers[0].calls: 1 -> 2" in "\n".join(compiled.eager_log)
     # a state that stays put is captured as before: eager once, captured, then hits
     reads = trident.compile(lambda x, y, state: _axpy(x, y, float(state.layers[0].calls) + 1.0))
     steady = _Counter()

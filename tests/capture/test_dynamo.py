@@ -14,7 +14,7 @@ import triton
 import trident
 from tests import kernels as K
 from trident import knobs
-from trident.capture.dynamo import compiled_graphs
+from trident.frontends.dynamo import compiled_graphs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -160,7 +160,7 @@ def test_backend_through_the_entry_point_without_importing_trident():
         "c = torch.compile(f, backend='trident', fullgraph=True)\n"
         "x, y = torch.randn(300), torch.randn(300)\n"
         "torch.testing.assert_close(c(x, y), 2 * x + y)\n"
-        "from trident.capture.dynamo import compiled_graphs\n"
+        "from trident.frontends.dynamo import compiled_graphs\n"
         "print(len(compiled_graphs()), sum(len(g.captures) for g in compiled_graphs()))\n"
     )
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -282,7 +282,7 @@ def test_static_graph_takes_its_capture_without_a_signature(device, monkeypatch)
     """A graph Dynamo traced with static sizes computes no signature per call (Dynamo's guards
     checked every input); so does a dynamic graph served by its symbolic capture (Note [Dynamic
     Dynamo graphs]); with TRIDENT_DYNAMO_SYMBOLIC=0 a dynamic graph keys its captures by signature."""
-    from trident.capture import dynamo
+    from trident.frontends import dynamo
 
     calls = []
     real = dynamo.signature

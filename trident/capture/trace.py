@@ -1,7 +1,8 @@
 """trident.capture: plain Python functions that launch Triton kernels -> FX GraphModule.
 
 Kernels are launched the way users write them (`kernel[grid](...)`, grid a tuple or
-`lambda meta: ...`), through `torch.library.wrap_triton`, or inside `torch.library.triton_op`s.
+`lambda meta: ...`), through `torch.library.wrap_triton`, or inside `torch.library.triton_op`s and
+`torch.library.custom_op`s (inlined: Note [Inlining custom ops]).
 The function is traced with make_fx on fake tensors; while tracing, `kernel[grid]` is routed
 through `wrap_triton`, so every launch becomes a `triton_kernel_wrapper_mutation` node and
 ATen ops around it become ATen nodes. Nothing runs on a device during capture.
@@ -32,7 +33,7 @@ from ..scm.tuning import HeuristicFailed, heuristic_values
 from .collectives import check_graph, collectives_as_functional
 from .host_driver import ensure_triton_driver
 from .shared_patch import SharedPatch
-from .inline_triton_ops import has_triton_ops, inline_triton_ops
+from .inline_triton_ops import inline_custom_ops
 
 
 # `kernel[grid]` is routed through wrap_triton only in the thread that traces: the patched
@@ -241,9 +242,7 @@ def capture(
             mode = "symbolic" if dynamic else "fake"
             with _no_duck_sizes() if dynamic else contextlib.nullcontext():
                 gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
-                if has_triton_ops(gm):
-                    log.clear()  # the graph of the second trace is the one kept
-                    gm = inline_triton_ops(gm, example_inputs, mode)
+                gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
         _tag_heuristics(gm, log)
         check_graph(gm)
     except CaptureError:
@@ -252,7 +251,7 @@ def capture(
         raise CaptureError(
             f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {e}\n"
             "Trident captures functions that launch Triton kernels with kernel[grid](...), "
-            "wrap_triton or torch.library.triton_op, plus ATen ops, on tensor inputs."
+            "wrap_triton, torch.library.triton_op or custom_op, plus ATen ops, on tensor inputs."
         ) from e
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}

@@ -356,8 +356,8 @@ class SCMRuntime:
         inputs must have the captured sizes and strides; dtype, device and alignment may change."""
         failed = first_failure(self.layout_guards, inputs)
         if failed is not None:
-            error = GuardError(failed.failure(inputs, [i.name for i in self.program.inputs]))
-            error.region = self.program.name  # raised before this region ran any step
+            # raised before this region ran any step
+            error = GuardError(failed.failure(inputs, [i.name for i in self.program.inputs]), region=self.program.name)
             raise error
 
     def _on_miss(self, region_id: int, inputs: list) -> None:

@@ -111,7 +111,7 @@ class CompiledGraph:
                             args, f"more than TRIDENT_DYNAMO_CAPTURES={knobs.dynamo_captures()} input signatures"
                         )
                     from .. import optimize  # the passes stage: after capture in the pipeline
-                    from .trace import capture
+                    from ..capture.trace import capture
 
                     try:
                         opt = optimize(capture(self.gm, *args))
@@ -153,13 +153,13 @@ class CompiledGraph:
             return opt(*[args[i] for i in positions])
         except GuardError as e:
             # sizes the capture cannot serve, raised before anything ran: a static capture
-            if not (getattr(e, "before_effects", False) or getattr(e, "region", None) == opt.meta.get("trident_retry_region")):
+            if not (e.before_effects or e.region == opt.meta.get("trident_retry_region")):
                 raise
             return None
 
     def _capture_symbolic(self, args):
         from .. import optimize
-        from .trace import capture
+        from ..capture.trace import capture
 
         size_inputs = self._size_inputs
         positions = self._tensor_positions
@@ -234,9 +234,47 @@ def _size_inputs(gm) -> "Optional[dict[int, tuple]]":
 _COMPILED: "list[CompiledGraph]" = []  # every graph the backend compiled, for explain/cache_info
 
 
-def trident_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+# Note [Backend arguments]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.compile(fn, backend="trident", mode=..., options=..., dynamic=..., fullgraph=...) and
+# HF's CompileConfig(backend="trident") (which passes mode="reduce-overhead") hand the backend
+# `mode` and `options`; Dynamo itself consumes `dynamic` (how it marks sizes symbolic: the graphs
+# come symbolic or static, Note [Dynamic Dynamo graphs]) and `fullgraph` (whether a graph break
+# raises). Trident's own behaviour per mode: "default" and "reduce-overhead" are the same --
+# graph replay is Trident's default wherever it pays (Note [Graph replay]); "max-autotune" is
+# taken as "default" (the Triton kernels are the user's, tuned by their own @triton.autotune);
+# "max-autotune-no-cudagraphs" is taken as "default" too, and logged, since graph replay is a
+# process-wide knob (TRIDENT_GRAPHS) and stays as set. `options` are Inductor's; Trident
+# uses none of them and logs the names it got. Any other mode is an error.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_told: set = set()
+
+
+def _take_backend_arguments(mode: Optional[str], options: Optional[dict], unknown: dict) -> None:
+    if unknown:
+        raise TypeError(
+            f"torch.compile(backend='trident') got unexpected backend argument(s) {sorted(unknown)}; "
+            "the trident backend takes mode= and options= (dynamic= and fullgraph= are Dynamo's)"
+        )
+    if mode is not None and mode not in MODES:
+        raise TridentError(
+            f"torch.compile(backend='trident', mode={mode!r}): expected one of {', '.join(map(repr, MODES))}"
+        )
+    if mode == "max-autotune-no-cudagraphs" and mode not in _told:
+        _told.add(mode)
+        logs.misses.info("torch.compile(backend='trident', mode=%r): graph replay follows TRIDENT_GRAPHS (%r)",
+                         mode, knobs.graphs())
+    if options and "options" not in _told:
+        _told.add("options")
+        logs.misses.info("torch.compile(backend='trident'): Inductor options %s are not used by Trident",
+                         sorted(options))
+
+
+def trident_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: Optional[str] = None,
+                    options: Optional[dict] = None, **unknown) -> Callable:
     """The Dynamo backend registered as "trident" (on import, and as a torch_dynamo_backends
-    entry point of the trident-scm distribution)."""
+    entry point of the trident-scm distribution); mode and options: Note [Backend arguments]."""
+    _take_backend_arguments(mode, options, unknown)
     compiled = CompiledGraph(gm, _stack_frames(), _frame_module(), _static_key(example_inputs))
     _COMPILED.append(compiled)
     return compiled
@@ -415,7 +453,7 @@ def install_disabled_function_rule() -> bool:
         if not (_traceable_disabled(fn) and not original_allowed(fn)):
             return original_call(self, tx, *args, **kwargs)
         from .. import triton_state
-        from .trace import _launches_as_hops
+        from ..capture.trace import _launches_as_hops
 
         try:
             with triton_state.exclusive(), _launches_as_hops([]):

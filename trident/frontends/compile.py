@@ -1,0 +1,536 @@
+"""trident.compile(fn): the Dynamo-free front door.
+
+Note [What trident.compile guards]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The first call with a given input signature runs `fn` eagerly (state that programs create
+lazily on their first call, an HF Cache's tensors, then exists as real tensors); the second
+captures it (trident.capture, over the flattened tensors) and optimizes it; later calls with
+that signature go straight into the optimized graph, whose guards on tensors are native:
+torch's own TensorGuards (the C++ checks of Dynamo's frames: dtype, device, sizes, strides,
+dispatch keys; ~0.1 µs a tensor) pick the capture among those of one structure, then the SCM's
+guards run as always. Python computes per call only what is not a tensor:
+  * the pytree structure of (args, kwargs): positional count, keyword names, nesting of tuples,
+    lists, dicts and registered pytree nodes;
+  * the state of every other object among the arguments (Note [State the function is passed]):
+    its class, attribute names and containers, its tensors (inputs of the capture, like the
+    arguments' tensors) and Python values; an object's identity is not part of it (a new HF
+    Cache of the same shape reuses the capture of the last one);
+  * per tensor: its place only; dtype, device, sizes and strides are the native guards'
+    (a new shape is a new capture, cached; only then are they computed in Python, to key it);
+  * per int: its value, compared with the capture's, except ints that changed between calls
+    (made symbolic, below); per other value (float, bool, str, None, dtype, device) its value;
+    per opaque object (a module, a function passed as an argument) its identity;
+  * a process-wide count of nn.Module parameter and buffer registrations: assigning a new
+    Parameter or buffer to any module (`m.weight = nn.Parameter(...)`, `register_buffer`)
+    makes the next call capture again (torch's registration hooks; nothing is walked per call).
+After each call of a capture, what the function did to the objects it was passed (tensors it
+assigned, counters it advanced) is done to the caller's objects (Note [State the function is
+passed]).
+Sizes (`dynamic`, as torch.compile's; Note [Symbolic sizes]): with the default (None) the first
+capture of a family of signatures (one structure, tensor dtypes, devices and ranks) is static; a
+later signature of the family that differs in sizes, strides or ints is captured once more with
+symbolic sizes, and that capture serves every size after it (its TensorGuards check dtype,
+device and rank; the SCM's native guards the sizes). Ints that differed are symbolic in it too
+(as Dynamo's automatic dynamic: a token count that advances every step is served by one
+capture). Sizes and ints 0 and 1 are specialized by the symbolic trace, so each as 0, 1 or
+"2 or more" is part of the structure. A symbolic capture that cannot serve a call (a size the
+traced code compared) raises before running anything, and that call gets a static capture of
+its own. dynamic=True: symbolic from the first capture; False: a static capture per signature.
+A call Trident cannot capture (CaptureError, UnsupportedError) runs eagerly for its signature,
+with a warning (`eager_reason`), as torch.compile(backend="trident") does; explain() says for
+every eager call why, naming the leaf that changed (`cache.seen: 33 -> 34`).
+At most TRIDENT_COMPILE_CAPTURES (8) captures are kept per function, the oldest dropped first.
+NOT guarded: Python globals and module attributes other than registered parameters and buffers
+(a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor).
+Tensors the function reads without being passed them are bound by identity (Note [Closed-over
+tensors]): their in-place updates are seen.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import knobs, logs
+from ..capture.trace import _roots, capture
+from ..errors import CaptureError, GuardError, TridentError
+from ..optimize import optimize
+from . import state
+
+_VALUE_TYPES = (int, float, bool, str, type(None))
+_TENSOR = object()  # a tensor's place in a signature and an output template
+_INT = object()  # an int's place in a structure (its value is compared apart)
+_generation = [0]  # bumped by torch's parameter/buffer registration hooks
+_hooks_installed = False
+_hooks_lock = threading.Lock()
+_EAGER_LOG = 16  # eager calls whose reasons explain() lists, the latest
+
+_tracing = threading.local()  # set while this thread captures: make_fx registers the graph's constants
+
+
+def _bump(module, *_args, **_kwargs):
+    if getattr(_tracing, "active", False) or isinstance(module, torch.fx.GraphModule):
+        return
+    _generation[0] += 1
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    with _hooks_lock:
+        if not _hooks_installed:
+            torch.nn.modules.module.register_module_parameter_registration_hook(_bump)
+            torch.nn.modules.module.register_module_buffer_registration_hook(_bump)
+            _hooks_installed = True
+
+
+class _Identity:
+    """A signature entry for an object matched by identity. It holds the object, so its id
+    cannot be reused by another object while a capture keyed by it exists."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+def signature(leaves, tensor_facts: bool = True) -> tuple:
+    """The key of a call: per tensor its dtype, device, sizes and strides (only its place, with
+    tensor_facts=False: native guards check the rest), per value its value, else identity."""
+    key = []
+    for a in leaves:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.device, tuple(a.shape), tuple(a.stride())) if tensor_facts else _TENSOR)
+        elif isinstance(a, _VALUE_TYPES):
+            key.append((type(a), a))
+        else:
+            key.append(_Identity(a))
+    return tuple(key)
+
+
+def _entry(a):
+    """A leaf's part of a structure: tensors and ints by place, other values by value, walked
+    objects by class (their contents are leaves of their own), anything else by identity."""
+    if isinstance(a, torch.Tensor):
+        return _TENSOR
+    if type(a) is int:
+        return _INT
+    if isinstance(a, state.VALUE_TYPES):
+        return (type(a), a)
+    if state.walkable(a):
+        return type(a)
+    return _Identity(a)
+
+
+def _size_class(n: int):
+    """0, 1 or 2 (>= 2): what a symbolic trace specializes a size or int on (negative: itself)."""
+    return n if n < 2 else 2
+
+
+class _Call:
+    """One call flattened (Note [State the function is passed]): the pytree leaves of (args,
+    kwargs), then the leaves of the state of the objects among them."""
+
+    __slots__ = ("args", "kwargs", "spec", "n_args", "roots", "root_pos", "walk", "leaves", "tensor_pos",
+                 "int_pos", "tensors", "ints", "structure")
+
+    def __init__(self, args, kwargs, dynamic):
+        self.args, self.kwargs = args, kwargs
+        arg_leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        self.n_args = len(arg_leaves)
+        self.root_pos = [i for i, a in enumerate(arg_leaves) if state.walkable(a)]
+        self.roots = [arg_leaves[i] for i in self.root_pos]
+        self.walk = state.walk(self.roots)
+        self.leaves = leaves = arg_leaves + [v for _, _, v in self.walk.leaves]
+        self.tensor_pos = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
+        self.int_pos = [i for i, a in enumerate(leaves) if type(a) is int]
+        self.tensors = [leaves[i] for i in self.tensor_pos]
+        self.ints = tuple(leaves[i] for i in self.int_pos)
+        nodes = tuple((r, steps, kind, keys) for r, steps, _, kind, keys in self.walk.nodes)
+        places = tuple((r, steps) for r, steps, _ in self.walk.leaves)
+        structure = (self.spec, tuple(_entry(a) for a in leaves), nodes, places, self.walk.truncated)
+        if dynamic is not False:
+            structure += (
+                tuple(tuple(_size_class(s) for s in t.shape) for t in self.tensors),
+                tuple(_size_class(n) for n in self.ints),
+            )
+        self.structure = structure
+
+    def key(self) -> tuple:
+        """The exact signature: the structure, every tensor's facts, every int's value."""
+        return (self.structure, signature(self.tensors), self.ints)
+
+    def family(self) -> tuple:
+        """Signatures that differ in sizes, strides and ints only."""
+        return (self.structure, tuple((t.dtype, t.device, t.dim()) for t in self.tensors))
+
+
+@dataclass
+class _Outputs:
+    """What a capture returns besides its graph's outputs (Note [State the function is passed])."""
+
+    spec: Any  # the pytree spec of fn's result
+    template: list  # per result leaf: _TENSOR, ("int", SymbolicInt), ("path", (root, steps)) or ("const", v)
+    n_user: int  # the graph's first n_user outputs are the result's tensors; the rest feed `writes`
+    writes: list  # state.Write
+    dynamic_ints: tuple  # positions among the call's ints passed as symbolic sizes
+
+
+@dataclass
+class _Entry:
+    """A capture reachable from a structure: its native tensor guards, the ints it fixes."""
+
+    guards: Any
+    int_positions: tuple
+    int_values: tuple
+    key: tuple
+
+
+class CompiledFunction:
+    """What trident.compile returns (Note [What trident.compile guards])."""
+
+    def __init__(self, fn: Callable[..., Any], dynamic: Optional[bool] = None):
+        self.fn = fn
+        self.dynamic = dynamic
+        self._structures: set = set()  # families called at least once (Note [Symbolic sizes])
+        self._symbolic_failed: set = set()  # families whose symbolic capture could not be made
+        self._family_ints: dict = {}  # family -> the ints of its first call
+        self._family_dynamic: dict = {}  # family -> positions of ints that changed within it
+        self._refused: dict = {}  # signature -> why Trident cannot capture it (it runs eagerly)
+        self.eager_reason: Optional[str] = None  # the last reason a capture was refused
+        self.eager_log: collections.deque = collections.deque(maxlen=_EAGER_LOG)  # why each eager call ran so
+        self.captures: dict[tuple, torch.fx.GraphModule] = {}
+        self._outputs: dict[tuple, _Outputs] = {}
+        # per structure: [_Entry], static captures first; replaced, never mutated, so the hit
+        # path reads it without the lock
+        self._guarded: dict[tuple, list] = {}
+        self._seen: set = set()  # signatures called once (eagerly)
+        self._last: Optional[dict] = None  # the leaves of the last call that missed, described
+        self.eager_calls = 0
+        self._generation = _generation[0]
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn, updated=())
+
+    # Dynamo never traces into a trident.compile'd function (HF's generate() compiles the model's
+    # __call__ around it for static caches): it calls it, as a torch.compiler.disable'd function.
+    @torch.compiler.disable
+    def __call__(self, *args, **kwargs):
+        if self._generation != _generation[0]:  # a parameter or buffer was (re)assigned somewhere
+            with self._lock:
+                for table in (self.captures, self._outputs, self._guarded, self._structures, self._symbolic_failed,
+                              self._family_ints, self._family_dynamic, self._refused):
+                    table.clear()
+                self._seen = set()
+                self._generation = _generation[0]
+        call = _Call(args, kwargs, self.dynamic)
+        # The hit path: tensors checked by native guards only (torch's own TensorGuards, those
+        # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys; for a symbolic
+        # capture dtype, device and rank, the SCM's guards check the sizes).
+        ints = call.ints
+        for e in self._guarded.get(call.structure, ()):
+            if tuple(ints[i] for i in e.int_positions) == e.int_values and e.guards.check(*call.tensors):
+                opt = self.captures.get(e.key)
+                if opt is not None:
+                    return self._run(opt, e.key, call)
+        return self._miss(call)
+
+    def _miss(self, call: _Call):
+        key = call.key()
+        opt = self.captures.get(key)
+        if opt is None and key in self._refused:  # Trident cannot capture it: eager, as the backend does
+            return self._eager(call, self._refused[key])
+        if opt is not None:
+            return self._run(opt, key, call)
+        with self._lock:
+            opt = self.captures.get(key)
+            family = call.family()
+            first_ints = self._family_ints.setdefault(family, call.ints)
+            dynamic_ints = tuple(sorted(set(self._family_dynamic.get(family, ())) | {
+                i for i, (a, b) in enumerate(zip(first_ints, call.ints)) if a != b and a >= 0 and b >= 2
+            }))
+            self._family_dynamic[family] = dynamic_ints
+            # A symbolic capture (Note [Symbolic sizes]) once a second signature of one
+            # family comes (sizes or ints changed: as torch.compile's automatic dynamic shapes),
+            # or from the first capture with dynamic=True.
+            symbolic = opt is None and family not in self._symbolic_failed and (
+                self.dynamic is True or (self.dynamic is None and family in self._structures and key not in self._seen)
+            )
+            first = opt is None and key not in self._seen and (self.dynamic is False or family not in self._structures)
+            self._structures.add(family)
+            reason = None
+            if first:
+                self._seen.add(key)
+                reason = self._why_new(call)
+            elif opt is None:
+                while len(self.captures) >= knobs.compile_captures():  # the oldest goes first
+                    self._drop(next(iter(self.captures)))
+                if symbolic:
+                    try:
+                        opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
+                    except Exception as e:  # noqa: BLE001 - served by a static capture instead
+                        self._symbolic_failed.add(family)
+                        logs.misses.info(
+                            "trident.compile(%s): no symbolic capture (%s: %s); capturing these sizes statically",
+                            self._name, type(e).__name__, str(e).splitlines()[0],
+                        )
+                if opt is None:
+                    try:
+                        opt = self._capture(call, key)
+                    except TridentError as e:
+                        if not symbolic and self.dynamic is not False and family not in self._symbolic_failed:
+                            try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
+                                opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
+                            except Exception:  # noqa: BLE001 - the static error is the one to report
+                                self._symbolic_failed.add(family)
+                        if opt is None:
+                            reason = f"Trident cannot capture this call: {type(e).__name__}: {str(e).splitlines()[0]}"
+                            self._refused[key] = reason
+                            self.eager_reason = reason
+                            logs.misses.warning("trident.compile(%s): %s; it runs eagerly", self._name, reason)
+                if opt is not None and key not in self.captures:
+                    self._register(call, key, opt)
+        if opt is None:
+            return self._eager(call, reason)
+        return self._run(opt, key, call)
+
+    @property
+    def _name(self) -> str:
+        return getattr(self.fn, "__name__", "fn")
+
+    def _register(self, call: _Call, key, opt) -> None:
+        self.captures[key] = opt
+        info = self._outputs[key]
+        symbolic = opt.meta.get("trident_symbolic", False)
+        fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
+        entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key)
+        entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
+        # static captures first: a symbolic one serves what none of them does
+        self._guarded = {**self._guarded, call.structure: [entry] + entries if not symbolic else entries + [entry]}
+
+    def _drop(self, old) -> None:
+        del self.captures[old]
+        self._outputs.pop(old, None)
+        self._seen.discard(old)
+        self._guarded = {s: [e for e in entries if e.key != old] for s, entries in self._guarded.items()}
+
+    def _eager(self, call: _Call, reason: str):
+        self.eager_calls += 1
+        self.eager_log.append(reason)
+        return self.fn(*call.args, **call.kwargs)
+
+    def _why_new(self, call: _Call) -> str:
+        """Why a call is its signature's first, in the caller's words: the leaves that differ
+        from the last call that missed (`cache.seen: 33 -> 34`, `x: float32[4, 8] -> float32[4, 9]`)."""
+        now = dict(zip(self._leaf_names(call), map(_describe, call.leaves)))
+        last, self._last = self._last, now
+        if last is None:
+            return "the first call of this function: it runs eagerly, state made on a first call then exists"
+        changed = [f"{n}: {last.get(n, 'absent')} -> {v}" for n, v in now.items() if last.get(n) != v]
+        changed += [f"{n}: {v} -> absent" for n, v in last.items() if n not in now]
+        if not changed:
+            return "a new signature (the same leaves as the last call that missed: an earlier capture was dropped)"
+        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+        return "a new signature, run eagerly once: " + "; ".join(changed[:4]) + more
+
+    def _leaf_names(self, call: _Call) -> list[str]:
+        names = _leaf_names(self.fn, call.args, call.kwargs)
+        roots = [names[i] for i in call.root_pos]
+        return names + [state.path_text(roots[r], steps) for r, steps, _ in call.walk.leaves]
+
+    def _run(self, opt, key, call: _Call):
+        info = self._outputs[key]
+        ints = [call.ints[i] for i in info.dynamic_ints]
+        try:
+            results = opt(*call.tensors, *map(state.carrier, ints))
+        except GuardError as e:
+            # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
+            # compared). When the capture raised before anything ran, this call gets a static
+            # capture of its own (Note [Symbolic sizes]).
+            if not opt.meta.get("trident_symbolic") or not (
+                e.before_effects or e.region == opt.meta.get("trident_retry_region")
+            ):
+                raise
+            exact = call.key()
+            with self._lock:
+                static = self.captures.get(exact)
+                if static is None or static is opt:
+                    if static is opt:
+                        self._drop(exact)
+                    static = self._capture(call, exact)
+                    self.captures[exact] = static
+                    entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, exact)
+                    self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
+            return self._run(static, exact, call)
+        n = info.n_user
+        if info.writes:
+            state.apply_writes(info.writes, call.roots, call.leaves, results[n:], ints)
+        it = iter(results[:n])
+        out = []
+        for t in info.template:
+            if t is _TENSOR:
+                out.append(next(it))
+            elif t[0] == "int":
+                out.append(t[1].fn(*ints))
+            elif t[0] == "path":
+                out.append(state.get_path(call.roots[t[1][0]], t[1][1]))
+            else:
+                out.append(t[1])
+        return pytree.tree_unflatten(out, info.spec)
+
+    def _capture(self, call: _Call, key, dynamic: bool = False, dynamic_ints: tuple = ()) -> torch.fx.GraphModule:
+        """The call's tensors (and its dynamic ints, as carriers) become the graph's inputs;
+        every other leaf is a constant of this capture (the signature keys it), so objects
+        make_fx cannot take (an HF Cache) are fine; what fn does to the state it is passed is
+        recorded as writes (Note [State the function is passed])."""
+        fn = self.fn
+        n_args, leaves, walk, roots = call.n_args, call.leaves, call.walk, call.roots
+        tensor_pos = call.tensor_pos
+        dynamic_pos = [call.int_pos[i] for i in dynamic_ints] if dynamic else []
+        names = self._leaf_names(call)
+        root_names = [names[i] for i in call.root_pos]
+        recorded: dict = {}
+
+        def flat(*inputs):
+            full = list(leaves)
+            for i, t in zip(tensor_pos, inputs):
+                full[i] = t
+            symbols = {}
+            for k, (i, c) in enumerate(zip(dynamic_pos, inputs[len(tensor_pos):])):
+                full[i] = n = c.size(0)
+                if isinstance(n, torch.SymInt):
+                    symbols[n.node.expr] = k
+            installed = full[n_args:]
+            traced_ids = {id(full[i]): i for i in tensor_pos}
+            snapshot = state.Snapshot(walk)
+            try:
+                for (r, steps, old), new in zip(walk.leaves, installed):
+                    if new is not old:
+                        state.set_path(roots[r], steps, new)
+                args, kwargs = pytree.tree_unflatten(full[:n_args], call.spec)
+                result = fn(*args, **kwargs)
+                writes, extra = state.record_writes(walk, snapshot, installed, n_args, traced_ids, roots,
+                                                    root_names, symbols)
+            except state.Unreplayable as e:
+                raise CaptureError(f"{e}") from None
+            finally:
+                snapshot.restore()
+            # The graph returns the tensor leaves of the result, then the tensors the state
+            # gets; the rest of the result (an HF output's Cache object, Python values) is put
+            # back around them on every call.
+            out_leaves, out_spec = pytree.tree_flatten(result)
+            places = {id(obj): (r, ()) for r, obj in enumerate(roots)}
+            for r, steps, obj, _, _ in walk.nodes:
+                places.setdefault(id(obj), (r, steps))
+            template = []
+            for t in out_leaves:
+                if isinstance(t, torch.Tensor):
+                    template.append(_TENSOR)
+                elif isinstance(t, torch.SymInt):
+                    s = state.symbolic_int(t, symbols)
+                    if s is None:
+                        raise CaptureError(f"{self._name} returns an int computed from tensor sizes ({t})")
+                    template.append(("int", s))
+                elif id(t) in places:
+                    template.append(("path", places[id(t)]))
+                else:
+                    template.append(("const", t))
+            user = [t for t in out_leaves if isinstance(t, torch.Tensor)]
+            recorded["info"] = _Outputs(out_spec, template, len(user), writes, tuple(dynamic_ints) if dynamic else ())
+            return (*user, *extra)
+
+        flat.__name__ = self._name
+        # The caller's names for the graph's inputs and for the tensors fn holds (Note [The
+        # caller's names]): `input_ids`, `self_model_layers_0_mlp_up_proj_weight`,
+        # `past_key_values_layers_0_keys`.
+        flat.__trident_roots__ = _roots(fn, leaves[:n_args], names[:n_args])
+        examples = [leaves[i] for i in tensor_pos] + [state.carrier(leaves[i]) for i in dynamic_pos]
+        input_names = [names[i] for i in tensor_pos] + [names[i] for i in dynamic_pos]
+        _tracing.active = True
+        try:
+            opt = optimize(capture(flat, *examples, input_names=input_names, dynamic=dynamic))
+        finally:
+            _tracing.active = False
+        self._outputs[key] = recorded["info"]
+        return opt
+class _FactGuards:
+    """The same check in Python, where a torch build lacks TensorGuards' interface."""
+
+    def __init__(self, tensors, symbolic: bool = False):
+        self.symbolic = symbolic
+        self.facts = self._facts(tensors)
+
+    def _facts(self, tensors):
+        if self.symbolic:
+            return tuple((t.dtype, t.device, t.dim()) for t in tensors)
+        return signature(tensors)
+
+    def check(self, *tensors) -> bool:
+        return self._facts(tensors) == self.facts
+
+
+def _tensor_guards(tensors, symbolic: bool = False):
+    """Native guards on the tensors of a capture: torch's TensorGuards (what Dynamo's frames
+    check), static sizes and strides; for a symbolic capture, every size and stride dynamic
+    (None): the SCM's guards check them."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[[None] * t.dim() if symbolic else list(t.size()) for t in tensors],
+            dynamic_dims_strides=[[None] * t.dim() if symbolic else list(t.stride()) for t in tensors],
+        )
+    except (ImportError, TypeError, RuntimeError, SystemError):
+        return _FactGuards(tensors, symbolic)
+
+
+def _leaf_names(fn, args, kwargs) -> list[str]:
+    """Per leaf of pytree.tree_flatten((args, kwargs)): fn's parameter name (or the keyword)
+    and the path inside it (`inputs.1`, `batch.attention_mask`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        positional = []
+    names = []
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        side, first, rest = path[0], path[1], path[2:]
+        if getattr(side, "idx", 0) == 0:
+            i = first.idx
+            base = positional[i] if i < len(positional) else f"args_{i}"
+        else:
+            base = str(first.key)
+        parts = [base] + [str(getattr(k, "idx", getattr(k, "key", getattr(k, "name", k)))) for k in rest]
+        names.append(".".join(parts))
+    return names
+
+
+def compile(fn: Callable[..., Any], dynamic: Optional[bool] = None) -> CompiledFunction:  # noqa: A001 - like torch.compile
+    """Trident without Dynamo: capture on the first call per input signature, then only native
+    guards (Note [What trident.compile guards]). `model.forward = trident.compile(model.forward)`.
+    `dynamic` as torch.compile's: None captures the first sizes statically and, once sizes
+    change, captures again with symbolic sizes that serve every size (Note [Symbolic sizes]);
+    True is symbolic from the first capture; False captures each new size statically."""
+    _install_hooks()
+    return CompiledFunction(fn, dynamic)
+
+
+def _describe(a) -> str:
+    """A leaf in a few words, for explain()'s reasons."""
+    if isinstance(a, torch.Tensor):
+        return f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}"
+    if isinstance(a, state.VALUE_TYPES):
+        return repr(a)[:40]
+    return f"a {type(a).__name__}"
