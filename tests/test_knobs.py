@@ -263,24 +263,42 @@ def test_native_paths():
 
 
 def test_dynamo_trace_disabled():
+    """'auto' (default): every module checked; '+'/'-' (a bare prefix is '+') force per module,
+    the longest prefix deciding ('*' the shortest); an off spelling: never kept."""
+    check = knobs.ModuleRules("check")
     with knobs.scope(dynamo_trace_disabled=None):
-        assert knobs.dynamo_trace_disabled() == ("liger_kernel",)
-    for raw, prefixes in [
-        ("liger_kernel", ("liger_kernel",)),
-        ("a, b.c ,", ("a", "b.c")),
-        ("*", ("*",)),
-        ("*,liger_kernel", ("*", "liger_kernel")),
-        ("Pkg.Sub_1", ("Pkg.Sub_1",)),
+        assert knobs.dynamo_trace_disabled() == check
+    for raw, rules in [
+        ("auto", check),
+        (" AUTO ", check),
+        ("liger_kernel", knobs.ModuleRules("check", (("liger_kernel", "trace"),))),
+        ("+a, -b.c ,", knobs.ModuleRules("check", (("a", "trace"), ("b.c", "break")))),
+        ("*", knobs.ModuleRules("check", (("*", "trace"),))),
+        ("-*,+liger_kernel", knobs.ModuleRules("check", (("*", "break"), ("liger_kernel", "trace")))),
+        ("auto,- Pkg.Sub_1", knobs.ModuleRules("check", (("Pkg.Sub_1", "break"),))),
+        ("+a,a", knobs.ModuleRules("check", (("a", "trace"),))),
     ]:
         with knobs.scope(dynamo_trace_disabled=raw):
-            assert knobs.dynamo_trace_disabled() == prefixes, raw
+            assert knobs.dynamo_trace_disabled() == rules, raw
     for raw in FALSE:
         with knobs.scope(dynamo_trace_disabled=raw):
-            assert knobs.dynamo_trace_disabled() == (), raw
-    for raw in ["a b", "a..b", ".a", "a.", "1pkg", "a;b", "a/b"]:
+            assert knobs.dynamo_trace_disabled() == knobs.ModuleRules("break"), raw
+    for raw in ["a b", "a..b", ".a", "a.", "1pkg", "a;b", "a/b", "+", "-", "++a", ",", "+a,-a"]:
         with knobs.scope(dynamo_trace_disabled=raw), pytest.raises(knobs.KnobError) as info:
             knobs.dynamo_trace_disabled()
-        assert "TRIDENT_DYNAMO_TRACE_DISABLED" in str(info.value) and "module prefixes" in str(info.value)
+        assert "TRIDENT_DYNAMO_TRACE_DISABLED" in str(info.value) and "module prefixes" in str(info.value), raw
+    rules = knobs.PrefixRules().parse("TRIDENT_DYNAMO_TRACE_DISABLED", "-*,+lib,-lib.private,mylib")
+    for module, action in [
+        ("lib", "trace"),
+        ("lib.ops", "trace"),
+        ("libx", "break"),  # a prefix names whole dotted parts
+        ("lib.private", "break"),
+        ("lib.private.x", "break"),
+        ("mylib.a", "trace"),
+        ("other", "break"),
+    ]:
+        assert rules.action(module) == action, module
+    assert check.action("anything") == "check" and knobs.ModuleRules("break").action("lib") == "break"
 
 
 def test_log():

@@ -20,7 +20,8 @@ from . import knobs  # noqa: F401  (TRIDENT_* settings, with knobs.scope for tes
 from . import runtime  # noqa: F401  (loads the native op and its fake kernels)
 from .capture import capture
 from .frontends.compile import compile  # noqa: A004 - trident.compile, like torch.compile
-from .optimize import cache_info, explain, optimize, scm_text
+from .optimize import optimize
+from .frontends.explain import cache_info, explain, scm_text
 from .runtime.profile import profile
 from . import logs as _logs
 from .frontends import dynamo as _dynamo

@@ -16,6 +16,8 @@ spaces around them ignored:
   Names     a comma list of names from a fixed set (and 'all' where the knob allows it); a
             lone off spelling is the empty list
   Prefixes  a comma list of dotted module prefixes, '*' for any; a lone off spelling is none
+  PrefixRules  'auto', or a comma list of module prefixes each marked '+' (always) or '-'
+            (never), a bare prefix being '+'; a lone off spelling is never (ModuleRules)
 
 A value that does not parse raises KnobError (a TridentError and a ValueError) naming the
 variable, the value that came and what is expected.
@@ -186,7 +188,63 @@ class Prefixes:
         return f"a comma list of module prefixes (a.b) or '*'; none: {_spellings(FALSE)}"
 
 
-KnobType = Union[Bool, Int, Float, Str, Choice, Names, Prefixes]
+@dataclass(frozen=True)
+class ModuleRules:
+    """A PrefixRules value: per module, "trace", "break" or "check". The longest entry of
+    `forced` that names the module decides ('*' names every module, as the shortest prefix);
+    `rest` decides for modules no entry names."""
+
+    rest: str  # "check" or "break"
+    forced: tuple[tuple[str, str], ...] = ()  # (prefix or '*', "trace" or "break")
+
+    def action(self, module: str) -> str:
+        longest, action = -1, self.rest
+        for prefix, forced in self.forced:
+            if prefix == "*":
+                length = 0
+            elif module == prefix or module.startswith(prefix + "."):
+                length = len(prefix)
+            else:
+                continue
+            if length > longest:
+                longest, action = length, forced
+        return action
+
+
+@dataclass(frozen=True)
+class PrefixRules(Prefixes):
+    """'auto' (the check everywhere), or a comma list of dotted module prefixes ('*': any
+    module), each '+prefix' (always "trace"), '-prefix' (always "break") or a bare prefix (as
+    '+': what a bare list meant when it named the only modules traced), with 'auto' allowed
+    among them; modules no entry names get "check". A lone off spelling: "break" everywhere."""
+
+    def parse(self, env: str, raw: str) -> ModuleRules:  # type: ignore[override]
+        if _word(raw) in FALSE:
+            return ModuleRules("break")
+        forced: dict[str, str] = {}
+        entries = [e.strip() for e in raw.split(",") if e.strip()]
+        if not entries:
+            raise _fail(env, raw, self.expected())
+        for entry in entries:
+            if entry.lower() == "auto":
+                continue
+            action = "break" if entry[0] == "-" else "trace"
+            prefix = entry[1:].strip() if entry[0] in "+-" else entry
+            if prefix != "*" and not all(part.isidentifier() for part in prefix.split(".")):
+                raise KnobError(f"{env}={raw!r}: not a module prefix {entry!r}; expected {self.expected()}")
+            if forced.get(prefix, action) != action:
+                raise KnobError(f"{env}={raw!r}: {prefix!r} is both '+' and '-'; expected {self.expected()}")
+            forced[prefix] = action
+        return ModuleRules("check", tuple(forced.items()))
+
+    def expected(self) -> str:
+        return (
+            "'auto', or a comma list of module prefixes (a.b) or '*', each +prefix (always traced), -prefix "
+            f"(never) or bare (as +), with 'auto' allowed among them; off: {_spellings(FALSE)}"
+        )
+
+
+KnobType = Union[Bool, Int, Float, Str, Choice, Names, Prefixes]  # PrefixRules is a Prefixes
 
 
 @dataclass(frozen=True)
@@ -287,11 +345,14 @@ _KNOBS = {
     ),
     "dynamo_trace_disabled": _Knob(
         "TRIDENT_DYNAMO_TRACE_DISABLED",
-        "liger_kernel",
-        "torch.compile(backend='trident'): modules (comma list of prefixes; '*': any outside torch; '': none) whose "
-        "torch.compiler.disable()d functions stay in the graph for Trident to trace instead of a graph break "
-        '(Note [Disabled functions under backend="trident"])',
-        Prefixes(),
+        "auto",
+        "torch.compile(backend='trident'): which torch.compiler.disable()d functions of modules outside torch and "
+        "Trident stay in the graph for Trident to trace instead of a graph break (Note [Disabled functions under "
+        "backend=\"trident\"]): 'auto' (default) keeps those whose run at compile time changes no Python state they "
+        "can reach; '+prefix' always keeps a module's (the user vouches for it), '-prefix' never does, a bare prefix "
+        "is '+' (so 'liger_kernel' and '*' keep their meaning for those modules; the rest get the check: add '-*' "
+        "for the old 'only these'); off ('', 0, none, ...): never, graph breaks as plain Dynamo",
+        PrefixRules(),
     ),
     "compile_captures": _Knob(
         "TRIDENT_COMPILE_CAPTURES",
@@ -402,7 +463,9 @@ def dynamo_symbolic() -> bool:
     return _KNOBS["dynamo_symbolic"].value()
 
 
-def dynamo_trace_disabled() -> tuple[str, ...]:
+def dynamo_trace_disabled() -> ModuleRules:
+    """TRIDENT_DYNAMO_TRACE_DISABLED: `.action(module)` is "trace", "check" or "break" for a
+    torch.compiler.disable()d function defined in `module`."""
     return _KNOBS["dynamo_trace_disabled"].value()
 
 

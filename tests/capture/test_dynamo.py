@@ -219,15 +219,16 @@ def test_disabled_function_stays_in_the_trident_graph(device, trace_test_modules
     assert stats["misses"] == 0 and stats["hits"] == 3
 
 
-def test_disabled_functions_of_modules_not_named_break_the_graph(device):
-    """The default names Liger-Kernel only: a disabled function elsewhere breaks the graph (it may
-    keep Python state a fake run would corrupt), as does any with the rule off."""
+def test_disabled_functions_with_the_rule_off_or_excluded_break_the_graph(device):
+    """By default a pure disabled function of any library stays in the graph (the checked rule,
+    Note [Disabled functions under backend="trident"]); with the rule off, or its module
+    excluded, it breaks the graph as under plain Dynamo."""
     x, y = torch.randn(300, device=device), torch.randn(300, device=device)
-    for value in (None, ""):
+    for value, want in ((None, 1), ("", 2), ("-tests", 2)):
         with knobs.scope(**({} if value is None else {"dynamo_trace_disabled": value})):
             out, graphs = _dynamo_graphs(_around_disabled, "trident", x, y)
         torch.testing.assert_close(out, _around_disabled_reference(x, y))
-        assert graphs == 2
+        assert graphs == want, value
         torch._dynamo.reset()
 
 
@@ -310,7 +311,7 @@ def test_graph_trident_cannot_capture_runs_eagerly(device, monkeypatch):
     Dynamo's graph, eagerly, for that signature; a warning and explain() say why."""
     import logging
 
-    from trident.capture import trace
+    from trident.frontends import dynamo
 
     def refuse(*args, **kwargs):
         raise trident.CaptureError("could not capture: a construct Trident does not support")
@@ -321,7 +322,7 @@ def test_graph_trident_cannot_capture_runs_eagerly(device, monkeypatch):
         def emit(self, record):
             records.append(record)
 
-    monkeypatch.setattr(trace, "capture", refuse)
+    monkeypatch.setattr(dynamo, "capture", refuse)
     start = len(compiled_graphs())
     compiled = torch.compile(_program, backend="trident")
     keep = Keep(level=logging.WARNING)

@@ -97,6 +97,21 @@ def untuned_reference(x):
     return -x * 3.0
 
 
+def language_state() -> dict:
+    """What Triton's interpreter patches while a kernel runs: triton.language, its core and math
+    modules, and the tensor and dtype classes."""
+    return {(owner.__name__, name): value
+            for owner in (tl, tl.core, tl.math, tl.tensor, tl.dtype)
+            for name, value in list(vars(owner).items())}
+
+
+def still_patched(before: dict) -> list:
+    """Names that eager launches left changed (Triton's interpreter once left
+    triton.language.core patched after a kernel calling tl.sum)."""
+    now = language_state()
+    return sorted(f"{owner}.{name}" for (owner, name), value in before.items() if now.get((owner, name)) is not value)
+
+
 def phase(fn, ref=reference) -> str:
     try:
         x = torch.randn(100)
@@ -106,12 +121,14 @@ def phase(fn, ref=reference) -> str:
         return f"{type(e).__name__}: {str(e)[:200]}"
 
 
+pristine = language_state()
 result = {
     "kernel_type": type(scale_kernel).__name__,
     "eager_reduction_first": phase(reduction, lambda x: x.sum().reshape(1)),
     "eager_untuned_before": phase(untuned_program, untuned_reference),
     "eager_before": phase(program),
 }
+result["patched_after_eager"] = still_patched(pristine)[:10]
 opt = trident.optimize(trident.capture(program, torch.randn(100)))
 result["trident"] = phase(opt)
 result["scm_nodes"] = sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes)

@@ -95,6 +95,11 @@ def ensure_triton_driver() -> None:
 def install_without_gpu() -> None:
     """At `import trident`: on a machine without a GPU, Trident's driver from the start, so that
     Dynamo traces Triton launches in torch.compile(backend="trident") from its first frame and
-    eager kernels run interpreted. With a GPU, Triton's own driver is left alone."""
+    eager kernels run interpreted. With a GPU, Triton's own driver is left alone. Either way,
+    TRITON_INTERPRET=1 device-function calls stop leaving triton.language patched (Note
+    [Interpreted device functions end their patch] in trident/triton_state.py)."""
+    from .. import triton_state
+
+    triton_state.install()
     if not torch.cuda.is_available():
         ensure_triton_driver()

@@ -240,7 +240,8 @@ def capture(
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
-            with _no_duck_sizes() if dynamic else contextlib.nullcontext():
+            with _no_duck_sizes() if dynamic else contextlib.nullcontext(), \
+                    _SYMINT_INDEXING.held() if dynamic else contextlib.nullcontext():
                 gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
                 gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
         _tag_heuristics(gm, log)
@@ -274,6 +275,43 @@ def capture(
         gm.meta["trident_shape_env"] = _shape_env(gm)
     _name_inputs(gm, fn, example_inputs, input_names)
     return gm
+
+
+# Note [Indexing by a symbolic int]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `table[n]` with n a SymInt (a token count made symbolic, Note [State the function is passed])
+# goes through Tensor.__getitem__'s C++ argument parsing, which reads n with __index__ and so
+# specializes it: the capture would serve one count only. Dynamo traces __getitem__ itself and
+# keeps n symbolic. While a symbolic capture traces, an index that holds SymInts among plain
+# ints and slices is applied as the select/slice ops it means (the same ATen ops eager runs),
+# which keep n symbolic; every other index takes Tensor.__getitem__ unchanged.
+_ORIGINAL_TENSOR_GETITEM = torch.Tensor.__getitem__
+
+
+def _symint_getitem(self, index):
+    items = index if isinstance(index, tuple) else (index,)
+    if not any(isinstance(i, torch.SymInt) for i in items) or not all(
+        isinstance(i, (int, torch.SymInt, slice)) and not isinstance(i, bool) for i in items
+    ):
+        return _ORIGINAL_TENSOR_GETITEM(self, index)
+    out, dim = self, 0
+    for i in items:
+        if isinstance(i, slice):
+            out = _ORIGINAL_TENSOR_GETITEM(out, (slice(None),) * dim + (i,))
+            dim += 1
+        else:
+            out = out.select(dim, i)
+    return out
+
+
+def _set_tensor_getitem(fn) -> Callable[[], None]:
+    def install() -> None:
+        torch.Tensor.__getitem__ = fn
+
+    return install
+
+
+_SYMINT_INDEXING = SharedPatch(_set_tensor_getitem(_symint_getitem), _set_tensor_getitem(_ORIGINAL_TENSOR_GETITEM))
 
 
 @contextlib.contextmanager

@@ -499,6 +499,8 @@ def _tensor_guards(tensors, symbolic: bool = False):
 def _leaf_names(fn, args, kwargs) -> list[str]:
     """Per leaf of pytree.tree_flatten((args, kwargs)): fn's parameter name (or the keyword)
     and the path inside it (`inputs.1`, `batch.attention_mask`)."""
+    if isinstance(fn, torch.nn.Module):  # its __call__ takes (*args, **kwargs): name forward's
+        fn = fn.forward
     try:
         params = inspect.signature(fn).parameters.values()
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

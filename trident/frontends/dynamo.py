@@ -23,41 +23,82 @@ a call with grad enabled and an input that requires grad runs Dynamo's graph eag
 autograd sees what it would without the backend.
 
 Note [Disabled functions under backend="trident"]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Dynamo does not trace a `torch.compiler.disable`d function: it breaks the graph before the call,
 runs it eagerly and resumes in a new frame. Libraries disable functions Dynamo cannot trace
 (Liger-Kernel 0.8.5 disables its op dispatcher, so each rotary, RMSNorm and SwiGLU call of an
 HF model breaks the graph: 48 graphs and ~16 µs of Python each on a 16-layer model). Trident does
 not need Dynamo to trace them: it captures each graph with make_fx, which runs Python code and
 records its ATen ops and Triton launches, as trident.compile does for the whole program. So in a
-frame Dynamo compiles for the "trident" backend (and only there), a call of a function that
-carries `_torchdynamo_disable` and is defined in a module TRIDENT_DYNAMO_TRACE_DISABLED names
-(prefixes; default `liger_kernel`; `*` for any module outside torch) stays in the graph as one opaque call
-(Dynamo's allow_in_graph treatment); Dynamo runs it once on fake tensors for its result's
-metadata, with `kernel[grid]` launches routed through wrap_triton as in `trident.capture`, and
-Trident's capture traces through it. Consequences, as for trident.compile: the function's Python
-(Liger reads its implementation choice from the environment) runs at capture time, not per call,
-and nothing in it is guarded. Where Dynamo cannot keep the call (its fake run fails, its result
-is not tensors) the graph breaks as without Trident. The rule is opt-in per library because a
-function is often disabled for the Python state it keeps: Dynamo's fake run executes it on fake
-tensors, so a memo it fills would hold a fake tensor afterwards. Liger's dispatcher keeps none;
-add other libraries' prefixes only where that holds. TRIDENT_DYNAMO_TRACE_DISABLED='' turns the
-rule off. The rule hooks Dynamo's `trace_rules.is_callable_allowed` and
+frame Dynamo compiles for the "trident" backend (and only there), a call of a disabled function
+defined outside torch and Trident may stay in the graph as one opaque call (Dynamo's
+allow_in_graph treatment): Dynamo runs it once on fake tensors for its result's metadata, with
+`kernel[grid]` launches routed through wrap_triton as in `trident.capture`, and Trident's capture
+traces through it. As for trident.compile, the function's Python then runs at compile and capture
+time, not per call, and nothing in it is guarded.
+
+Whether it stays is checked, because a function is often disabled for the Python state it
+keeps, and Dynamo's fake run executes it at compile time: a memo it fills would hold a fake
+tensor afterwards, a counter it bumps would count compile-time runs only. Before each such run
+`_StateSnapshot` takes the Python state the function can reach: its closure cells and default
+values; the globals its code names, and those of the functions of its module it names (their
+code read too, transitively, at most 64); `self` of a disabled bound method; from there 3
+levels down through dicts, lists, sets, tuples and the attributes of library objects (of a
+module, class or function only the attribute names the code uses), each container as a shallow
+copy. After the run everything is compared by identity. Any change -- a name, attribute, key or
+closure variable rebound, added or removed, a list grown -- makes the function stateful: each
+change is put back, the call raises Dynamo's `Unsupported` naming the function and what it
+wrote (`mylib.ops.dispatch writes mylib.ops._CACHE[(8, 'f32')] (a new memo entry: a fake
+tensor): it stays a graph break ...`), so the graph breaks there exactly as without Trident, and
+the verdict stays for the process (the function does not change; `is_callable_allowed` answers
+False for it from then on, and later frames get Dynamo's own break). One change is allowed and
+kept: new entries of a dict or set whose keys and values are plain data (numbers, strings,
+dtypes, devices, tuples and lists of them), a memo eager's first call fills alike (Liger's
+`_AVAILABLE_MEMO` of implementation names, a warn-once set). A pure verdict is not cached: each
+Dynamo-time call is checked, since a later call may take a branch that writes (it costs compile
+time, never a run). A kept call must also return tensors or tuples/lists of them, and its fake
+run must succeed; otherwise the graph breaks as without Trident, the run's changes put back.
+Arguments are out of the run's reach: Dynamo passes it tensors, constants and fx's immutable
+copies of lists and dicts, and breaks the graph for other objects.
+
+What the check cannot see: state kept in C (an lru_cache's entries, a C extension's tables),
+files, environment variables read (Liger reads LIGER_KERNEL_IMPL: at capture time, not per
+call), objects reached only through other modules' functions, getattr by a computed name or past
+the bounds, the contents of tensors (an in-place write to a global tensor), and the inside of
+torch, Triton, Trident and standard-library objects (their own caches: logging's, kernel tables).
+
+TRIDENT_DYNAMO_TRACE_DISABLED overrides the check per module (the longest matching prefix
+decides; '*' names every module): 'auto' (default) checks every module outside torch and
+Trident; '+prefix' keeps the module's disabled functions unchecked (the user vouches that they
+keep no state a compile-time run would corrupt); '-prefix' always breaks; a bare prefix is '+'
+(what 'liger_kernel' and '*' meant when they named the only modules traced; the other modules
+are now checked, add '-*' for the old meaning); an off spelling ('', 0, none) turns the rule off:
+graph breaks as plain Dynamo. The rule hooks Dynamo's `trace_rules.is_callable_allowed` and
 `TorchInGraphFunctionVariable.call_function`; where a torch build lacks them it is not installed
 (the graph breaks, as before), and `explain` counts graph breaks either way.
 """
 
 from __future__ import annotations
 
+import collections
+import enum
+import functools
+import inspect
+import itertools
+import sys
 import threading
+import types
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from .. import knobs, logs
 from ..errors import GuardError, TridentError
+from ..capture.trace import capture
+from ..optimize import optimize
 from .compile import signature
+from .state import carrier
 
 
 class CompiledGraph:
@@ -86,6 +127,8 @@ class CompiledGraph:
         self._tensor_positions = (
             [i for i in range(len(_placeholders(gm))) if i not in self._size_inputs] if symbolic else []
         )
+        # ints that are no tensor's size (a token count Dynamo made dynamic): passed as carriers
+        self._free_ints = [i for i, src in (self._size_inputs or {}).items() if src is None] if symbolic else []
 
     def __call__(self, *args):
         opt = self._static
@@ -110,9 +153,6 @@ class CompiledGraph:
                         return self._eager(
                             args, f"more than TRIDENT_DYNAMO_CAPTURES={knobs.dynamo_captures()} input signatures"
                         )
-                    from .. import optimize  # the passes stage: after capture in the pipeline
-                    from ..capture.trace import capture
-
                     try:
                         opt = optimize(capture(self.gm, *args))
                     except TridentError as e:
@@ -133,10 +173,15 @@ class CompiledGraph:
 
     def _call_symbolic(self, args):
         """Note [Dynamic Dynamo graphs]: the call through the graph's symbolic capture (made on
-        its first call), or None when this call is to take the static path."""
+        its first call with every free int >= 2), or None when this call is to take the static
+        path."""
         opt = self._symbolic
         positions = self._tensor_positions
         if opt is None:
+            # a free int of 0 or 1 would be specialized by the trace (a capture for that value
+            # only): such a call takes the static path, the capture waits for a general one
+            if any(not isinstance(args[i], int) or args[i] < 2 for i in self._free_ints):
+                return None
             with self._lock:
                 if self._symbolic_state == "untried":
                     self._symbolic_state = "failed"
@@ -150,7 +195,7 @@ class CompiledGraph:
             if opt is None:
                 return None
         try:
-            return opt(*[args[i] for i in positions])
+            return opt(*[args[i] for i in positions], *[carrier(args[i]) for i in self._free_ints])
         except GuardError as e:
             # sizes the capture cannot serve, raised before anything ran: a static capture
             if not (e.before_effects or e.region == opt.meta.get("trident_retry_region")):
@@ -158,19 +203,23 @@ class CompiledGraph:
             return None
 
     def _capture_symbolic(self, args):
-        from .. import optimize
-        from ..capture.trace import capture
-
         size_inputs = self._size_inputs
         positions = self._tensor_positions
         names = [n.name for n in _placeholders(self.gm)]
         gm = self.gm
 
-        def flat(*tensors):
+        free = self._free_ints
+
+        def flat(*inputs):
             full = [None] * len(names)
-            for i, t in zip(positions, tensors):
+            for i, t in zip(positions, inputs):
                 full[i] = t
-            for i, (j, prop, d) in size_inputs.items():  # each size read from its tensor in the trace
+            for i, c in zip(free, inputs[len(positions):]):  # a free int: its carrier's size
+                full[i] = c.size(0)
+            for i, source in size_inputs.items():  # each size read from its tensor in the trace
+                if source is None:
+                    continue
+                j, prop, d = source
                 full[i] = full[j].size(d) if prop == "size" else full[j].stride(d) if prop == "stride" else (
                     full[j].storage_offset())
             return gm(*full)
@@ -179,7 +228,11 @@ class CompiledGraph:
         for i in positions:
             if not isinstance(args[i], torch.Tensor):
                 raise TridentError(f"input {names[i]} is a {type(args[i]).__name__}, not a tensor or a size")
-        opt = optimize(capture(flat, *[args[i] for i in positions], input_names=[names[i] for i in positions],
+        for i in free:
+            if not isinstance(args[i], int):
+                raise TridentError(f"input {names[i]} is a {type(args[i]).__name__}, not an int")
+        opt = optimize(capture(flat, *[args[i] for i in positions], *[carrier(args[i]) for i in free],
+                               input_names=[names[i] for i in positions] + [names[i] for i in free],
                                dynamic=True))
         self.captures[("symbolic",)] = opt
         return opt
@@ -192,9 +245,11 @@ class CompiledGraph:
 # `x.size(0)`: each placeholder's GraphArg names its source). Such a graph gets one symbolic
 # capture (Note [Symbolic sizes]), traced over its tensor inputs alone with each int read from
 # its tensor inside the trace, so the host program computes it from the input facts; calls pass
-# the tensors only (Dynamo's guards already tie the ints to them). A graph with other int inputs
-# (a Python int made dynamic), or whose symbolic capture fails or raises GuardError for a call
-# before running anything (sizes its shape guards exclude), takes the static path per signature.
+# the tensors only (Dynamo's guards already tie the ints to them). An int input that is no
+# tensor's property (a Python token count Dynamo made dynamic after it changed) is passed as the
+# size of a carrier tensor (Note [State the function is passed]): a count that advances every
+# step costs no capture. A graph whose symbolic capture fails or raises GuardError for a call
+# before running anything (sizes its shape guards exclude) takes the static path per signature.
 
 
 def _placeholders(gm) -> list:
@@ -203,8 +258,9 @@ def _placeholders(gm) -> list:
 
 def _size_inputs(gm) -> "Optional[dict[int, tuple]]":
     """{placeholder index: (tensor placeholder index, "size"|"stride"|"offset", dim)} for each
-    int input of a symbolic Dynamo graph; None when the graph is not symbolic or an int input is
-    not a tensor property of another input."""
+    int input of a symbolic Dynamo graph that is a tensor property of another input, None for a
+    free symbolic int (a Python int Dynamo made dynamic: passed as a carrier, Note [Dynamic
+    Dynamo graphs]); None when the graph is not symbolic or an int input is static."""
     placeholders = _placeholders(gm)
     sources = {}
     for i, n in enumerate(placeholders):
@@ -225,7 +281,9 @@ def _size_inputs(gm) -> "Optional[dict[int, tuple]]":
         base = getattr(source, "base", None)
         prop = getattr(getattr(source, "prop", None), "name", "")
         if base not in sources or prop not in ("SIZE", "STRIDE", "STORAGE_OFFSET"):
-            return None
+            out[i] = None
+            symbolic = True
+            continue
         out[i] = (sources[base], {"SIZE": "size", "STRIDE": "stride"}.get(prop, "offset"), getattr(source, "idx", 0))
         symbolic = True
     return out if symbolic else None
@@ -400,21 +458,375 @@ def _compiling_for_trident() -> bool:
     return False
 
 
-def _traceable_disabled(obj) -> bool:
-    import inspect
+# Note [Disabled functions under backend="trident"]: the state a disabled function can reach.
+_MISSING = object()  # a name, key or cell not bound
+_STATEFUL: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # function -> what its run changed
+_DEPTH = 3  # levels below a root the snapshot follows
+_ITEMS = 256  # items of one container it follows (all of them are compared)
+_FUNCTIONS = 64  # functions of the module whose code it reads
+# modules whose objects the snapshot does not look into: torch, Triton and Trident keep their
+# own caches (kernel tables, lazily imported attributes), and so does the standard library
+# (logging's level cache, locks, weak dictionaries)
+_FOREIGN = frozenset({"torch", "triton", "trident", "builtins"}) | frozenset(getattr(sys, "stdlib_module_names", ()))
 
+
+def _unwrap_disabled(fn):
+    """The callable a torch.compiler.disable() wrapper runs."""
+    while getattr(fn, "_torchdynamo_orig_callable", None) is not None:
+        fn = fn._torchdynamo_orig_callable
+    return fn
+
+
+def _module_of(obj) -> str:
+    if isinstance(obj, types.MethodType):
+        obj = obj.__func__
+    if isinstance(obj, functools.partial):
+        obj = obj.func
+    module = getattr(obj, "__module__", None)
+    return module if isinstance(module, str) else type(obj).__module__
+
+
+def _describe_function(fn) -> str:
+    inner = _unwrap_disabled(fn)
+    name = getattr(inner, "__qualname__", None) or type(inner).__qualname__
+    return f"{_module_of(inner)}.{name}"
+
+
+def _disabled_action(obj) -> Optional[str]:
+    """The action TRIDENT_DYNAMO_TRACE_DISABLED names for a torch.compiler.disable()d function
+    defined outside torch and Trident ("trace", "check" or "break"); None for anything else."""
     try:
         if not inspect.isfunction(obj) or not inspect.getattr_static(obj, "_torchdynamo_disable", False):
-            return False
+            return None
     except Exception:
+        return None
+    module = _module_of(_unwrap_disabled(obj))
+    if module.split(".")[0] in ("torch", "trident"):
+        return None
+    return knobs.dynamo_trace_disabled().action(module)
+
+
+def _traceable_disabled(obj) -> bool:
+    """Whether a call of `obj` may stay in a graph for Trident (Note [Disabled functions under
+    backend="trident"]): a disabled function its module's rule traces, or checks and has not
+    found stateful."""
+    action = _disabled_action(obj)
+    return action == "trace" or (action == "check" and obj not in _STATEFUL)
+
+
+def _foreign(obj) -> bool:
+    """Whether `obj` (a module, a class) belongs to torch, Triton, Trident or the standard library."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+    return not isinstance(name, str) or name.split(".")[0] in _FOREIGN
+
+
+def _plain(value, depth: int = 0) -> bool:
+    """Data a memo may keep from a compile-time run: what eager's first call would have stored."""
+    if value is None or isinstance(
+        value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
+    ):
+        return True
+    if isinstance(value, (tuple, list, frozenset)) and depth < _DEPTH:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
+def _holds_tensor(value, depth: int = 0) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth >= _DEPTH:
         return False
-    inner = obj
-    while getattr(inner, "_torchdynamo_orig_callable", None) is not None:
-        inner = inner._torchdynamo_orig_callable
-    module = getattr(inner, "__module__", "") or ""
-    if module == "torch" or module.startswith("torch."):
-        return False
-    return any(p == "*" or module == p or module.startswith(p + ".") for p in knobs.dynamo_trace_disabled())
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif not isinstance(value, (tuple, list, set, frozenset, collections.deque)):
+        value = list(vars(value).values()) if hasattr(value, "__dict__") and not _foreign(type(value)) else ()
+    return any(_holds_tensor(v, depth + 1) for v in itertools.islice(value, _ITEMS))
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _new_value(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "a fake tensor" if isinstance(value, torch._subclasses.FakeTensor) else "a tensor"
+    if _holds_tensor(value):
+        return f"a {type(value).__name__} holding a tensor"
+    return _short(value) if _plain(value) else f"a {type(value).__name__} object"
+
+
+def _rebinding(old, new) -> str:
+    if old is _MISSING:
+        return f"(new: {_new_value(new)})"
+    if new is _MISSING:
+        return "(deleted)"
+    if isinstance(old, int) and isinstance(new, int) and not isinstance(old, bool):
+        return f"(a counter: {old} -> {new})"
+    return f"(rebound to {_new_value(new)})"
+
+
+def _reads(code: types.CodeType) -> Iterator[types.CodeType]:
+    """A function's code and the code nested in it (inner functions, lambdas, comprehensions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _reads(const)
+
+
+class _StateSnapshot:
+    """Note [Disabled functions under backend="trident"]: the Python state a disabled function
+    can reach, each mutable object as a shallow copy, to compare with after the function's run at
+    compile time and to put back when it changed."""
+
+    def __init__(self, fn):
+        self.records: list = []  # [label, kind, object, saved]
+        self._seen: dict[int, Any] = {}  # id -> object, kept alive so that ids stay unique
+        target = _unwrap_disabled(fn)
+        roots: list = []
+        if isinstance(target, types.MethodType):  # torch.compiler.disable(obj.method): obj is reachable
+            roots.append(("self", target.__self__))
+            target = target.__func__
+        while isinstance(target, functools.partial):
+            roots += [(f"partial argument {i}", a) for i, a in enumerate(target.args)]
+            roots += [(f"partial argument {k}", a) for k, a in (target.keywords or {}).items()]
+            target = target.func
+        if not isinstance(target, types.FunctionType):  # a callable object
+            roots.append((_describe_function(fn), target))
+            target = inspect.getattr_static(type(target), "__call__", None)
+        functions = self._functions(target) if isinstance(target, types.FunctionType) else []
+        self.names = {name for f in functions for code in _reads(f.__code__) for name in code.co_names}
+        spaces: dict[int, tuple] = {}
+        for f in functions:
+            spaces.setdefault(id(f.__globals__), (f.__globals__, f.__module__, set()))[2].update(
+                name for code in _reads(f.__code__) for name in code.co_names
+            )
+            for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+                self._record(f"closure variable {name} of {f.__qualname__}", "cell", cell, _cell_value(cell))
+                self._visit(f"closure variable {name} of {f.__qualname__}", _cell_value(cell), 1)
+            defaults = dict(
+                zip(f.__code__.co_varnames[f.__code__.co_argcount - len(f.__defaults__ or ()) :], f.__defaults__ or ())
+            )
+            for name, value in {**defaults, **(f.__kwdefaults__ or {})}.items():
+                self._visit(f"default {name} of {f.__qualname__}", value, 1)
+        for namespace, module, names in spaces.values():
+            self._names(module or "<globals>", namespace, None, names, 0)
+        for label, value in roots:
+            self._visit(label, value, 0)
+
+    def _functions(self, target) -> list:
+        """`target` and the functions of its module its code names, and theirs, up to _FUNCTIONS."""
+        out, todo = [], [target]
+        while todo and len(out) < _FUNCTIONS:
+            f = todo.pop()
+            if any(f is g for g in out):
+                continue
+            out.append(f)
+            for code in _reads(f.__code__):
+                for name in code.co_names:
+                    value = _unwrap_disabled(f.__globals__.get(name))
+                    if isinstance(value, types.FunctionType) and value.__globals__ is target.__globals__:
+                        todo.append(value)
+        return out
+
+    def _record(self, label: str, kind: str, obj, saved) -> None:
+        self.records.append([label, kind, obj, saved])
+
+    def _names(self, label: str, namespace, owner, names, depth: int) -> None:
+        """The names a function's code uses, in a module's globals or a class's, function's or
+        module's attributes: only those (a module's other globals are not the function's)."""
+        if id(namespace) in self._seen:
+            return
+        self._seen[id(namespace)] = namespace
+        saved = {name: namespace.get(name, _MISSING) for name in names if not name.startswith("__")}
+        self._record(label, "names", (namespace, owner), saved)
+        for name, value in saved.items():
+            self._visit(f"{label}.{name}", value, depth + 1)
+
+    def _visit(self, label: str, obj, depth: int) -> None:
+        if (
+            depth > _DEPTH
+            or obj is None
+            or obj is _MISSING
+            or isinstance(obj, (bool, int, float, complex, str, bytes))
+            or isinstance(obj, torch.Tensor)
+            or id(obj) in self._seen
+        ):
+            return
+        self._seen[id(obj)] = obj
+        if isinstance(obj, dict):
+            self._record(label, "dict", obj, dict(obj))
+            for key, value in itertools.islice(obj.items(), _ITEMS):
+                self._visit(f"{label}[{_short(key)}]", value, depth + 1)
+        elif isinstance(obj, (list, collections.deque)):
+            self._record(label, "list", obj, list(obj))
+            for i, value in enumerate(itertools.islice(obj, _ITEMS)):
+                self._visit(f"{label}[{i}]", value, depth + 1)
+        elif isinstance(obj, set):
+            self._record(label, "set", obj, set(obj))
+        elif isinstance(obj, (tuple, frozenset)):  # immutable, but what it holds may not be
+            for i, value in enumerate(itertools.islice(obj, _ITEMS)):
+                self._visit(f"{label}[{i}]", value, depth + 1)
+        elif isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
+            owner = getattr(obj, "__self__", None)
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                self._visit(f"{label}.__self__", owner, depth)
+        elif isinstance(obj, (types.ModuleType, type, types.FunctionType)):
+            if not _foreign(obj):  # a library's module, class or function: the attributes its code names
+                self._names(label, vars(obj), obj, self.names, depth)
+        elif isinstance(obj, types.SimpleNamespace) or not _foreign(type(obj)):
+            attrs = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+            slots = {s for c in type(obj).__mro__ for s in _slots(c)} - {"__dict__", "__weakref__"}
+            attrs.update({s: getattr(obj, s, _MISSING) for s in slots})
+            self._record(label, "attrs", obj, attrs)
+            for name, value in itertools.islice(attrs.items(), _ITEMS):
+                self._visit(f"{label}.{name}", value, depth + 1)
+
+    def changes(self) -> list:
+        """[(record, what changed)] since the snapshot, in the order recorded."""
+        out = []
+        for record in self.records:
+            label, kind, obj, saved = record
+            try:
+                what = _changed(label, kind, obj, saved)
+            except Exception as e:  # not comparable: taken as changed
+                what = (f"{label} (not comparable after the run: {type(e).__name__})", False)
+            if what:
+                out.append((record, what))
+        return out
+
+    def restore(self, changed) -> list:
+        """Puts back each changed record; the labels of those it could not put back."""
+        failed = []
+        for (label, kind, obj, saved), _ in changed:
+            try:
+                _put_back(kind, obj, saved)
+            except Exception:
+                failed.append(label)
+        return failed
+
+
+def _slots(cls) -> tuple:
+    slots = cls.__dict__.get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _MISSING
+
+
+def _changed(label: str, kind: str, obj, saved) -> "Optional[tuple[str, bool]]":
+    """(what changed, whether it is only a memo filled with plain data), or None."""
+    if kind == "cell":
+        now = _cell_value(obj)
+        return None if now is saved else (f"{label} {_rebinding(saved, now)}", False)
+    if kind in ("names", "attrs"):
+        namespace = obj[0] if kind == "names" else None
+        for name, old in saved.items():
+            new = namespace.get(name, _MISSING) if namespace is not None else getattr(obj, name, _MISSING)
+            if new is old:
+                continue
+            if old is _MISSING and isinstance(new, (types.ModuleType, type, types.FunctionType)):
+                continue  # an import, or a module's lazily bound attribute: no state
+            return f"{label}.{name} {_rebinding(old, new)}", False
+        if kind == "attrs" and hasattr(obj, "__dict__"):
+            added = [name for name in vars(obj) if name not in saved]
+            if added:
+                return f"{label}.{added[0]} {_rebinding(_MISSING, vars(obj)[added[0]])}", False
+        return None
+    if kind == "dict":
+        removed = [k for k in saved if k not in obj]
+        rebound = [k for k, v in saved.items() if k in obj and obj[k] is not v]
+        if removed:
+            return f"{label}[{_short(removed[0])}] (removed)", False
+        if rebound:
+            k = rebound[0]
+            return f"{label}[{_short(k)}] {_rebinding(saved[k], obj[k])}", False
+        added = [k for k in obj if k not in saved]
+        if not added:
+            return None
+        plain = all(_plain(k) and _plain(obj[k]) for k in added)
+        return f"{label}[{_short(added[0])}] (a new memo entry: {_new_value(obj[added[0]])})", plain
+    if kind == "list":
+        now = list(obj)
+        if len(now) == len(saved) and all(a is b for a, b in zip(now, saved)):
+            return None
+        if len(now) != len(saved):
+            return f"{label} (a list: {len(saved)} -> {len(now)} items)", False
+        i = next(i for i, (a, b) in enumerate(zip(now, saved)) if a is not b)
+        return f"{label}[{i}] {_rebinding(saved[i], now[i])}", False
+    if kind == "set":
+        if obj == saved:
+            return None
+        added, removed = obj - saved, saved - obj
+        if removed:
+            return f"{label} (a set: {_short(next(iter(removed)))} removed)", False
+        return f"{label} (a set: {_short(next(iter(added)))} added)", all(_plain(v) for v in added)
+    return None
+
+
+def _put_back(kind: str, obj, saved) -> None:
+    if kind == "cell":
+        if saved is _MISSING:
+            del obj.cell_contents
+        else:
+            obj.cell_contents = saved
+    elif kind in ("names", "attrs"):
+        namespace, owner = obj if kind == "names" else (None, obj)
+        if kind == "attrs" and hasattr(owner, "__dict__"):
+            for name in [n for n in vars(owner) if n not in saved]:
+                delattr(owner, name)
+        for name, old in saved.items():
+            now = namespace.get(name, _MISSING) if namespace is not None else getattr(owner, name, _MISSING)
+            if now is old:
+                continue
+            if owner is None:  # a module's globals
+                if old is _MISSING:
+                    namespace.pop(name, None)
+                else:
+                    namespace[name] = old
+            elif old is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+    elif kind == "dict" or kind == "set":
+        obj.clear()
+        obj.update(saved)
+    elif kind == "list":
+        obj.clear()
+        obj.extend(saved)
+
+
+def _state_verdict(fn, snapshot: _StateSnapshot) -> Optional[str]:
+    """None when the run changed nothing the snapshot holds but memos of plain data (kept: eager's
+    first call fills them alike); else what it changed, every change put back."""
+    changed = snapshot.changes()
+    stateful = [(record, what) for record, (what, memo) in changed if not memo]
+    if not stateful:
+        return None
+    failed = snapshot.restore(changed)
+    inner = _unwrap_disabled(fn)
+    more = f" and {len(stateful) - 1} more" if len(stateful) > 1 else ""
+    undone = f"; could not put back {', '.join(failed)}" if failed else ""
+    return (
+        f"{_describe_function(fn)} writes {stateful[0][1]}{more}: it stays a graph break (Note [Disabled functions "
+        f'under backend="trident"]; TRIDENT_DYNAMO_TRACE_DISABLED=+{_module_of(inner)} keeps it in the graph '
+        f"anyway){undone}"
+    )
+
+
+def _tensors_only(variable) -> bool:
+    """Whether a Dynamo variable is a tensor, or a tuple or list of such (nested)."""
+    from torch._dynamo.variables.lists import BaseListVariable
+
+    if variable.is_tensor():
+        return True
+    if isinstance(variable, BaseListVariable):
+        return bool(variable.items) and all(_tensors_only(v) for v in variable.items)
+    return False
 
 
 _RULE_INSTALLED = [False]
@@ -450,21 +862,50 @@ def install_disabled_function_rule() -> bool:
 
     def call_function(self, tx, *args, **kwargs):
         fn = getattr(self, "value", None)
-        if not (_traceable_disabled(fn) and not original_allowed(fn)):
+        action = _disabled_action(fn)
+        if action is None or original_allowed(fn):
             return original_call(self, tx, *args, **kwargs)
+        if action == "break" or fn in _STATEFUL:  # a variable Dynamo made before the verdict or the knob changed
+            raise Unsupported(
+                _STATEFUL.get(fn) or f"{_describe_function(fn)}: TRIDENT_DYNAMO_TRACE_DISABLED breaks the graph at it"
+            )
         from .. import triton_state
         from ..capture.trace import _launches_as_hops
 
         try:
+            snapshot = _StateSnapshot(fn) if action == "check" else None
+        except Exception as e:  # state the check cannot read: the call is not kept unchecked
+            raise Unsupported(
+                f"{_describe_function(fn)}: Trident cannot read the Python state it reaches ({type(e).__name__}: "
+                f'{e}); it stays a graph break (Note [Disabled functions under backend="trident"])'
+            ) from e
+        try:
             with triton_state.exclusive(), _launches_as_hops([]):
-                return original_call(self, tx, *args, **kwargs)
+                result = original_call(self, tx, *args, **kwargs)
         except passthrough:  # graph breaks, restarts, user exceptions: Dynamo's own control flow
+            if snapshot is not None:
+                snapshot.restore(snapshot.changes())
             raise
         except Exception as e:  # Dynamo cannot keep the call: break the graph as without Trident
+            if snapshot is not None:
+                snapshot.restore(snapshot.changes())
             raise Unsupported(
-                f"Trident could not keep the torch.compiler.disable()d function {fn.__qualname__} in the "
+                f"Trident could not keep the torch.compiler.disable()d function {_describe_function(fn)} in the "
                 f"graph ({type(e).__name__}: {e}); the graph breaks there as without Trident"
             ) from e
+        if not _tensors_only(result):
+            if snapshot is not None:
+                snapshot.restore(snapshot.changes())
+            raise Unsupported(
+                f"{_describe_function(fn)} returns {type(result).__name__}, not tensors: it stays a graph break "
+                '(Note [Disabled functions under backend="trident"])'
+            )
+        reason = _state_verdict(fn, snapshot) if snapshot is not None else None
+        if reason is not None:
+            _STATEFUL[fn] = reason
+            logs.misses.info("torch.compile(backend='trident'): %s", reason)
+            raise Unsupported(reason)
+        return result
 
     trace_rules.is_callable_allowed = is_callable_allowed
     TorchInGraphFunctionVariable.call_function = call_function

@@ -298,12 +298,12 @@ def record_writes(before: Walk, snapshot: Snapshot, installed: list, offset: int
             return ("path", place[id(value)])
         if isinstance(value, (list, tuple, dict)):
             items = value.items() if isinstance(value, dict) else enumerate(value)
-            return ("new", type(value), tuple((k, source(v, f"{text}[{k!r}]")) for k, v in items))
+            return ("new", (type(value), tuple((k, source(v, f"{text}[{k!r}]")) for k, v in items)))
         raise Unreplayable(f"{text} becomes a new {type(value).__name__} object; Trident replays new tensors, "
                            "Python values and containers of them in the state it is passed, not new objects")
 
     replaced: list = []  # paths whose object was replaced: what was below them is not written
-    for r, steps, obj, kind, keys in before.nodes:
+    for r, steps, obj, _kind, _keys in before.nodes:
         if isinstance(obj, tuple) or any(r == rr and steps[:len(p)] == p for rr, p in replaced):
             continue
         text = path_text(root_names[r], steps)

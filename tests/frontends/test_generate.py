@@ -1,0 +1,115 @@
+"""Hugging Face `generate()` as users call it, through every front door, with the default
+DynamicCache and with a StaticCache: tiny Llama and Qwen2 (random weights, no hub) with the
+user's Triton RMSNorm, SwiGLU and rotary kernels patched in (tests/test_hf.py). Greedy tokens
+equal eager's; from the second `generate()` on, no call runs eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")  # pinned in requirements-ci.txt
+
+from transformers import CompileConfig  # noqa: E402
+
+import trident  # noqa: E402
+from tests.test_hf import _model  # noqa: E402
+from trident.frontends.dynamo import compiled_graphs  # noqa: E402
+
+PROMPT = [[5, 7, 9, 11]]
+NEW = 12
+
+
+def _generate(model, cache: str):
+    kw = dict(max_new_tokens=NEW, do_sample=False)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    return model.generate(torch.tensor(PROMPT), **kw)
+
+
+def _eager_calls(door, model, start):
+    if door == "compile":
+        return model.forward.eager_calls
+    return sum(g.eager_calls for g in compiled_graphs()[start:])
+
+
+@pytest.mark.parametrize(
+    "door,cache",
+    [("compile", "dynamic"), ("compile", "static"), ("backend", "dynamic"), ("backend", "static"), ("config", "static")],
+)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_generate_through_every_door(kind, door, cache, monkeypatch):
+    """compile: `model.forward = trident.compile(model.forward)`; backend: `model.forward =
+    torch.compile(model.forward, backend="trident")`; config: HF's own knob,
+    `generation_config.compile_config = CompileConfig(backend="trident")`, with which
+    generate() compiles the model's __call__ itself for static caches (passing mode=
+    "reduce-overhead": Note [Backend arguments]; HF does so on accelerators only, so the test
+    sets CompileConfig's switch for every device)."""
+    torch._dynamo.reset()
+    _, model = _model(kind, "own", monkeypatch)
+    want = _generate(model, cache)
+    start = len(compiled_graphs())
+    if door == "compile":
+        model.forward = trident.compile(model.forward)
+    elif door == "backend":
+        model.forward = torch.compile(model.forward, backend="trident")
+    else:
+        config = CompileConfig(backend="trident")
+        config._compile_all_devices = True
+        model.generation_config.compile_config = config
+    with torch.no_grad():
+        assert torch.equal(_generate(model, cache), want)
+        warm = _eager_calls(door, model, start)
+        for _ in range(2):
+            assert torch.equal(_generate(model, cache), want)
+    assert _eager_calls(door, model, start) <= warm + (1 if door == "compile" else 0)
+    if door == "compile":
+        # a new cache object per generate() reuses the captures (identity is no part of the signature)
+        assert 1 <= len(model.forward.captures) <= 4
+        hits = sum(v["hits"] for opt in model.forward.captures.values() for v in trident.cache_info(opt).values())
+    else:
+        graphs = compiled_graphs()[start:]
+        assert graphs and all(g.captures for g in graphs)
+        hits = sum(v["hits"] for g in graphs for opt in g.captures.values() for v in trident.cache_info(opt).values())
+    assert hits >= 2 * (NEW - 2)
+    torch._dynamo.reset()
+
+
+def test_hf_auto_compile_around_a_trident_compiled_forward(monkeypatch):
+    """generate() with a StaticCache compiles the model's __call__ with torch.compile (Inductor,
+    reduce-overhead) by itself. A trident.compile'd forward inside it is called, never traced
+    (Dynamo would trace Trident's capture machinery and hand Inductor fake tensors: it crashed
+    in Inductor's copy_misaligned_inputs): tokens equal eager's and Trident's captures serve the
+    decode steps."""
+    torch._dynamo.reset()
+    _, model = _model("llama", "own", monkeypatch)
+    want = _generate(model, "static")
+    config = CompileConfig()  # HF's default: Inductor, mode="reduce-overhead"
+    config._compile_all_devices = True
+    model.generation_config.compile_config = config
+    model.forward = trident.compile(model.forward)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(_generate(model, "static"), want)
+    assert hasattr(model, "_compiled_call")  # HF did compile around it
+    hits = sum(v["hits"] for opt in model.forward.captures.values() for v in trident.cache_info(opt).values())
+    assert hits >= NEW - 2
+    torch._dynamo.reset()
+
+
+def test_backend_arguments():
+    """Note [Backend arguments]: mode and options are taken, a wrong mode or argument is an error
+    naming what is accepted."""
+    from trident.frontends.dynamo import trident_backend
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", None):
+        assert callable(trident_backend(gm, [torch.ones(2)], mode=mode, options={"triton.cudagraphs": True}))
+    with pytest.raises(trident.TridentError, match="expected one of 'default', 'reduce-overhead'"):
+        trident_backend(gm, [torch.ones(2)], mode="fast")
+    with pytest.raises(TypeError, match="takes mode= and options="):
+        trident_backend(gm, [torch.ones(2)], fullgraph=True)
+    for how in ({"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}):
+        f = torch.compile(lambda x: x * 2, backend="trident", dynamic=False, fullgraph=True, **how)
+        torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
+    torch._dynamo.reset()

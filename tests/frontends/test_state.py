@@ -1,0 +1,187 @@
+"""The state of objects a function is passed (Note [State the function is passed]): a recurrent
+model whose cache replaces its per-layer state tensors every step and counts tokens in a Python
+int, through both front doors; the pieces of trident/frontends/state.py alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+import trident
+from tests.recurrent_model import RecurrentCache, RecurrentModel, decode
+from trident.frontends import state
+from trident.frontends.dynamo import compiled_graphs
+
+STEPS = 64
+
+
+def _model():
+    torch.manual_seed(0)
+    return RecurrentModel(dim=16, layers=3).eval()
+
+
+def _assert_same(want, got):
+    (want_out, want_cache), (got_out, got_cache) = want, got
+    assert len(want_out) == len(got_out)
+    for a, b in zip(want_out, got_out):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert got_cache.seen == want_cache.seen == STEPS
+    for a, b in zip(want_cache.states, got_cache.states):
+        assert type(b["recurrent_state"]) is torch.Tensor  # the caller's, real, never a fake
+        torch.testing.assert_close(b["recurrent_state"], a["recurrent_state"], rtol=1e-5, atol=1e-5)
+
+
+def test_replaced_state_and_counter_through_trident_compile():
+    """64 steps: counts 0, 1 and the first count >= 2 run eagerly (each a new structure's first
+    call), then ONE capture (the count symbolic) serves every step; its writes give the caller's
+    cache the new state tensors and the advanced count. A second decode on a new cache object
+    reuses it (identity is not part of the signature); only its count-1 step is new."""
+    model = _model()
+    want = decode(model, 16, STEPS)
+    compiled = trident.compile(model)
+    _assert_same(want, decode(compiled, 16, STEPS))
+    assert len(compiled.captures) == 1 and compiled.eager_calls == 3
+    (opt,) = compiled.captures.values()
+    assert opt.meta["trident_symbolic"]
+    log = "\n".join(compiled.eager_log)
+    assert "cache.seen: 1 -> 2" in log and "cache.states[0]['recurrent_state']: absent -> float32[1, 16, 16]" in log
+    _assert_same(want, decode(compiled, 16, STEPS))
+    assert len(compiled.captures) <= 2 and compiled.eager_calls <= 4
+    # the first step of a new cache appends to its list: not replayable, said so, run eagerly
+    assert "changes length" in compiled.eager_log[-1]
+
+
+def test_replaced_state_and_counter_through_the_backend():
+    """torch.compile(model, backend="trident"): Dynamo keeps the side effects itself; the count it
+    makes dynamic after it changed is a free int of the graph, passed as a carrier (Note [Dynamic
+    Dynamo graphs]): no eager call, a few captures, no graph break."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model()
+    want = decode(model, 16, STEPS)
+    start = len(compiled_graphs())
+    _assert_same(want, decode(torch.compile(model, backend="trident"), 16, STEPS))
+    graphs = compiled_graphs()[start:]
+    assert sum(g.eager_calls for g in graphs) == 0
+    assert sum(len(g.captures) for g in graphs) <= 3
+    assert not counters["graph_break"]
+    torch._dynamo.reset()
+
+
+def test_no_traced_value_stays_in_the_callers_objects():
+    """A capture runs the function on traced tensors inside the caller's objects; afterwards the
+    objects hold exactly what they held (Snapshot.restore), then what the optimized program
+    wrote. Before, a symbolic capture left fake tensors there, and the caller's own tensor code
+    (HF's stopping check, `bool(t.max() == 0)`) failed outside the captured call."""
+
+    class Box:
+        def __init__(self):
+            self.t = torch.zeros(5)
+            self.n = 3
+            self.memo = {}
+
+    def f(x, box):
+        box.t = box.t + x
+        box.n += 1
+        box.memo["last"] = box.t * 2
+        return box.t.sum(0, keepdim=True)
+
+    compiled = trident.compile(f, dynamic=True)
+    box, eager = Box(), Box()
+    for i in range(6):
+        x = torch.full((5,), float(i))
+        torch.testing.assert_close(compiled(x, box), f(x, eager))
+        assert type(box.t) is torch.Tensor and type(box.memo["last"]) is torch.Tensor
+        assert not isinstance(box.t, FakeTensor)
+        assert bool(box.t.max() == 0) == bool(eager.t.max() == 0)  # the caller's own code
+        torch.testing.assert_close(box.memo["last"], eager.memo["last"])
+        assert box.n == eager.n
+    assert len(compiled.captures) == 1
+
+
+def test_walk_paths_and_structure():
+    class Layer:
+        def __init__(self, k):
+            self.keys = k
+            self.count = 2
+
+    class Cache:
+        def __init__(self):
+            self.layers = [Layer(torch.ones(2)), Layer(torch.zeros(3))]
+            self.opts = {"window": 4, "dtype": torch.float16}
+            self.fn = len  # opaque: by identity
+
+    c = Cache()
+    w = state.walk([c])
+    texts = [state.path_text("cache", steps) for _, steps, _ in w.leaves]
+    assert texts == ["cache.layers[0].keys", "cache.layers[0].count", "cache.layers[1].keys", "cache.layers[1].count",
+                     "cache.opts['window']", "cache.opts['dtype']", "cache.fn"]
+    assert [kind for _, _, _, kind, _ in w.nodes] == [Cache, list, Layer, Layer, dict]
+    shared = Layer(torch.ones(1))
+    c.layers = [shared, shared]  # one object in two places: walked once
+    assert len(state.walk([c]).nodes) == 4
+    assert not state.walkable(torch.nn.Linear(2, 2)) and not state.walkable(3) and state.walkable(c)
+
+
+def _record(obj, fn):
+    """Run fn on obj with nothing traced; the writes that replay what fn did."""
+    w = state.walk([obj])
+    snap = state.Snapshot(w)
+    installed = [v for _, _, v in w.leaves]
+    fn(obj)
+    try:
+        return state.record_writes(w, snap, installed, 0, {}, [obj], ["obj"], {})
+    finally:
+        snap.restore()
+
+
+def test_record_and_apply_writes():
+    class Obj:
+        def __init__(self):
+            self.a = torch.ones(2)
+            self.n = 1
+            self.d = {"x": 1, "gone": 2}
+            self.sub = type("S", (), {})()
+            self.sub.v = 5
+
+    def fn(o):
+        o.n = 7
+        o.d["y"] = (3, "s")
+        del o.d["gone"]
+        o.moved = o.sub  # an object moved to a second place
+        o.sub = None
+        o.a = torch.zeros(2)  # a tensor not made by a trace: bound by identity
+
+    o = Obj()
+    before_sub = o.sub
+    writes, extra = _record(o, fn)
+    assert extra == [] and o.n == 1 and "gone" in o.d and o.sub is before_sub  # restored
+    assert sorted(w.text for w in writes) == ["obj.a", "obj.d['gone']", "obj.d['y']", "obj.moved", "obj.n", "obj.sub"]
+    state.apply_writes(writes, [o], [], [], [])
+    assert o.n == 7 and o.d == {"x": 1, "y": (3, "s")} and o.moved is before_sub and o.sub is None
+    assert torch.equal(o.a, torch.zeros(2))
+
+
+@pytest.mark.parametrize("change", ["new object", "list grows"])
+def test_unreplayable_changes_are_named(change):
+    class Obj:
+        def __init__(self):
+            self.items = [1]
+            self.child = None
+
+    def fn(o):
+        if change == "new object":
+            o.child = Obj()
+        else:
+            o.items.append(2)
+
+    with pytest.raises(state.Unreplayable, match=r"obj\.child becomes a new Obj|obj\.items changes length"):
+        _record(Obj(), fn)
+
+
+def test_carrier_is_a_size():
+    c = state.carrier(37)
+    assert c.shape == (37,) and c.stride() == (0,) and c.untyped_storage().nbytes() == 1

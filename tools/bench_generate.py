@@ -1,0 +1,222 @@
+"""Hugging Face `generate()` as users call it: Llama-3.2-1B and Qwen2-0.5B shapes (random
+weights, bf16, batch 1), plain and with Liger-Kernel's Triton kernels, 64 new tokens after a
+16-token prompt, greedy, with the default DynamicCache and with `cache_implementation="static"`,
+ALL in one run per (model, kernels) case:
+
+  static cache
+    eager             generation_config.disable_compile = True (no automatic compile)
+    hf_compile        what generate() does by itself: torch.compile(model.__call__, Inductor,
+                      mode="reduce-overhead") around the forward
+    trident_compile   model.forward = trident.compile(model.forward), generate() as it is (its
+                      automatic compile around it included: Dynamo calls Trident's function)
+    trident_config    generation_config.compile_config = CompileConfig(backend="trident")
+  dynamic cache (generate() never compiles these by itself)
+    eager             generate() as it is
+    inductor_forward  model.forward = torch.compile(model.forward)
+    trident_compile   model.forward = trident.compile(model.forward)
+    trident_backend   model.forward = torch.compile(model.forward, backend="trident")
+  floors
+    graph_floor       the eager static-cache decode step replayed as one CUDA graph
+                      (tools/bench_hf.py graph_floor): device time plus a copy in
+    generate_own      generate()'s own time per token: the same generate() call with a
+                      forward that returns precomputed logits (no model), static and dynamic
+
+    python tools/bench_generate.py --out results/bench_generate.json [--models llama,qwen2] [--kernels plain,liger]
+
+Per variant: generate() is called 4 times with the same prompt; `first_call_s` is the first
+call (compiles, captures), `ms_per_token` the median of calls 2-4 (wall time / 64 new tokens,
+synchronized); the tokens of every call are compared with eager's (bf16: where they part, the
+first differing step is reported). Target (issue 22): static <= 1.15 x (graph_floor +
+generate_own), below every torch.compile path; dynamic >= 4x faster than eager.
+Each case runs in its own process; --device cpu --tiny runs a smoke test on a small config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tools.bench_hf import Loop, build_model, graph_floor  # noqa: E402
+
+PROMPT = 16
+NEW = 64
+CALLS = 4
+STATIC = ("eager", "hf_compile", "trident_compile", "trident_config")
+DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_backend")
+
+
+def _sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def _generate(model, ids, cache: str, **extra):
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, **extra)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    return model.generate(ids, **kw)
+
+
+def _timed(model, ids, cache, dev, **extra):
+    out, secs = [], []
+    for _ in range(CALLS):
+        _sync(dev)
+        t = time.perf_counter()
+        toks = _generate(model, ids, cache, **extra)
+        _sync(dev)
+        secs.append(time.perf_counter() - t)
+        out.append(toks)
+    return out, secs
+
+
+def _tokens_vs(want, got) -> dict:
+    w, g = want[0, PROMPT:].tolist(), got[0, PROMPT:].tolist()
+    first = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), None)
+    return {"tokens_equal": first is None, **({"first_differing_step": first} if first is not None else {})}
+
+
+def run_variant(kind, kernels, cache, name, args) -> dict:
+    import trident
+    from transformers import CompileConfig, GenerationConfig
+    from trident.frontends.dynamo import compiled_graphs
+
+    dev = args.device
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    cfg, model = build_model(kind, kernels, dev, dt, args.tiny)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(dev)
+    model.generation_config = GenerationConfig.from_model_config(cfg)
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        model.generation_config.disable_compile = True
+        want = _generate(model, ids, cache)  # eager's tokens
+        model.generation_config.disable_compile = name == "eager"
+        start = len(compiled_graphs())
+        forward = model.forward
+        if name == "trident_compile":
+            model.forward = trident.compile(model.forward)
+        elif name == "trident_backend":
+            model.forward = torch.compile(model.forward, backend="trident")
+        elif name == "inductor_forward":
+            model.forward = torch.compile(model.forward)
+        elif name == "trident_config":
+            model.generation_config.compile_config = CompileConfig(backend="trident")
+        elif name == "generate_own":
+            logits = forward(input_ids=ids[:, -1:]).logits  # one step's logits, returned every call
+
+            def stub(input_ids=None, past_key_values=None, **_):
+                from transformers.modeling_outputs import CausalLMOutputWithPast
+
+                return CausalLMOutputWithPast(logits=logits.expand(input_ids.shape[0], -1, -1),
+                                              past_key_values=past_key_values)
+
+            model.forward = stub
+        if dev != "cuda" and name in ("hf_compile", "trident_config"):
+            model.generation_config.compile_config = model.generation_config.compile_config or CompileConfig()
+            model.generation_config.compile_config._compile_all_devices = True
+        outs, secs = _timed(model, ids, cache, dev)
+    r = {"first_call_s": round(secs[0], 2), "ms_per_token": statistics.median(secs[1:]) / NEW * 1e3,
+         "ms_per_token_samples": [round(s / NEW * 1e3, 4) for s in secs[1:]]}
+    if name != "generate_own":
+        checks = [_tokens_vs(want, o) for o in outs]
+        r["tokens"] = checks[0] if all(c == checks[0] for c in checks) else checks
+    if name == "trident_compile":
+        r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
+        r["eager_log"] = list(model.forward.eager_log)[-4:]
+    if name in ("trident_backend", "trident_config"):
+        graphs = compiled_graphs()[start:]
+        r["dynamo_graphs"] = len(graphs)
+        r["captures"] = sum(len(gr.captures) for gr in graphs)
+        r["eager_calls"] = sum(gr.eager_calls for gr in graphs)
+    return r
+
+
+def run_floor(kind, kernels, args) -> dict:
+    """The eager static-cache decode step replayed as one CUDA graph, per token."""
+    dev = args.device
+    cfg, model = build_model(kind, kernels, dev, torch.bfloat16, args.tiny)
+    loop = Loop(model, cfg, dev, torch.bfloat16)
+    with torch.no_grad():
+        cache, tok, pos = loop.prefill()
+        fwd = graph_floor(loop, cache, tok, pos)
+        loop.steps(fwd, cache, tok, pos, 8)
+        times = []
+        for _ in range(5):
+            _sync(dev)
+            t = time.perf_counter()
+            loop.steps(fwd, cache, tok, pos, NEW)
+            _sync(dev)
+            times.append((time.perf_counter() - t) / NEW * 1e3)
+    return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="results/bench_generate.json")
+    p.add_argument("--models", default="llama,qwen2")
+    p.add_argument("--kernels", default="plain,liger")
+    p.add_argument("--caches", default="static,dynamic")
+    p.add_argument("--variants", default="", help="a subset of variant names (both caches)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--budget-s", type=int, default=300, help="per variant process")
+    p.add_argument("--one", default="", help=argparse.SUPPRESS)  # child: kind,kernels,cache,variant
+    args = p.parse_args()
+    if args.one:
+        kind, kernels, cache, name = args.one.split(",")
+        r = run_floor(kind, kernels, args) if name == "graph_floor" else run_variant(kind, kernels, cache, name, args)
+        print(json.dumps(r))
+        return
+    pick = set(args.variants.split(",")) if args.variants else None
+    results = {"commit": os.environ.get("TRIDENT_COMMIT", ""), "device": args.device, "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "", "prompt": PROMPT,
+               "new_tokens": NEW, "calls": CALLS, "cases": {}}
+    for kind in args.models.split(","):
+        for kernels in args.kernels.split(","):
+            case = results["cases"].setdefault(f"{kind}+{kernels}", {})
+            jobs = []
+            for cache in args.caches.split(","):
+                names = (STATIC if cache == "static" else DYNAMIC) + ("generate_own",)
+                jobs += [(cache, n) for n in names if pick is None or n in pick]
+            if args.device == "cuda" and (pick is None or "graph_floor" in pick):
+                jobs.append(("static", "graph_floor"))
+            for cache, name in jobs:
+                cmd = [sys.executable, __file__, "--one", f"{kind},{kernels},{cache},{name}", "--device", args.device]
+                cmd += ["--tiny"] if args.tiny else []
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s)
+                    r = json.loads(proc.stdout.strip().splitlines()[-1])
+                except subprocess.TimeoutExpired:
+                    r = {"error": f"over the budget of {args.budget_s} s"}
+                except Exception:  # noqa: BLE001 - a failed variant is reported, the others still run
+                    r = {"error": proc.stderr[-1500:]}
+                case.setdefault(cache, {})[name] = r
+                print(kind, kernels, cache, name, json.dumps(r)[:300], flush=True)
+            st, dy = case.get("static", {}), case.get("dynamic", {})
+            floor, own = st.get("graph_floor", {}).get("ms_per_token"), st.get("generate_own", {}).get("ms_per_token")
+            if floor and own:
+                case["static_floor_ms_per_token"] = floor + own
+                for r in st.values():
+                    if "ms_per_token" in r:
+                        r["x_floor"] = round(r["ms_per_token"] / (floor + own), 3)
+            eager = dy.get("eager", {}).get("ms_per_token")
+            if eager:
+                for r in dy.values():
+                    if "ms_per_token" in r:
+                        r["speedup_vs_eager"] = round(eager / r["ms_per_token"], 2)
+            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

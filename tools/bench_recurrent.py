@@ -1,0 +1,196 @@
+"""Decode of a recurrent model that keeps its state the way real Triton libraries do
+(tests/recurrent_model.py: per layer a dict whose state tensor is REPLACED every step by a
+Triton kernel's new output, a Python int counting tokens read as a position), ALL in one run:
+
+  eager                     model(x, cache)
+  compile_default           torch.compile(model)
+  compile_reduce_overhead   torch.compile(model, mode="reduce-overhead")
+  trident_compile           trident.compile(model)
+  trident_backend           torch.compile(model, backend="trident")
+  graph_floor               the eager step captured once in a torch.cuda.CUDAGraph over static
+                            state buffers (the new states copied back into them inside the
+                            graph); each step copies its input in and replays
+
+    python tools/bench_recurrent.py --out results/bench_recurrent.json [--layers 12 --dim 1024]
+
+Each step's input is the previous step's output (a fresh tensor) and the cache is the caller's
+object, as a library's decode loop keeps them. Per variant: a 64-step check against eager from
+the same start (outputs, final states and counter; bf16 tolerance), which is also the warm-up,
+then ms/step = wall time of `steps` steps (synchronized before and after) / steps, median over
+`reps` decodes from a fresh cache. Warm-up steps a variant spends compiling or capturing are
+reported as `first_steps_s`. --device cpu --tiny: a smoke test of the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests.recurrent_model import RecurrentCache, RecurrentModel  # noqa: E402
+
+VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_backend", "compile_default", "compile_reduce_overhead")
+
+
+def _sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def _decode(step, x, steps, cache=None):
+    cache = RecurrentCache() if cache is None else cache
+    outs = []
+    for _ in range(steps):
+        x = step(x, cache)
+        outs.append(x)
+    return outs, cache
+
+
+def graph_floor(model, x0, warm_steps: int):
+    """The step replayed as one CUDA graph over static state buffers (Note in the docstring)."""
+    cache = RecurrentCache()
+    with torch.no_grad():
+        _decode(model, x0, warm_steps, cache)  # states exist, the counter is past 0 and 1
+        static_x = x0.clone()
+        states = [s["recurrent_state"] for s in cache.states]
+        seen = cache.seen
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                model(static_x, cache)
+        torch.cuda.current_stream().wait_stream(s)
+        for d, t in zip(cache.states, states):
+            d["recurrent_state"] = t
+        cache.seen = seen
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(static_x, cache)
+            for d, t in zip(cache.states, states):
+                t.copy_(d["recurrent_state"])
+        for d, t in zip(cache.states, states):
+            d["recurrent_state"] = t
+
+    def step(x, _cache):
+        static_x.copy_(x)
+        graph.replay()
+        return out.clone()  # a fresh tensor per step, as the other variants return
+
+    return step
+
+
+def run_variant(name, model, x0, args) -> dict:
+    import trident
+    from trident.frontends.dynamo import compiled_graphs
+
+    dev = args.device
+    torch._dynamo.reset()
+    start = len(compiled_graphs())
+    with torch.no_grad():
+        want, want_cache = _decode(model, x0, args.check)
+    t0 = time.perf_counter()
+    if name == "eager":
+        step = model
+    elif name == "graph_floor":
+        step = graph_floor(model, x0, 4)
+    elif name == "trident_compile":
+        step = trident.compile(model)
+    elif name == "trident_backend":
+        step = torch.compile(model, backend="trident")
+    elif name == "compile_default":
+        step = torch.compile(model)
+    else:
+        step = torch.compile(model, mode="reduce-overhead")
+    out = {}
+    with torch.no_grad():
+        got, cache = _decode(step, x0, args.check)
+        _sync(dev)
+        out["first_steps_s"] = round(time.perf_counter() - t0, 2)
+        if name != "graph_floor":
+            rel = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(got, want))
+            states = max(((a["recurrent_state"].float() - b["recurrent_state"].float()).abs().max()
+                          / b["recurrent_state"].float().abs().max()).item()
+                         for a, b in zip(cache.states, want_cache.states))
+            out["check"] = {"max_rel_output_diff": rel, "max_rel_state_diff": states,
+                            "counter_equal": cache.seen == want_cache.seen}
+        times = []
+        for _ in range(args.reps):
+            x = x0.clone()
+            c = RecurrentCache()
+            _sync(dev)
+            t = time.perf_counter()
+            _decode(step, x, args.steps, c)
+            _sync(dev)
+            times.append((time.perf_counter() - t) / args.steps * 1e3)
+    out["ms_per_step"] = statistics.median(times)
+    out["ms_per_step_samples"] = [round(v, 4) for v in times]
+    if name == "trident_compile":
+        out["captures"] = len(step.captures)
+        out["eager_calls"] = step.eager_calls
+        out["eager_log"] = list(step.eager_log)
+    if name == "trident_backend":
+        graphs = compiled_graphs()[start:]
+        out["dynamo_graphs"] = len(graphs)
+        out["captures"] = sum(len(g.captures) for g in graphs)
+        out["eager_calls"] = sum(g.eager_calls for g in graphs)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="results/bench_recurrent.json")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--dim", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--check", type=int, default=64)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--variants", default="")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--variant", default="", help=argparse.SUPPRESS)  # one variant in this process
+    args = p.parse_args()
+    if args.tiny:
+        args.layers, args.dim, args.steps, args.check, args.reps = 2, 16, 8, 8, 2
+    variants = [v for v in (args.variants.split(",") if args.variants else VARIANTS)
+                if v != "graph_floor" or args.device == "cuda"]
+    if args.variant:  # child: one variant, JSON on the last line
+        dt = torch.bfloat16 if args.device == "cuda" else torch.float32
+        torch.manual_seed(0)
+        model = RecurrentModel(dim=args.dim, layers=args.layers, max_positions=4096).to(args.device, dt).eval()
+        x0 = (torch.randn(1, args.dim) * 0.5).to(args.device, dt)
+        print(json.dumps(run_variant(args.variant, model, x0, args)))
+        return
+    results = {"commit": os.environ.get("TRIDENT_COMMIT", ""), "device": args.device,
+               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "",
+               "torch": torch.__version__, "layers": args.layers, "dim": args.dim,
+               "dtype": "bfloat16" if args.device == "cuda" else "float32", "steps": args.steps, "variants": {}}
+    for v in variants:  # each variant in its own process: no compiled state carries over
+        cmd = [sys.executable, __file__, "--variant", v, "--layers", str(args.layers), "--dim", str(args.dim),
+               "--steps", str(args.steps), "--check", str(args.check), "--reps", str(args.reps), "--device",
+               args.device] + (["--tiny"] if args.tiny else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        try:
+            results["variants"][v] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except Exception:  # noqa: BLE001 - a failed variant is reported, the others still run
+            results["variants"][v] = {"error": proc.stderr[-1500:]}
+        print(v, json.dumps(results["variants"][v])[:400], flush=True)
+    floor = results["variants"].get("graph_floor", {}).get("ms_per_step")
+    if floor:
+        for r in results["variants"].values():
+            if "ms_per_step" in r:
+                r["x_floor"] = round(r["ms_per_step"] / floor, 3)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
