@@ -50,8 +50,7 @@ INTS = {  # reader, default, lowest, highest (None: unbounded)
     "graph_limit": (knobs.graph_limit, 4, 0, 16),
     "graph_bytes": (knobs.graph_bytes, 4 << 30, 0, None),
     "graph_stage_written_bytes": (knobs.graph_stage_written_bytes, 16 << 20, 0, None),
-    "dynamo_captures": (knobs.dynamo_captures, 8, 0, None),
-    "compile_captures": (knobs.compile_captures, 8, 1, None),
+    "captures": (knobs.captures, 8, 0, None),
 }
 STRS = {"dump_dir": knobs.dump_dir, "repro_dir": knobs.repro_dir, "cache_dir": knobs.cache_dir}
 BAD_WORDS = ["maybe", "2", "-1", "enable", "yes please", "tru", "o", "nope"]
@@ -196,11 +195,11 @@ def test_range_limits():
     with knobs.scope(mlir_opt_level=3):
         assert knobs.mlir_opt_level() == 3
     _refused("mlir_opt_level", "4", knobs.mlir_opt_level, "0..3")
-    with knobs.scope(compile_captures=1):
-        assert knobs.compile_captures() == 1
-    _refused("compile_captures", "0", knobs.compile_captures, ">= 1")
-    with knobs.scope(dynamo_captures=0, graph_bytes=0, graph_stage_written_bytes=0):
-        assert knobs.dynamo_captures() == knobs.graph_bytes() == knobs.graph_stage_written_bytes() == 0
+    with knobs.scope(captures=1):
+        assert knobs.captures() == 1
+    _refused("captures", "-1", knobs.captures, ">= 0")
+    with knobs.scope(captures=0, graph_bytes=0, graph_stage_written_bytes=0):
+        assert knobs.captures() == knobs.graph_bytes() == knobs.graph_stage_written_bytes() == 0
 
 
 def test_graph_min_saving_us():

@@ -84,6 +84,52 @@ def _tokens_vs(want, got) -> dict:
     return {"tokens_equal": first is None, **({"first_differing_step": first} if first is not None else {})}
 
 
+def _logits_check(want, got) -> dict:
+    """Where the tokens of a generate(..., output_logits=True) part from eager's: the logits at
+    that step (max |variant - eager| / max |eager|) and eager's margin between its token and the
+    variant's (a near-tie at bf16 when small against the logits' rounding)."""
+    w, g = want.sequences[0, PROMPT:].tolist(), got.sequences[0, PROMPT:].tolist()
+    first = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), None)
+    upto = len(w) if first is None else first + 1
+    rel = [((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+           for a, b in zip(got.logits[:upto], want.logits[:upto])]
+    out = {"tokens_equal": first is None, "max_rel_logit_diff_until_parting": max(rel)}
+    if first is not None:
+        e = want.logits[first][0].float()
+        out.update(first_differing_step=first, rel_logit_diff_there=rel[first],
+                   eager_margin_there=(e[w[first]] - e[g[first]]).item(), eager_logit_max_there=e.abs().max().item())
+    return out
+
+
+def _profile(model, ids, cache, dev) -> dict:
+    """Where one generate() call's time goes: device time and kernels per token, the top device
+    kernels, and the top host operators by self time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    _sync(dev)
+    with profile(activities=acts) as prof:
+        _generate(model, ids, cache)
+        _sync(dev)
+    dev_rows, host_rows = [], []
+    for e in prof.key_averages():
+        if e.device_type == DeviceType.CUDA:
+            us = getattr(e, "self_device_time_total", 0) or 0
+            if us > 0:
+                dev_rows.append((us / NEW, e.count / NEW, e.key))
+        elif e.self_cpu_time_total > 0:
+            host_rows.append((e.self_cpu_time_total / NEW, e.count / NEW, e.key))
+    dev_rows.sort(reverse=True)
+    host_rows.sort(reverse=True)
+    return {
+        "device_us_per_token": round(sum(r[0] for r in dev_rows), 1),
+        "kernels_per_token": round(sum(r[1] for r in dev_rows), 1),
+        "top_device": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in dev_rows[:10]],
+        "top_host_self": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in host_rows[:15]],
+    }
+
+
 def run_variant(kind, kernels, cache, name, args) -> dict:
     import trident
     from transformers import CompileConfig, GenerationConfig
@@ -99,6 +145,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
     with torch.no_grad():
         model.generation_config.disable_compile = True
         want = _generate(model, ids, cache)  # eager's tokens
+        want_logits = _generate(model, ids, cache, return_dict_in_generate=True, output_logits=True)
         model.generation_config.disable_compile = name == "eager"
         start = len(compiled_graphs())
         forward = model.forward
@@ -124,11 +171,18 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
             model.generation_config.compile_config = model.generation_config.compile_config or CompileConfig()
             model.generation_config.compile_config._compile_all_devices = True
         outs, secs = _timed(model, ids, cache, dev)
+        if name != "generate_own":
+            check = _logits_check(want_logits, _generate(model, ids, cache, return_dict_in_generate=True,
+                                                         output_logits=True))
+        prof = _profile(model, ids, cache, dev) if name in args.profile.split(",") else None
     r = {"first_call_s": round(secs[0], 2), "ms_per_token": statistics.median(secs[1:]) / NEW * 1e3,
          "ms_per_token_samples": [round(s / NEW * 1e3, 4) for s in secs[1:]]}
     if name != "generate_own":
         checks = [_tokens_vs(want, o) for o in outs]
         r["tokens"] = checks[0] if all(c == checks[0] for c in checks) else checks
+        r["logits_check"] = check
+    if prof is not None:
+        r["profile"] = prof
     if name == "trident_compile":
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
@@ -169,6 +223,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--budget-s", type=int, default=300, help="per variant process")
+    p.add_argument("--profile", default="", help="variants whose generate() call is profiled (torch.profiler)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # child: kind,kernels,cache,variant
     args = p.parse_args()
     if args.one:
@@ -191,7 +246,7 @@ def main() -> None:
                 jobs.append(("static", "graph_floor"))
             for cache, name in jobs:
                 cmd = [sys.executable, __file__, "--one", f"{kind},{kernels},{cache},{name}", "--device", args.device]
-                cmd += ["--tiny"] if args.tiny else []
+                cmd += (["--tiny"] if args.tiny else []) + ["--profile", args.profile]
                 try:
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s)
                     r = json.loads(proc.stdout.strip().splitlines()[-1])

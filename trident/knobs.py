@@ -329,11 +329,12 @@ _KNOBS = {
         "many bytes; larger ones (KV caches) stay pinned (Note [Staging written inputs]; 0: never)",
         Int(0),
     ),
-    "dynamo_captures": _Knob(
-        "TRIDENT_DYNAMO_CAPTURES",
+    "captures": _Knob(
+        "TRIDENT_CAPTURES",
         "8",
-        "torch.compile(backend='trident'): static captures per Dynamo graph (one per input signature) before calls "
-        "run the graph eagerly (Note [Dynamo graphs and static capture])",
+        "captures one front-door callable keeps (a trident.compile'd function, each graph torch.compile hands the "
+        "trident backend); past it a call of a new signature runs eagerly, said in explain() (Note [One capture "
+        "cache]); 0: every call eager",
         Int(0),
     ),
     "dynamo_symbolic": _Knob(
@@ -353,12 +354,6 @@ _KNOBS = {
         "is '+' (so 'liger_kernel' and '*' keep their meaning for those modules; the rest get the check: add '-*' "
         "for the old 'only these'); off ('', 0, none, ...): never, graph breaks as plain Dynamo",
         PrefixRules(),
-    ),
-    "compile_captures": _Knob(
-        "TRIDENT_COMPILE_CAPTURES",
-        "8",
-        "trident.compile: captures kept per function, the oldest dropped first",
-        Int(1),
     ),
     "progress": _Knob(
         "TRIDENT_PROGRESS",
@@ -455,8 +450,9 @@ def graph_limit() -> int:
     return _KNOBS["graph_limit"].value()
 
 
-def dynamo_captures() -> int:
-    return _KNOBS["dynamo_captures"].value()
+def captures() -> int:
+    """Captures per front-door callable (Note [One capture cache])."""
+    return _KNOBS["captures"].value()
 
 
 def dynamo_symbolic() -> bool:
@@ -467,10 +463,6 @@ def dynamo_trace_disabled() -> ModuleRules:
     """TRIDENT_DYNAMO_TRACE_DISABLED: `.action(module)` is "trace", "check" or "break" for a
     torch.compiler.disable()d function defined in `module`."""
     return _KNOBS["dynamo_trace_disabled"].value()
-
-
-def compile_captures() -> int:
-    return _KNOBS["compile_captures"].value()
 
 
 def graph_stage_written_bytes() -> int:

@@ -93,7 +93,11 @@ def test_explain_and_cache_info_of_a_compiled_function():
     for _ in range(3):
         torch.testing.assert_close(compiled(x, y), 2.0 * x + y)
     text = trident.explain(compiled)
-    assert text.startswith("1 capture(s); 1 call(s) ran eagerly\ncapture 0:\n1 region(s)")
+    assert text.startswith(
+        "1 capture(s); 1 call(s) ran eagerly\nthe latest eager calls (1), why each ran eagerly:\n"
+        "  the first call of this function: it runs eagerly, state made on a first call then exists\n"
+        "capture 0:\n1 region(s)"
+    )
     (info,) = trident.cache_info(compiled).values()
     (stats,) = info.values()
     assert stats["hits"] == 2 and stats["misses"] == 0  # the second call captured, then ran it

@@ -39,7 +39,8 @@ its own. dynamic=True: symbolic from the first capture; False: a static capture 
 A call Trident cannot capture (CaptureError, UnsupportedError) runs eagerly for its signature,
 with a warning (`eager_reason`), as torch.compile(backend="trident") does; explain() says for
 every eager call why, naming the leaf that changed (`cache.seen: 33 -> 34`).
-At most TRIDENT_COMPILE_CAPTURES (8) captures are kept per function, the oldest dropped first.
+At most TRIDENT_CAPTURES (8) captures per function; past it calls of new signatures run eagerly
+(Note [One capture cache], the same rule as the backend's).
 NOT guarded: Python globals and module attributes other than registered parameters and buffers
 (a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor).
 Tensors the function reads without being passed them are bound by identity (Note [Closed-over
@@ -48,7 +49,6 @@ tensors]): their in-place updates are seen.
 
 from __future__ import annotations
 
-import collections
 import functools
 import inspect
 import threading
@@ -58,11 +58,12 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from .. import knobs, logs
+from .. import logs
 from ..capture.trace import _roots, capture
 from ..errors import CaptureError, GuardError, TridentError
 from ..optimize import optimize
 from . import state
+from .cache import CaptureCache, retry_static
 
 _VALUE_TYPES = (int, float, bool, str, type(None))
 _TENSOR = object()  # a tensor's place in a signature and an output template
@@ -70,7 +71,6 @@ _INT = object()  # an int's place in a structure (its value is compared apart)
 _generation = [0]  # bumped by torch's parameter/buffer registration hooks
 _hooks_installed = False
 _hooks_lock = threading.Lock()
-_EAGER_LOG = 16  # eager calls whose reasons explain() lists, the latest
 
 _tracing = threading.local()  # set while this thread captures: make_fx registers the graph's constants
 
@@ -208,29 +208,41 @@ class CompiledFunction:
         self._symbolic_failed: set = set()  # families whose symbolic capture could not be made
         self._family_ints: dict = {}  # family -> the ints of its first call
         self._family_dynamic: dict = {}  # family -> positions of ints that changed within it
-        self._refused: dict = {}  # signature -> why Trident cannot capture it (it runs eagerly)
-        self.eager_reason: Optional[str] = None  # the last reason a capture was refused
-        self.eager_log: collections.deque = collections.deque(maxlen=_EAGER_LOG)  # why each eager call ran so
-        self.captures: dict[tuple, torch.fx.GraphModule] = {}
+        self.cache = CaptureCache(f"trident.compile({getattr(fn, '__name__', 'fn')})")  # Note [One capture cache]
         self._outputs: dict[tuple, _Outputs] = {}
         # per structure: [_Entry], static captures first; replaced, never mutated, so the hit
         # path reads it without the lock
         self._guarded: dict[tuple, list] = {}
         self._seen: set = set()  # signatures called once (eagerly)
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
-        self.eager_calls = 0
         self._generation = _generation[0]
-        self._lock = threading.Lock()
         functools.update_wrapper(self, fn, updated=())
+
+    @property
+    def captures(self) -> dict:
+        return self.cache.captures
+
+    @property
+    def eager_calls(self) -> int:
+        return self.cache.eager_calls
+
+    @property
+    def eager_reason(self) -> Optional[str]:
+        return self.cache.eager_reason
+
+    @property
+    def eager_log(self):
+        return self.cache.eager_log
 
     # Dynamo never traces into a trident.compile'd function (HF's generate() compiles the model's
     # __call__ around it for static caches): it calls it, as a torch.compiler.disable'd function.
     @torch.compiler.disable
     def __call__(self, *args, **kwargs):
         if self._generation != _generation[0]:  # a parameter or buffer was (re)assigned somewhere
-            with self._lock:
-                for table in (self.captures, self._outputs, self._guarded, self._structures, self._symbolic_failed,
-                              self._family_ints, self._family_dynamic, self._refused):
+            with self.cache.lock:
+                self.cache.clear()
+                for table in (self._outputs, self._guarded, self._structures, self._symbolic_failed,
+                              self._family_ints, self._family_dynamic):
                     table.clear()
                 self._seen = set()
                 self._generation = _generation[0]
@@ -249,11 +261,11 @@ class CompiledFunction:
     def _miss(self, call: _Call):
         key = call.key()
         opt = self.captures.get(key)
-        if opt is None and key in self._refused:  # Trident cannot capture it: eager, as the backend does
-            return self._eager(call, self._refused[key])
+        if opt is None and key in self.cache.refused:  # Trident cannot capture it: eager, as the backend does
+            return self._eager(call, self.cache.refused[key])
         if opt is not None:
             return self._run(opt, key, call)
-        with self._lock:
+        with self.cache.lock:
             opt = self.captures.get(key)
             family = call.family()
             first_ints = self._family_ints.setdefault(family, call.ints)
@@ -273,9 +285,9 @@ class CompiledFunction:
             if first:
                 self._seen.add(key)
                 reason = self._why_new(call)
+            elif opt is None and self.cache.full():
+                reason = self.cache.overflow()
             elif opt is None:
-                while len(self.captures) >= knobs.compile_captures():  # the oldest goes first
-                    self._drop(next(iter(self.captures)))
                 if symbolic:
                     try:
                         opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
@@ -295,10 +307,7 @@ class CompiledFunction:
                             except Exception:  # noqa: BLE001 - the static error is the one to report
                                 self._symbolic_failed.add(family)
                         if opt is None:
-                            reason = f"Trident cannot capture this call: {type(e).__name__}: {str(e).splitlines()[0]}"
-                            self._refused[key] = reason
-                            self.eager_reason = reason
-                            logs.misses.warning("trident.compile(%s): %s; it runs eagerly", self._name, reason)
+                            reason = self.cache.refuse(key, e)
                 if opt is not None and key not in self.captures:
                     self._register(call, key, opt)
         if opt is None:
@@ -310,7 +319,7 @@ class CompiledFunction:
         return getattr(self.fn, "__name__", "fn")
 
     def _register(self, call: _Call, key, opt) -> None:
-        self.captures[key] = opt
+        self.cache.add(key, opt)
         info = self._outputs[key]
         symbolic = opt.meta.get("trident_symbolic", False)
         fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
@@ -320,14 +329,13 @@ class CompiledFunction:
         self._guarded = {**self._guarded, call.structure: [entry] + entries if not symbolic else entries + [entry]}
 
     def _drop(self, old) -> None:
-        del self.captures[old]
+        self.cache.drop(old)
         self._outputs.pop(old, None)
         self._seen.discard(old)
         self._guarded = {s: [e for e in entries if e.key != old] for s, entries in self._guarded.items()}
 
     def _eager(self, call: _Call, reason: str):
-        self.eager_calls += 1
-        self.eager_log.append(reason)
+        self.cache.eager(reason)
         return self.fn(*call.args, **call.kwargs)
 
     def _why_new(self, call: _Call) -> str:
@@ -358,18 +366,16 @@ class CompiledFunction:
             # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
             # compared). When the capture raised before anything ran, this call gets a static
             # capture of its own (Note [Symbolic sizes]).
-            if not opt.meta.get("trident_symbolic") or not (
-                e.before_effects or e.region == opt.meta.get("trident_retry_region")
-            ):
+            if not retry_static(opt, e):
                 raise
             exact = call.key()
-            with self._lock:
+            with self.cache.lock:
                 static = self.captures.get(exact)
                 if static is None or static is opt:
                     if static is opt:
                         self._drop(exact)
                     static = self._capture(call, exact)
-                    self.captures[exact] = static
+                    self.cache.add(exact, static)
                     entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, exact)
                     self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
             return self._run(static, exact, call)

@@ -15,8 +15,8 @@ inputs are sizes of its tensors (Note [Dynamic Dynamo graphs]); otherwise, and f
 a capture cannot serve, its arguments at run time are concrete tensors and ints, so a compiled
 graph is a small cache keyed by the signature of its arguments (`compile.signature`: per tensor dtype, device, sizes and
 strides; every Python scalar's value), each entry one static capture: a new size is a new capture, never an error.
-The cache is bounded (TRIDENT_DYNAMO_CAPTURES, 8 per graph); past it calls run Dynamo's graph
-eagerly, and explain() says so. A graph Trident cannot capture or optimize (a TridentError:
+The cache is the one both doors keep (Note [One capture cache]: TRIDENT_CAPTURES, 8 per graph); past
+it calls of new signatures run Dynamo's graph eagerly, and explain() says so. A graph Trident cannot capture or optimize (a TridentError:
 something it does not support) runs eagerly too, for that signature, with a warning on the
 `trident.misses` logger and the reason in explain(). Trident is inference only (`trident.scm` has no derivative):
 a call with grad enabled and an input that requires grad runs Dynamo's graph eagerly, so
@@ -86,7 +86,6 @@ import functools
 import inspect
 import itertools
 import sys
-import threading
 import types
 import weakref
 from typing import Any, Callable, Iterator, Optional
@@ -97,6 +96,7 @@ from .. import knobs, logs
 from ..errors import GuardError, TridentError
 from ..capture.trace import capture
 from ..optimize import optimize
+from .cache import CaptureCache, retry_static
 from .compile import signature
 from .state import carrier
 
@@ -113,11 +113,7 @@ class CompiledGraph:
         # specialize Python scalars): its one capture is taken with no per-call Python walk.
         self._static_key = static_key
         self._static: Optional[torch.fx.GraphModule] = None
-        self.captures: dict[tuple, torch.fx.GraphModule] = {}
-        self.eager_calls = 0
-        self.eager_reason: Optional[str] = None
-        self._refused: dict[tuple, str] = {}  # signatures Trident could not capture/optimize: run eagerly
-        self._lock = threading.Lock()
+        self.cache = CaptureCache("torch.compile(backend='trident')")  # Note [One capture cache]
         # Note [Dynamic Dynamo graphs]: for a graph with symbolic sizes whose int inputs are all
         # sizes or strides of its tensor inputs, one symbolic capture (over the tensors alone)
         self._size_inputs = _size_inputs(gm) if static_key is None else None
@@ -129,6 +125,22 @@ class CompiledGraph:
         )
         # ints that are no tensor's size (a token count Dynamo made dynamic): passed as carriers
         self._free_ints = [i for i, src in (self._size_inputs or {}).items() if src is None] if symbolic else []
+
+    @property
+    def captures(self) -> dict:
+        return self.cache.captures
+
+    @property
+    def eager_calls(self) -> int:
+        return self.cache.eager_calls
+
+    @property
+    def eager_reason(self) -> Optional[str]:
+        return self.cache.eager_reason
+
+    @property
+    def eager_log(self):
+        return self.cache.eager_log
 
     def __call__(self, *args):
         opt = self._static
@@ -143,32 +155,26 @@ class CompiledGraph:
         key = signature(args) if self._static_key is None else self._static_key
         opt = self.captures.get(key)
         if opt is None:
-            refused = self._refused.get(key)
+            refused = self.cache.refused.get(key)
             if refused is not None:
                 return self._eager(args, refused)
-            with self._lock:
+            with self.cache.lock:
                 opt = self.captures.get(key)
                 if opt is None:
-                    if len(self.captures) >= knobs.dynamo_captures():
-                        return self._eager(
-                            args, f"more than TRIDENT_DYNAMO_CAPTURES={knobs.dynamo_captures()} input signatures"
-                        )
+                    if self.cache.full():
+                        return self._eager(args, self.cache.overflow())
                     try:
                         opt = optimize(capture(self.gm, *args))
                     except TridentError as e:
                         # Dynamo's graph still runs: eagerly, for this signature from now on
-                        reason = f"Trident cannot optimize this graph: {type(e).__name__}: {str(e).splitlines()[0]}"
-                        self._refused[key] = reason
-                        logs.misses.warning("torch.compile(backend='trident'): %s; it runs eagerly", reason)
-                        return self._eager(args, reason)
-                    self.captures[key] = opt
+                        return self._eager(args, self.cache.refuse(key, e, "optimize this graph"))
+                    self.cache.add(key, opt)
                     if self._static_key is not None:
                         self._static = opt
         return opt(*args)
 
     def _eager(self, args, reason: str):
-        self.eager_calls += 1
-        self.eager_reason = reason
+        self.cache.eager(reason)
         return self.gm(*args)
 
     def _call_symbolic(self, args):
@@ -182,7 +188,7 @@ class CompiledGraph:
             # only): such a call takes the static path, the capture waits for a general one
             if any(not isinstance(args[i], int) or args[i] < 2 for i in self._free_ints):
                 return None
-            with self._lock:
+            with self.cache.lock:
                 if self._symbolic_state == "untried":
                     self._symbolic_state = "failed"
                     try:
@@ -198,7 +204,7 @@ class CompiledGraph:
             return opt(*[args[i] for i in positions], *[carrier(args[i]) for i in self._free_ints])
         except GuardError as e:
             # sizes the capture cannot serve, raised before anything ran: a static capture
-            if not (e.before_effects or e.region == opt.meta.get("trident_retry_region")):
+            if not retry_static(opt, e):
                 raise
             return None
 
@@ -234,7 +240,7 @@ class CompiledGraph:
         opt = optimize(capture(flat, *[args[i] for i in positions], *[carrier(args[i]) for i in free],
                                input_names=[names[i] for i in positions] + [names[i] for i in free],
                                dynamic=True))
-        self.captures[("symbolic",)] = opt
+        self.cache.add(("symbolic",), opt)
         return opt
 
 

@@ -62,7 +62,7 @@ def _dynamo_head(obj) -> "list[str]":
         f"torch.compile(backend='trident'): {len(graphs)} Dynamo graph(s), "
         f"{sum(len(g.captures) for g in graphs)} capture(s); {sum(g.eager_calls for g in graphs)} call(s) ran eagerly"
     ]
-    reasons = [g.eager_reason for g in graphs if g.eager_reason]
+    reasons = [why for g in graphs for why in g.eager_log]
     if reasons:
         lines.append(f"last eager call: {reasons[-1]}")
     breaks = dict(counters.get("graph_break", {}))

@@ -1,0 +1,82 @@
+"""The one capture cache both front doors keep per callable.
+
+Note [One capture cache]
+~~~~~~~~~~~~~~~~~~~~~~~~
+A trident.compile'd function and each graph torch.compile hands the trident backend own a
+CaptureCache: their optimized captures by signature (each door computes its own key), the
+signatures Trident refused (a CaptureError or UnsupportedError: they run eagerly, with the
+reason), the count and the reasons of eager calls, and the lock under which captures are made.
+One bound for both, TRIDENT_CAPTURES (8): a callable that would need a ninth capture runs that
+call eagerly instead and explain() says so -- as Dynamo's own recompile limit does, so a
+program cycling through more signatures than the bound never thrashes (a capture costs
+seconds, an eager call what eager costs) and memory stays bounded. Symbolic captures make the
+bound rarely reached: one serves every size of a family (Note [Symbolic sizes]).
+A symbolic capture whose guards refuse a call before anything ran (`retry_static`) lets the
+door serve that call with a static capture of its own, the same rule in both doors.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Optional
+
+import torch
+
+from .. import knobs, logs
+from ..errors import GuardError
+
+EAGER_LOG = 16  # eager calls whose reasons explain() lists, the latest
+
+
+class CaptureCache:
+    """Captures, refusals and eager calls of one front-door callable (Note [One capture cache])."""
+
+    def __init__(self, door: str):
+        self.door = door  # "trident.compile(f)", "torch.compile(backend='trident')": for messages
+        self.captures: dict[tuple, torch.fx.GraphModule] = {}
+        self.refused: dict[tuple, str] = {}
+        self.eager_calls = 0
+        self.eager_reason: Optional[str] = None  # the last reason a capture was refused
+        self.eager_log: collections.deque = collections.deque(maxlen=EAGER_LOG)
+        self.lock = threading.Lock()
+
+    def full(self) -> bool:
+        return len(self.captures) >= knobs.captures()
+
+    def overflow(self) -> str:
+        """The reason a call runs eagerly once the cache is full."""
+        return (f"a new signature past TRIDENT_CAPTURES={knobs.captures()} captures of this "
+                f"{'function' if self.door.startswith('trident') else 'graph'}: it runs eagerly")
+
+    def eager(self, reason: str) -> None:
+        """Count an eager call and keep why it ran eagerly."""
+        self.eager_calls += 1
+        self.eager_log.append(reason)
+
+    def refuse(self, key, error: Exception, what: str = "capture this call") -> str:
+        """A signature Trident cannot serve: every call of it runs eagerly, with this reason."""
+        reason = f"Trident cannot {what}: {type(error).__name__}: {str(error).splitlines()[0]}"
+        self.refused[key] = reason
+        self.eager_reason = reason
+        logs.misses.warning("%s: %s; it runs eagerly", self.door, reason)
+        return reason
+
+    def add(self, key, opt: torch.fx.GraphModule) -> None:
+        self.captures[key] = opt
+
+    def drop(self, key) -> None:
+        self.captures.pop(key, None)
+
+    def clear(self) -> None:
+        self.captures.clear()
+        self.refused.clear()
+
+
+def retry_static(opt: torch.fx.GraphModule, error: GuardError) -> bool:
+    """Whether a GuardError of `opt` lets the door serve the call with a static capture: `opt`
+    is symbolic and raised before anything of the call ran (its call guards, or the guards of
+    its first region when nothing before that region has an effect)."""
+    return bool(opt.meta.get("trident_symbolic")) and (
+        error.before_effects or error.region == opt.meta.get("trident_retry_region")
+    )
