@@ -52,7 +52,8 @@ class RecurrentLayer(torch.nn.Module):
 
     def forward(self, x, cache: RecurrentCache, index: int):
         b, d = x.shape
-        q, k, v = self.q(x), torch.tanh(self.k(x)), self.v(x)
+        # bounded as a real model's normalized projections are: |state| <= 1 / (1 - decay)
+        q, k, v = torch.tanh(self.q(x)) * d**-0.5, torch.tanh(self.k(x)) * d**-0.5, torch.tanh(self.v(x))
         old = cache.states[index]["recurrent_state"] if index < len(cache.states) else x.new_zeros(b, d, d)
         new = torch.empty_like(old)
         decay_update_kernel[(b * d,)](old, k.contiguous(), v.contiguous(), new, d, self.decay,

@@ -16,9 +16,9 @@ from trident.frontends.dynamo import compiled_graphs
 STEPS = 64
 
 
-def _model():
+def _model(device="cpu"):
     torch.manual_seed(0)
-    return RecurrentModel(dim=16, layers=3).eval()
+    return RecurrentModel(dim=16, layers=3).to(device).eval()
 
 
 def _assert_same(want, got):
@@ -32,27 +32,27 @@ def _assert_same(want, got):
         torch.testing.assert_close(b["recurrent_state"], a["recurrent_state"], rtol=1e-5, atol=1e-5)
 
 
-def test_replaced_state_and_counter_through_trident_compile():
+def test_replaced_state_and_counter_through_trident_compile(device):
     """64 steps: counts 0, 1 and the first count >= 2 run eagerly (each a new structure's first
     call), then ONE capture (the count symbolic) serves every step; its writes give the caller's
     cache the new state tensors and the advanced count. A second decode on a new cache object
     reuses it (identity is not part of the signature); only its count-1 step is new."""
-    model = _model()
-    want = decode(model, 16, STEPS)
+    model = _model(device)
+    want = decode(model, 16, STEPS, device=device)
     compiled = trident.compile(model)
-    _assert_same(want, decode(compiled, 16, STEPS))
+    _assert_same(want, decode(compiled, 16, STEPS, device=device))
     assert len(compiled.captures) == 1 and compiled.eager_calls == 3
     (opt,) = compiled.captures.values()
     assert opt.meta["trident_symbolic"]
     log = "\n".join(compiled.eager_log)
     assert "cache.seen: 1 -> 2" in log and "cache.states[0]['recurrent_state']: absent -> float32[1, 16, 16]" in log
-    _assert_same(want, decode(compiled, 16, STEPS))
+    _assert_same(want, decode(compiled, 16, STEPS, device=device))
     assert len(compiled.captures) <= 2 and compiled.eager_calls <= 4
     # the first step of a new cache appends to its list: not replayable, said so, run eagerly
     assert "changes length" in compiled.eager_log[-1]
 
 
-def test_replaced_state_and_counter_through_the_backend():
+def test_replaced_state_and_counter_through_the_backend(device):
     """torch.compile(model, backend="trident"): Dynamo keeps the side effects itself; the count it
     makes dynamic after it changed is a free int of the graph, passed as a carrier (Note [Dynamic
     Dynamo graphs]): no eager call, a few captures, no graph break."""
@@ -60,10 +60,10 @@ def test_replaced_state_and_counter_through_the_backend():
 
     torch._dynamo.reset()
     counters.clear()
-    model = _model()
-    want = decode(model, 16, STEPS)
+    model = _model(device)
+    want = decode(model, 16, STEPS, device=device)
     start = len(compiled_graphs())
-    _assert_same(want, decode(torch.compile(model, backend="trident"), 16, STEPS))
+    _assert_same(want, decode(torch.compile(model, backend="trident"), 16, STEPS, device=device))
     graphs = compiled_graphs()[start:]
     assert sum(g.eager_calls for g in graphs) == 0
     assert sum(len(g.captures) for g in graphs) <= 3
