@@ -22,6 +22,7 @@ import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.interpreter import InterpretedFunction
@@ -215,13 +216,16 @@ def capture(
     *example_inputs: Any,
     input_names: Optional[Sequence[str]] = None,
     dynamic: bool = False,
+    static_inputs: Sequence[int] = (),
 ) -> torch.fx.GraphModule:
     """Trace `fn(*example_inputs)` into an FX GraphModule of ATen ops and Triton launches.
 
     Tensor inputs become placeholders; sizes are those of the examples (static capture), or,
     with `dynamic=True`, symbols (make_fx's symbolic tracing; Note [Symbolic sizes]): sizes 0
     and 1 and the sizes of tensors `fn` closes over stay static, every other size and stride of
-    an input is a symbol, and the graph serves every size its shape guards admit.
+    an input is a symbol, and the graph serves every size its shape guards admit; the example
+    inputs at `static_inputs` (positions) keep their sizes and strides (Note [Static inputs of a
+    symbolic capture]).
     Non-tensor inputs are captured as the constants they were: the optimized module checks
     them on every call and raises GuardError if they change.
     Graph inputs carry the caller's names (Note [The caller's names]): `fn`'s parameter names,
@@ -240,8 +244,10 @@ def capture(
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
+            static = {id(example_inputs[i]) for i in static_inputs if isinstance(example_inputs[i], torch.Tensor)}
             with _no_duck_sizes() if dynamic else contextlib.nullcontext(), \
-                    _SYMINT_INDEXING.held() if dynamic else contextlib.nullcontext():
+                    _SYMINT_INDEXING.held() if dynamic else contextlib.nullcontext(), \
+                    _static_inputs(static) if dynamic and static else contextlib.nullcontext():
                 gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
                 gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
         _tag_heuristics(gm, log)
@@ -312,6 +318,50 @@ def _set_tensor_getitem(fn) -> Callable[[], None]:
 
 
 _SYMINT_INDEXING = SharedPatch(_set_tensor_getitem(_symint_getitem), _set_tensor_getitem(_ORIGINAL_TENSOR_GETITEM))
+
+
+# Note [Static inputs of a symbolic capture]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A symbolic capture gives every size of every input its own symbol. Where the front door knows
+# an input's sizes did not change (a KV cache of fixed length while the prompt length varies; a
+# Dynamo graph's input whose sizes Dynamo kept static), tracing it with symbols only adds guards
+# and sympy work (a 16-layer DynamicCache graph with every cache dimension a symbol traced for
+# minutes) and hides facts the trace could use. Such inputs are made fake with static shapes:
+# while this thread traces, FakeTensorMode.from_tensor is asked for static shapes for exactly
+# those tensors (as Dynamo's automatic dynamic keeps unchanged dimensions static). A later call
+# that changes one fails the capture's guards before anything runs, and the door serves it
+# otherwise (Note [Symbolic sizes]).
+_static_route = threading.local()
+_ORIGINAL_FROM_TENSOR = FakeTensorMode.from_tensor
+
+
+def _from_tensor(self, tensor, *, static_shapes=None, source=None, symbolic_context=None, trace=True):
+    ids = getattr(_static_route, "ids", None)
+    if ids and id(tensor) in ids and symbolic_context is None:
+        static_shapes = True
+    return _ORIGINAL_FROM_TENSOR(self, tensor, static_shapes=static_shapes, source=source,
+                                 symbolic_context=symbolic_context, trace=trace)
+
+
+def _set_from_tensor(fn) -> Callable[[], None]:
+    def install() -> None:
+        FakeTensorMode.from_tensor = fn
+
+    return install
+
+
+_STATIC_INPUTS = SharedPatch(_set_from_tensor(_from_tensor), _set_from_tensor(_ORIGINAL_FROM_TENSOR))
+
+
+@contextlib.contextmanager
+def _static_inputs(ids: set):
+    outer = getattr(_static_route, "ids", None)
+    with _STATIC_INPUTS.held():
+        _static_route.ids = ids
+        try:
+            yield
+        finally:
+            _static_route.ids = outer
 
 
 @contextlib.contextmanager

@@ -208,6 +208,7 @@ class CompiledFunction:
         self._symbolic_failed: set = set()  # families whose symbolic capture could not be made
         self._family_ints: dict = {}  # family -> the ints of its first call
         self._family_dynamic: dict = {}  # family -> positions of ints that changed within it
+        self._family_layouts: dict = {}  # family -> its first call's tensor sizes and strides
         self.cache = CaptureCache(f"trident.compile({getattr(fn, '__name__', 'fn')})")  # Note [One capture cache]
         self._outputs: dict[tuple, _Outputs] = {}
         # per structure: [_Entry], static captures first; replaced, never mutated, so the hit
@@ -242,7 +243,7 @@ class CompiledFunction:
             with self.cache.lock:
                 self.cache.clear()
                 for table in (self._outputs, self._guarded, self._structures, self._symbolic_failed,
-                              self._family_ints, self._family_dynamic):
+                              self._family_ints, self._family_dynamic, self._family_layouts):
                     table.clear()
                 self._seen = set()
                 self._generation = _generation[0]
@@ -273,6 +274,12 @@ class CompiledFunction:
                 i for i, (a, b) in enumerate(zip(first_ints, call.ints)) if a != b and a >= 0 and b >= 2
             }))
             self._family_dynamic[family] = dynamic_ints
+            layouts = tuple((tuple(t.shape), tuple(t.stride())) for t in call.tensors)
+            first_layouts = self._family_layouts.setdefault(family, layouts)
+            # with dynamic=None, tensors whose layout has not changed within the family stay
+            # static in its symbolic capture (Note [Static inputs of a symbolic capture])
+            static = () if self.dynamic is True else tuple(
+                k for k, (a, b) in enumerate(zip(first_layouts, layouts)) if a == b)
             # A symbolic capture (Note [Symbolic sizes]) once a second signature of one
             # family comes (sizes or ints changed: as torch.compile's automatic dynamic shapes),
             # or from the first capture with dynamic=True.
@@ -290,7 +297,7 @@ class CompiledFunction:
             elif opt is None:
                 if symbolic:
                     try:
-                        opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
+                        opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints, static=static)
                     except Exception as e:  # noqa: BLE001 - served by a static capture instead
                         self._symbolic_failed.add(family)
                         logs.misses.info(
@@ -395,7 +402,8 @@ class CompiledFunction:
                 out.append(t[1])
         return pytree.tree_unflatten(out, info.spec)
 
-    def _capture(self, call: _Call, key, dynamic: bool = False, dynamic_ints: tuple = ()) -> torch.fx.GraphModule:
+    def _capture(self, call: _Call, key, dynamic: bool = False, dynamic_ints: tuple = (),
+                 static: tuple = ()) -> torch.fx.GraphModule:
         """The call's tensors (and its dynamic ints, as carriers) become the graph's inputs;
         every other leaf is a constant of this capture (the signature keys it), so objects
         make_fx cannot take (an HF Cache) are fine; what fn does to the state it is passed is
@@ -465,7 +473,7 @@ class CompiledFunction:
         input_names = [names[i] for i in tensor_pos] + [names[i] for i in dynamic_pos]
         _tracing.active = True
         try:
-            opt = optimize(capture(flat, *examples, input_names=input_names, dynamic=dynamic))
+            opt = optimize(capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static))
         finally:
             _tracing.active = False
         self._outputs[key] = recorded["info"]

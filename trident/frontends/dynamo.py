@@ -237,7 +237,13 @@ class CompiledGraph:
         for i in free:
             if not isinstance(args[i], int):
                 raise TridentError(f"input {names[i]} is a {type(args[i]).__name__}, not an int")
+        # inputs Dynamo kept static stay static (Note [Static inputs of a symbolic capture])
+        placeholders = _placeholders(gm)
+        static = [k for k, i in enumerate(positions)
+                  if isinstance(v := placeholders[i].meta.get("example_value"), torch.Tensor)
+                  and not any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))]
         opt = optimize(capture(flat, *[args[i] for i in positions], *[carrier(args[i]) for i in free],
+                               static_inputs=static,
                                input_names=[names[i] for i in positions] + [names[i] for i in free],
                                dynamic=True))
         self.cache.add(("symbolic",), opt)
