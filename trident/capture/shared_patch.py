@@ -8,6 +8,15 @@ import threading
 from typing import Callable, Iterator
 
 
+def setter(owner, name: str, value) -> Callable[[], None]:
+    """A function that sets `owner.name = value`: one side of a SharedPatch of an attribute."""
+
+    def install() -> None:
+        setattr(owner, name, value)
+
+    return install
+
+
 class SharedPatch:
     """Installed by the first holder, removed by the last. The patched functions consult
     thread-local state, so threads not holding it keep the original behaviour."""

@@ -33,7 +33,7 @@ from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
 from .collectives import check_graph, collectives_as_functional
 from .host_driver import ensure_triton_driver
-from .shared_patch import SharedPatch
+from .shared_patch import SharedPatch, setter
 from .inline_triton_ops import inline_custom_ops
 
 
@@ -44,13 +44,6 @@ from .inline_triton_ops import inline_custom_ops
 # another traced recursed into the patch).
 _route = threading.local()
 _ORIGINAL_GETITEM = KernelInterface.__getitem__
-
-
-def _set_getitem(fn) -> Callable[[], None]:
-    def install() -> None:
-        KernelInterface.__getitem__ = fn
-
-    return install
 
 
 def _routed_getitem(self, grid):
@@ -66,7 +59,8 @@ def _routed_getitem(self, grid):
     return wrapped[grid]
 
 
-_ROUTING = SharedPatch(_set_getitem(_routed_getitem), _set_getitem(_ORIGINAL_GETITEM))
+_ROUTING = SharedPatch(setter(KernelInterface, "__getitem__", _routed_getitem),
+                       setter(KernelInterface, "__getitem__", _ORIGINAL_GETITEM))
 
 
 @contextlib.contextmanager
@@ -310,14 +304,8 @@ def _symint_getitem(self, index):
     return out
 
 
-def _set_tensor_getitem(fn) -> Callable[[], None]:
-    def install() -> None:
-        torch.Tensor.__getitem__ = fn
-
-    return install
-
-
-_SYMINT_INDEXING = SharedPatch(_set_tensor_getitem(_symint_getitem), _set_tensor_getitem(_ORIGINAL_TENSOR_GETITEM))
+_SYMINT_INDEXING = SharedPatch(setter(torch.Tensor, "__getitem__", _symint_getitem),
+                               setter(torch.Tensor, "__getitem__", _ORIGINAL_TENSOR_GETITEM))
 
 
 # Note [Static inputs of a symbolic capture]
@@ -343,14 +331,8 @@ def _from_tensor(self, tensor, *, static_shapes=None, source=None, symbolic_cont
                                  symbolic_context=symbolic_context, trace=trace)
 
 
-def _set_from_tensor(fn) -> Callable[[], None]:
-    def install() -> None:
-        FakeTensorMode.from_tensor = fn
-
-    return install
-
-
-_STATIC_INPUTS = SharedPatch(_set_from_tensor(_from_tensor), _set_from_tensor(_ORIGINAL_FROM_TENSOR))
+_STATIC_INPUTS = SharedPatch(setter(FakeTensorMode, "from_tensor", _from_tensor),
+                             setter(FakeTensorMode, "from_tensor", _ORIGINAL_FROM_TENSOR))
 
 
 @contextlib.contextmanager

@@ -73,6 +73,29 @@ class CaptureCache:
         self.refused.clear()
 
 
+class ServedByCache:
+    """What a front-door callable shows of its CaptureCache (`self.cache`): explain(),
+    cache_info() and tests read these on both doors' callables."""
+
+    cache: CaptureCache
+
+    @property
+    def captures(self) -> dict:
+        return self.cache.captures
+
+    @property
+    def eager_calls(self) -> int:
+        return self.cache.eager_calls
+
+    @property
+    def eager_reason(self) -> Optional[str]:
+        return self.cache.eager_reason
+
+    @property
+    def eager_log(self) -> collections.deque:
+        return self.cache.eager_log
+
+
 def retry_static(opt: torch.fx.GraphModule, error: GuardError) -> bool:
     """Whether a GuardError of `opt` lets the door serve the call with a static capture: `opt`
     is symbolic and raised before anything of the call ran (its call guards, or the guards of

@@ -63,7 +63,7 @@ from ..capture.trace import _roots, capture
 from ..errors import CaptureError, GuardError, TridentError
 from ..optimize import optimize
 from . import state
-from .cache import CaptureCache, retry_static
+from .cache import CaptureCache, ServedByCache, retry_static
 
 _VALUE_TYPES = (int, float, bool, str, type(None))
 _TENSOR = object()  # a tensor's place in a signature and an output template
@@ -198,7 +198,7 @@ class _Entry:
     key: tuple
 
 
-class CompiledFunction:
+class CompiledFunction(ServedByCache):
     """What trident.compile returns (Note [What trident.compile guards])."""
 
     def __init__(self, fn: Callable[..., Any], dynamic: Optional[bool] = None):
@@ -218,22 +218,6 @@ class CompiledFunction:
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
         self._generation = _generation[0]
         functools.update_wrapper(self, fn, updated=())
-
-    @property
-    def captures(self) -> dict:
-        return self.cache.captures
-
-    @property
-    def eager_calls(self) -> int:
-        return self.cache.eager_calls
-
-    @property
-    def eager_reason(self) -> Optional[str]:
-        return self.cache.eager_reason
-
-    @property
-    def eager_log(self):
-        return self.cache.eager_log
 
     # Dynamo never traces into a trident.compile'd function (HF's generate() compiles the model's
     # __call__ around it for static caches): it calls it, as a torch.compiler.disable'd function.

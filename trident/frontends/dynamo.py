@@ -96,12 +96,12 @@ from .. import knobs, logs
 from ..errors import GuardError, TridentError
 from ..capture.trace import capture
 from ..optimize import optimize
-from .cache import CaptureCache, retry_static
+from .cache import CaptureCache, ServedByCache, retry_static
 from .compile import signature
 from .state import carrier
 
 
-class CompiledGraph:
+class CompiledGraph(ServedByCache):
     """The callable Dynamo gets for one graph (Note [Dynamo graphs and static capture])."""
 
     def __init__(self, gm: torch.fx.GraphModule, frames: frozenset = frozenset(), module=None, static_key=None):
@@ -125,22 +125,6 @@ class CompiledGraph:
         )
         # ints that are no tensor's size (a token count Dynamo made dynamic): passed as carriers
         self._free_ints = [i for i, src in (self._size_inputs or {}).items() if src is None] if symbolic else []
-
-    @property
-    def captures(self) -> dict:
-        return self.cache.captures
-
-    @property
-    def eager_calls(self) -> int:
-        return self.cache.eager_calls
-
-    @property
-    def eager_reason(self) -> Optional[str]:
-        return self.cache.eager_reason
-
-    @property
-    def eager_log(self):
-        return self.cache.eager_log
 
     def __call__(self, *args):
         opt = self._static
