@@ -183,6 +183,10 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["logits_check"] = check
     if prof is not None:
         r["profile"] = prof
+    if name in ("trident_compile", "trident_backend", "trident_config"):  # regions and graph replays per capture
+        opts = list(model.forward.captures.values()) if name == "trident_compile" else [
+            opt for gr in compiled_graphs()[start:] for opt in gr.captures.values()]
+        r["regions"] = [_regions_summary(opt) for opt in opts]
     if name == "trident_compile":
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
@@ -192,6 +196,18 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["captures"] = sum(len(gr.captures) for gr in graphs)
         r["eager_calls"] = sum(gr.eager_calls for gr in graphs)
     return r
+
+
+def _regions_summary(opt) -> dict:
+    """A capture's regions: calls served, graph replays, and how many regions replayed a graph."""
+    import trident
+
+    info = trident.cache_info(opt)
+    return {"symbolic": bool(opt.meta.get("trident_symbolic")), "regions": len(info),
+            "hits": sum(v["hits"] for v in info.values()),
+            "graph_replays": sum(v.get("graph_replays", 0) for v in info.values()),
+            "regions_replaying": sum(1 for v in info.values() if v.get("graph_replays", 0)),
+            "cuts": len(opt.meta.get("trident_cuts", ()))}
 
 
 def run_floor(kind, kernels, args) -> dict:

@@ -132,6 +132,11 @@ def run_variant(name, model, x0, args) -> dict:
             times.append((time.perf_counter() - t) / args.steps * 1e3)
     out["ms_per_step"] = statistics.median(times)
     out["ms_per_step_samples"] = [round(v, 4) for v in times]
+    if name in ("trident_compile", "trident_backend"):  # where the time goes: regions, graphs, cuts
+        texts = [trident.explain(step)] if name == "trident_compile" else [
+            trident.explain(g) for g in compiled_graphs()[start:]]
+        out["explain"] = [line[:300] for t in texts for line in t.splitlines()
+                          if not line.startswith(("    launch", "    guard", "  size guard", "  symbolic trace"))][:80]
     if name == "trident_compile":
         out["captures"] = len(step.captures)
         out["eager_calls"] = step.eager_calls

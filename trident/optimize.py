@@ -7,6 +7,7 @@ import contextlib
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from . import knobs
 from .capture import ensure_triton_driver
 from .errors import GuardError, TridentError, UnsupportedError
 from .passes import (
@@ -21,6 +22,7 @@ from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
+from .passes.partition_regions import split_symbolic_regions
 from .runtime import SCMRuntime
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, first_failure
 from .scm.ir import RegionProgram
@@ -250,6 +252,8 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             fuse_copy_launches(new)
         sink_allocations(new)
         part = partition_regions(new)
+        if symbolic and _graphs_may_record(new):  # Note [Pieces of a symbolic region]
+            part.regions = split_symbolic_regions(part.regions)
         region_ids, skipped = outline_regions(new, part.regions, _make_scm)
     new.meta["trident_regions"] = region_ids
     new.meta["trident_cuts"] = part.cuts + skipped
@@ -258,6 +262,18 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new.meta["trident_retry_region"] = _retry_region(new) if symbolic else None
     _install_input_checks(new)
     return new
+
+
+def _graphs_may_record(gm: torch.fx.GraphModule) -> bool:
+    """Whether TRIDENT_GRAPHS lets regions of this graph record graphs: 'all', or 'cuda' with a
+    CUDA input."""
+    mode = knobs.graphs()
+    if mode == "all":
+        return True
+    return bool(mode) and any(
+        isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_cuda
+        for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")
+    )
 
 
 def _retry_region(gm: torch.fx.GraphModule):

@@ -113,3 +113,43 @@ def test_backend_arguments():
         f = torch.compile(lambda x: x * 2, backend="trident", dynamic=False, fullgraph=True, **how)
         torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("door", ["compile", "backend"])
+def test_dynamic_cache_decode_replays_graphs_around_the_attention(door, monkeypatch):
+    """Note [Pieces of a symbolic region]: with a DynamicCache the key/value length grows every
+    step, so the decode capture is symbolic; its regions are cut into static pieces (embedding,
+    norms, projections, rotary, MLP: one graph each, replayed every step) and symbolic pieces
+    (the cache's concatenation and the attention), which run natively. Graphs are emulated on the
+    CPU (TRIDENT_GRAPHS=all); tokens equal eager's."""
+    from trident import knobs
+    from trident.runtime import SCMRuntime
+    from trident.runtime.native import C
+
+    torch._dynamo.reset()
+    _, model = _model("llama", "own", monkeypatch)
+    want = _generate(model, "dynamic")
+    start = len(compiled_graphs())
+    with knobs.scope(graphs="all"):
+        if door == "compile":
+            model.forward = trident.compile(model.forward)
+        else:
+            model.forward = torch.compile(model.forward, backend="trident")
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(_generate(model, "dynamic"), want)
+    if door == "compile":
+        captures = list(model.forward.captures.values())
+    else:
+        captures = [opt for g in compiled_graphs()[start:] for opt in g.captures.values()]
+    symbolic = [opt for opt in captures if opt.meta["trident_symbolic"]]
+    assert symbolic
+    replays = {True: 0, False: 0}
+    for opt in symbolic:
+        for rid in opt.meta["trident_regions"]:
+            program = SCMRuntime.get(rid).program
+            replays[bool(program.symbols)] += sum(g["replays"] for g in C.graph_stats(rid)["graphs"])
+    # the decode steps of the 2nd and 3rd generate() replay the static pieces' graphs
+    assert replays[False] >= 2 * (NEW - 4), replays
+    assert replays[True] == 0, replays
+    torch._dynamo.reset()

@@ -47,9 +47,35 @@ def test_replaced_state_and_counter_through_trident_compile(device):
     log = "\n".join(compiled.eager_log)
     assert "cache.seen: 1 -> 2" in log and "cache.states[0]['recurrent_state']: absent -> float32[1, 16, 16]" in log
     _assert_same(want, decode(compiled, 16, STEPS, device=device))
-    assert len(compiled.captures) <= 2 and compiled.eager_calls <= 4
-    # the first step of a new cache appends to its list: not replayable, said so, run eagerly
-    assert "changes length" in compiled.eager_log[-1]
+    # the first step of a new cache (its per-layer list appended to: a resize write) and the
+    # second (count 1) are captures of their own structures; nothing more runs eagerly
+    assert len(compiled.captures) <= 3 and compiled.eager_calls == 3, compiled.eager_log
+    _assert_same(want, decode(compiled, 16, STEPS, device=device))
+    assert compiled.eager_calls == 3, compiled.eager_log
+
+
+def test_a_counter_read_as_a_position_keeps_one_region_and_one_graph(device):
+    """`positions[cache.seen]` reads a Python counter no tensor input carries (Note [Ints no input
+    carries]): the host takes the row before the region's call, so the whole step is ONE region
+    with nothing symbolic, and one graph (emulated on the CPU) replays every step with the row
+    staged; no cut, results equal eager's."""
+    from trident import knobs
+    from trident.runtime import SCMRuntime
+    from trident.runtime.native import C
+
+    model = _model(device)
+    want = decode(model, 16, STEPS, device=device)
+    compiled = trident.compile(model)
+    with knobs.scope(graphs="all" if device == "cpu" else "cuda"):
+        _assert_same(want, decode(compiled, 16, STEPS, device=device))
+    (opt,) = [opt for opt in compiled.captures.values() if opt.meta["trident_symbolic"]]
+    (rid,) = opt.meta["trident_regions"]
+    assert not opt.meta.get("trident_cuts"), opt.meta.get("trident_cuts")
+    assert not SCMRuntime.get(rid).program.symbols
+    (g,) = C.graph_stats(rid)["graphs"]
+    assert g["replays"] >= STEPS - 6
+    names = [i.name for i in SCMRuntime.get(rid).program.inputs]
+    assert "x" in [names[i] for i in g["staged"]]
 
 
 def test_replaced_state_and_counter_through_the_backend(device):
@@ -165,18 +191,42 @@ def test_record_and_apply_writes():
     assert torch.equal(o.a, torch.zeros(2))
 
 
-@pytest.mark.parametrize("change", ["new object", "list grows"])
+def test_lists_appended_to_and_truncated_are_replayed():
+    """A list the function appends to (a cache's per-layer list filled on the first step) or
+    truncates: a resize write; the kept items keep their identity, a kept dict's own change is
+    a write of its own, the new items are built per call."""
+    keep = {"s": 1}
+
+    class Obj:
+        def __init__(self):
+            self.items = [keep, 5]
+            self.short = [1, 2, 3]
+
+    def fn(o):
+        o.items[0]["s"] = 2
+        o.items.append({"new": 3})
+        o.items.append(4)
+        del o.short[1:]
+
+    o = Obj()
+    writes, extra = _record(o, fn)
+    assert o.items == [keep, 5] and keep == {"s": 1} and o.short == [1, 2, 3]  # restored
+    state.apply_writes(writes, [o], [], [], [])
+    assert o.items[0] is keep and o.items == [{"s": 2}, 5, {"new": 3}, 4] and o.short == [1]
+
+
+@pytest.mark.parametrize("change", ["new object", "list rebuilt"])
 def test_unreplayable_changes_are_named(change):
     class Obj:
         def __init__(self):
-            self.items = [1]
+            self.items = [{"a": 1}, {"b": 2}]
             self.child = None
 
     def fn(o):
         if change == "new object":
             o.child = Obj()
         else:
-            o.items.append(2)
+            o.items[:] = [o.items[1], o.items[0], {}]
 
     with pytest.raises(state.Unreplayable, match=r"obj\.child becomes a new Obj|obj\.items changes length"):
         _record(Obj(), fn)

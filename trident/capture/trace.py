@@ -17,11 +17,14 @@ import functools
 import inspect
 import keyword
 import re
+import os
+import traceback
 import types
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from triton.runtime.autotuner import Autotuner, Heuristics
@@ -205,6 +208,32 @@ def _no_real_compute():
         fake_tensor.should_allow_numbers_as_tensors = original
 
 
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (torch, triton) if getattr(m, "__file__", None)
+) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+
+
+def _first_part(e: BaseException) -> str:
+    """The exception's message; for torch's data-dependent guard, its first line only (the rest
+    is advice about Dynamo's own debugging flags)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    text = str(e).strip()
+    return text.splitlines()[0] if isinstance(e, GuardOnDataDependentSymNode) and text else text
+
+
+def _user_frame(e: BaseException) -> Optional[str]:
+    """The innermost frame of the traceback outside torch, Triton and Trident (`file:line in
+    function: source`): where the traced program did what could not be captured (a `.item()`,
+    a data-dependent branch in a library's code)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_LIBRARY_DIRS)]
+    if not frames:
+        return None
+    f = frames[-1]
+    source = f" `{f.line.strip()}`" if f.line else ""
+    return f"{os.path.relpath(f.filename) if not f.filename.startswith('/') else f.filename}:{f.lineno} in {f.name}{source}"
+
+
 def capture(
     fn: Callable[..., Any],
     *example_inputs: Any,
@@ -249,8 +278,10 @@ def capture(
     except CaptureError:
         raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause
+        where = _user_frame(e)
         raise CaptureError(
-            f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {e}\n"
+            f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {_first_part(e)}"
+            f"{f' (raised at {where})' if where else ''}\n"
             "Trident captures functions that launch Triton kernels with kernel[grid](...), "
             "wrap_triton, torch.library.triton_op or custom_op, plus ATen ops, on tensor inputs."
         ) from e

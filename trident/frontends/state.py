@@ -23,9 +23,11 @@ a tensor the trace made (an extra output of the capture), another input, a Pytho
 int computed from ints made symbolic (`SymbolicInt`). Then the objects get back exactly what
 they held (`Snapshot.restore`). After each call of the optimized program the writes are applied
 to the caller's own objects (`apply_writes`), so the caller sees what eager would have left:
-the new tensors, the advanced counters. A new object created by the function inside the state,
-or a list that changes length, cannot be replayed: the capture is refused and the call runs
-eagerly with that reason.
+the new tensors, the advanced counters. A list appended to or truncated (a cache's per-layer
+list filled on the first step) is written as a resize: its kept items one by one, the rest as
+new values (containers of new tensors and Python values). A new object of another class created
+by the function inside the state, or a list rebuilt in another order, cannot be replayed: the
+capture is refused and the call runs eagerly with that reason.
 
 Ints that change between calls of one family (Note [Symbolic sizes]) are made symbolic, as
 Dynamo's automatic dynamic does: each is passed to the trace as the size of a zero-stride
@@ -220,7 +222,9 @@ def apply_writes(writes, roots: list, leaves: list, extra: list, ints: list) -> 
     Every value is read before any is written (a write may move an object another reads)."""
     values = [_value(w.source, roots, leaves, extra, ints) for w in writes]
     for w, value in zip(writes, values):
-        if w.source[0] == "delete":
+        if w.source[0] == "resize":
+            get_path(roots[w.root], w.steps)[w.source[1][0]:] = value
+        elif w.source[0] == "delete":
             parent = get_path(roots[w.root], w.steps[:-1])
             kind, k = w.steps[-1]
             if kind == "attr":
@@ -311,9 +315,18 @@ def record_writes(before: Walk, snapshot: Snapshot, installed: list, offset: int
         now = _children(obj)
         if now is None:
             raise Unreplayable(f"{text} changed its kind of contents")
-        if isinstance(obj, list) and len(obj) != len(before_children):
-            raise Unreplayable(f"{text} changes length ({len(before_children)} -> {len(obj)}); Trident replays "
-                               "writes into the state it is passed, not lists that grow or shrink")
+        resized = isinstance(obj, list) and len(obj) != len(before_children)
+        if resized:  # appended to or truncated: the kept items are written one by one below
+            n = min(len(obj), len(before_children))
+            # kept objects must be the same ones (a kept leaf may change: a write of its own)
+            if any(leaf_at.get((r, steps + (st,))) is None and v is not b
+                   for (st, v), b in zip(now[:n], before_children)):
+                raise Unreplayable(f"{text} changes length ({len(before_children)} -> {len(obj)}) and the items "
+                                   "before the change too; Trident replays a list appended to or truncated, not "
+                                   "one rebuilt in another order")
+            writes.append(Write(r, steps, ("resize", (n, tuple(source(v, path_text(root_names[r], steps + (st,)))
+                                                               for st, v in now[n:]))), text))
+            now = now[:n]
         old = dict(enumerate(before_children)) if isinstance(obj, list) else before_children
         for step, value in now:
             k = step[1]
@@ -330,7 +343,7 @@ def record_writes(before: Walk, snapshot: Snapshot, installed: list, offset: int
                 replaced.append((r, at))
         present = {s[1] for s, _ in now}
         for k in old:
-            if k not in present:
+            if k not in present and not resized:
                 at = steps + (("key" if isinstance(obj, dict) else "attr", k),)
                 writes.append(Write(r, at, ("delete", None), path_text(root_names[r], at)))
     return writes, extra
@@ -349,6 +362,8 @@ def _value(source, roots, leaves, extra, ints):
         return v.fn(*ints)
     if kind == "path":
         return get_path(roots[v[0]], v[1])
+    if kind == "resize":
+        return [_value(s, roots, leaves, extra, ints) for s in v[1]]
     if kind == "new":
         container, items = v
         if container is dict:

@@ -252,6 +252,48 @@ def _mark_constant_calls(steps, outputs, refs, region):
     return marked
 
 
+def _symbols_of(val) -> set:
+    if isinstance(val, (list, tuple)):
+        return set().union(*map(_symbols_of, val)) if val else set()
+    if isinstance(val, torch.Tensor):
+        return set().union(*(_symbols_of(s) for s in (*val.shape, *val.stride(), val.storage_offset())))
+    if isinstance(val, torch.SymInt):
+        return {str(x) for x in val.node.expr.free_symbols}
+    return set()
+
+
+def _bare_symbols(val: torch.Tensor) -> set:
+    return {str(s.node.expr) for s in (*val.shape, *val.stride())
+            if isinstance(s, torch.SymInt) and s.node.expr.is_Symbol}
+
+
+def _size_sources(region: Region, inputs: list, size_nodes: list) -> list:
+    """Graph inputs the region reads sizes from only: a region cut from a longer run (Note
+    [Pieces of a symbolic region]) may compute with a size (the KV length of the attention mask)
+    that only a tensor it does not read carries. Such a tensor becomes an input of the region
+    that the host program reads the size of, nothing else. Inputs of which only sizes are read
+    anywhere (carriers of ints, Note [Ints no input carries]) are never taken."""
+    needed = set().union(*(_symbols_of(n.meta.get("val")) for n in [*region.nodes, *size_nodes]))
+    bound = set().union(*(_bare_symbols(n.meta["val"]) for n in inputs)) if inputs else set()
+    missing = needed - bound
+    extra = []
+    if not missing:
+        return extra
+    for node in region.nodes[0].graph.nodes:
+        if not missing:
+            break
+        val = node.meta.get("val")
+        if node.op != "placeholder" or not isinstance(val, torch.Tensor) or node in inputs:
+            continue
+        if all(is_size_node(u) for u in node.users):
+            continue
+        binds = _bare_symbols(val) & missing
+        if binds:
+            extra.append(node)
+            missing -= binds
+    return extra
+
+
 def region_program(region: Region):
     """SCM IR for one region, plus its input nodes (in program order), its result nodes, and
     the redirects and views of Note [Values leaving a region]."""
@@ -271,6 +313,8 @@ def region_program(region: Region):
                 if not isinstance(inp.meta.get("val"), torch.Tensor):
                     raise UnsupportedError(f"region input {inp.name} is not a tensor")
                 inputs.append(inp)
+
+    inputs += _size_sources(region, inputs, size_nodes)
 
     # Which inputs get written: by kernels (torch's TTIR analysis) or by operators (schema
     # alias annotations), directly or through a view (same storage).

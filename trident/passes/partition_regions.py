@@ -2,7 +2,23 @@
 launches, allocations, and every operator with a schema (called natively through the
 dispatcher). What has no native path ends a region: Python callables, data-dependent ops
 (`.item()`, nonzero, ...), non-tensor values. Every cut is recorded with its reason, for
-explain()."""
+explain().
+
+Note [Ints no input carries]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A region's host program computes its sizes from the sizes and strides of its tensor inputs
+(Note [Symbolic sizes]). A symbolic int that no tensor input carries -- a Python token counter
+passed to the capture as the size of a zero-stride carrier (Note [State the function is
+passed]), or an int Dynamo made dynamic -- cannot be read there: carriers live on the CPU and
+are no data of the region. What reads such a "free" int is kept out of regions:
+  * a view of a value made before the region (`positions[cache.seen]`: a select, slice or narrow
+    at a position the int gives) is computed by the host before the region's call, like a size,
+    and the region reads the view as an input. Its sizes do not change with the int, only its
+    address, so under graph replay it is a staged input (one small copy per replay) and the
+    region itself has nothing symbolic: one graph serves every step;
+  * anything else (a launch taking the int, arithmetic with it, a view of a value the region
+    makes) ends the region, with the reason.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +33,7 @@ from .common import (
     is_allocation,
     is_launch,
     is_size_node,
+    is_view_op,
     launch_kernel,
     launch_kwargs,
     launch_tuner,
@@ -97,6 +114,105 @@ def _region_reason(node: torch.fx.Node) -> str | None:
     return operator_call_reason(node) or import_reason(node)
 
 
+def _carried_symbols(gm: torch.fx.GraphModule) -> set:
+    """Symbols that a tensor input a region can read has as a size or stride (Note [Ints no
+    input carries]): inputs of which only sizes are read (carriers of ints) do not count."""
+    out = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op not in ("placeholder", "get_attr") or not isinstance(val, torch.Tensor):
+            continue
+        if all(is_size_node(u) for u in node.users):
+            continue
+        for s in (*val.shape, *val.stride()):
+            if isinstance(s, torch.SymInt):
+                out |= {str(x) for x in s.node.expr.free_symbols}
+    return out
+
+
+def _free_ints(node: torch.fx.Node, carried: set) -> list[str]:
+    """The symbols the node's int arguments depend on that no tensor input carries."""
+    free = set()
+    for a in node.all_input_nodes:
+        val = a.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            free |= {str(x) for x in val.node.expr.free_symbols} - carried
+    return sorted(free)
+
+
+# Note [Pieces of a symbolic region]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A graph replays one shape (Note [Graph bound]), so a region whose sizes change on every call --
+# an HF DynamicCache's attention, whose key/value length grows by one per token -- never replays
+# one: its hundreds of launches and operator calls are issued one by one on every step. Yet in a
+# decode step only a few nodes have changing sizes (per layer: the cache's concatenation and the
+# attention over it); the projections, norms, rotary and MLP around them have the same shapes on
+# every step. When graphs may be recorded for the capture's device, a region of a symbolic
+# capture is therefore cut into pieces: runs of nodes whose tensors all have static layouts and
+# runs of nodes with a symbolic size, stride or offset (in what they read or make). A static
+# piece gets its own SCM call and so its own graph, replayed on every step whatever the length;
+# a symbolic piece runs its few steps natively. (vLLM's piecewise CUDA graphs leave attention
+# out of the graph in the same way.) A static run with fewer than MIN_STATIC_WORK launches and
+# operator calls stays with its symbolic neighbours: one more SCM call would cost more than its
+# graph saves. A getitem goes with the op it projects, an allocation with its first user.
+MIN_STATIC_WORK = 4
+
+
+def _symbolic_layout(val, offset: bool) -> bool:
+    if isinstance(val, (list, tuple)):
+        return any(_symbolic_layout(v, offset) for v in val)
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(s, torch.SymInt)
+                   for s in (*val.shape, *val.stride(), *((val.storage_offset(),) if offset else ())))
+    return isinstance(val, torch.SymInt)
+
+
+def _symbolic_node(node: torch.fx.Node) -> bool:
+    """What the node makes has a symbolic layout, or what it reads a symbolic size or stride (the
+    offset of what it reads is an address, staged under replay, not a fact of the graph)."""
+    return _symbolic_layout(node.meta.get("val"), True) or any(
+        _symbolic_layout(a.meta.get("val"), False) for a in node.all_input_nodes
+    )
+
+
+def _work(nodes) -> int:
+    return sum(1 for n in nodes if is_launch(n) or not (is_allocation(n) or is_view_op(n) or n.target is operator.getitem))
+
+
+def split_symbolic_regions(regions: list[Region]) -> list[Region]:
+    """Note [Pieces of a symbolic region]: each region cut into runs of static and symbolic
+    nodes (short static runs kept with their neighbours), regions renamed in order."""
+    out: list[list[torch.fx.Node]] = []
+    for region in regions:
+        piece_of: dict = {}
+        kinds = []
+        for node in region.nodes:
+            if node.target is operator.getitem and node.args[0] in piece_of:
+                kinds.append(piece_of[node.args[0]])
+            elif is_allocation(node):
+                users = [u for u in node.users if u in set(region.nodes)]
+                kinds.append(_symbolic_node(users[0]) if users else _symbolic_node(node))
+            else:
+                kinds.append(_symbolic_node(node))
+            piece_of[node] = kinds[-1]
+        runs: list[list] = []
+        for node, sym in zip(region.nodes, kinds):
+            if runs and runs[-1][0] == sym:
+                runs[-1][1].append(node)
+            else:
+                runs.append([sym, [node]])
+        merged: list[list] = []
+        for sym, nodes in runs:
+            if not sym and _work(nodes) < MIN_STATIC_WORK and len(runs) > 1:
+                sym = True
+            if merged and merged[-1][0] == sym:
+                merged[-1][1].extend(nodes)
+            else:
+                merged.append([sym, nodes])
+        out.extend(nodes for _, nodes in merged)
+    return [Region(f"region{k}", nodes) for k, nodes in enumerate(out)]
+
+
 def _reads_a_tensor(nodes: list[torch.fx.Node]) -> bool:
     inside = set(nodes)
     return any(
@@ -123,8 +239,17 @@ def partition_regions(gm: torch.fx.GraphModule) -> Partition:
             part.cuts.append((reason_node.name, reason))
         current = []
 
+    carried = _carried_symbols(gm)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
+            continue
+        free = _free_ints(node, carried) if node.op == "call_function" and not is_size_node(node) else []
+        if free:  # Note [Ints no input carries]
+            source = node.args[0] if node.args else None
+            if is_view_op(node) and isinstance(source, torch.fx.Node) and source not in current:
+                continue  # the host computes the view; the region reads it as an input
+            close(node, f"reads the traced int {', '.join(free)}, which no tensor input has as a size "
+                        "(an int passed to the function: a region cannot compute with it)")
             continue
         if is_launch(node):
             why = unsupported_launch_reason(node)
