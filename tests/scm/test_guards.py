@@ -115,3 +115,26 @@ def test_a_new_shape_fails_the_captured_layout_guard_in_the_callers_names():
     with pytest.raises(GuardError, match=r"expected sizes \[8\] and strides \[1\] as captured, got sizes \[9\]"):
         opt(torch.randn(9), torch.randn(9))
     assert rt.layout_guards[0].record() == {"kind": "captured_layout", "input": 0, "sizes": [8], "strides": [1]}
+
+
+def test_strides_of_size_one_dimensions_are_not_significant():
+    """The captured layout guard compares significant strides only (torch._prims_common's rule):
+    a dimension of size 1 addresses nothing, so an input whose stride there differs from the
+    captured one (a real kernel's output where its meta function predicted another, cuDNN's
+    attention) is served -- by a specialization of its own -- with eager's results; a stride that
+    matters still fails."""
+    from trident.scm.guards import CapturedLayout
+
+    def f(x, y):
+        return K.scale_rows(x.reshape(4, 8)) + y.sum(1)
+
+    x0, y0 = torch.randn(4, 1, 8), torch.randn(4, 1, 8)
+    opt = trident.optimize(trident.capture(f, x0, y0))
+    odd = torch.randn(4, 8).as_strided((4, 1, 8), (8, 1000, 1))
+    y = torch.randn(4, 8).as_strided((4, 1, 8), (8, 3, 1))
+    (rid,) = opt.meta["trident_regions"]
+    assert all(g.check([odd, y]) for g in SCMRuntime.get(rid).layout_guards if isinstance(g, CapturedLayout))
+    torch.testing.assert_close(opt(odd, y), f(odd, y))
+    torch.testing.assert_close(opt(x0, y0), f(x0, y0))
+    with pytest.raises(GuardError, match="strides"):
+        opt(torch.randn(8, 4).t().reshape(4, 1, 8).as_strided((4, 1, 8), (1, 8, 4)), y0)

@@ -59,6 +59,8 @@ _OPAQUE = (
     types.BuiltinMethodType, functools.partial,
 )
 
+_LEAF_TYPES = (torch.Tensor, *VALUE_TYPES, *_OPAQUE)  # what a walk does not enter
+
 # A step of a path: ("attr", name), ("item", index) or ("key", dict key).
 Step = tuple
 
@@ -124,7 +126,7 @@ def walk(roots: list) -> Walk:
             if len(out.leaves) >= MAX_LEAVES:
                 out.truncated = True
                 return
-            if isinstance(value, (torch.Tensor, *VALUE_TYPES)) or isinstance(value, _OPAQUE):
+            if isinstance(value, _LEAF_TYPES):
                 out.leaves.append((r, steps + (step,), value))
             else:
                 visit(r, steps + (step,), value, depth + 1)
