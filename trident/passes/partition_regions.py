@@ -154,7 +154,8 @@ def _free_ints(node: torch.fx.Node, carried: set) -> list[str]:
 # a symbolic piece runs its few steps natively. (vLLM's piecewise CUDA graphs leave attention
 # out of the graph in the same way.) A static run with fewer than MIN_STATIC_WORK launches and
 # operator calls stays with its symbolic neighbours: one more SCM call would cost more than its
-# graph saves. A getitem goes with the op it projects, an allocation with its first user.
+# graph saves. A getitem goes with the op it projects, an allocation and a view with their first
+# user.
 MIN_STATIC_WORK = 4
 
 
@@ -179,11 +180,33 @@ def _work(nodes) -> int:
     return sum(1 for n in nodes if is_launch(n) or not (is_allocation(n) or is_view_op(n) or n.target is operator.getitem))
 
 
+def _sink_views(nodes: list) -> list:
+    """Each view moved to just before its first user in the run (views read and write no data,
+    so this changes nothing but where they stand): a view made in one piece and read by the next
+    would leave its piece and be recomputed by Python between the calls (Note [Values leaving a
+    region]); next to its reader, the reading piece's host program makes it natively."""
+    members = set(nodes)
+    order = {n: float(i) for i, n in enumerate(nodes)}
+    for node in reversed(nodes):
+        if not is_view_op(node):
+            continue
+        users = [u for u in node.users if u in members]
+        if not users:
+            continue
+        first = min(users, key=order.__getitem__)
+        if first is not node.next:
+            first.prepend(node)
+            order[node] = order[first] - 0.5  # (only to pick first users: views rarely read views)
+    final = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
+    return sorted(nodes, key=final.__getitem__)
+
+
 def split_symbolic_regions(regions: list[Region]) -> list[Region]:
     """Note [Pieces of a symbolic region]: each region cut into runs of static and symbolic
     nodes (short static runs kept with their neighbours), regions renamed in order."""
     out: list[list[torch.fx.Node]] = []
     for region in regions:
+        region = Region(region.name, _sink_views(region.nodes))
         piece_of: dict = {}
         kinds = []
         for node in region.nodes:
