@@ -88,6 +88,40 @@ def graph_floor(model, x0, warm_steps: int):
     return step
 
 
+def _host_profile(step, x0, steps: int) -> dict:
+    """Where the host's time goes in one decode: the wall time of issuing `steps` steps without
+    waiting for the GPU (when the host is the slower side this is the step time), the
+    synchronizing calls torch reports (set_sync_debug_mode), and the Python functions with the
+    most self time (cProfile, which slows Python down: read it as proportions)."""
+    import cProfile
+    import pstats
+    import warnings
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    _decode(step, x0.clone(), steps)
+    host = (time.perf_counter() - t) / steps * 1e3
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _decode(step, x0.clone(), steps)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message)[:200] for w in caught if "synchroniz" in str(w.message)]
+    prof = cProfile.Profile()
+    prof.enable()
+    _decode(step, x0.clone(), steps)
+    prof.disable()
+    torch.cuda.synchronize()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:20]
+    return {"host_issue_ms_per_step": round(host, 4), "syncs_per_decode": len(syncs), "first_syncs": syncs[:3],
+            "python_self_us_per_step": [
+                {"fn": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "us": round(v[2] / steps * 1e6, 1), "calls": v[1]}
+                for k, v in rows]}
+
+
 def run_variant(name, model, x0, args) -> dict:
     import trident
     from trident.frontends.dynamo import compiled_graphs
@@ -115,7 +149,10 @@ def run_variant(name, model, x0, args) -> dict:
             # CUDA-graph trees overwrite a graph's outputs on its next replay: a new step begins
             # here, and the output kept by the caller is cloned (what PyTorch's docs prescribe)
             torch.compiler.cudagraph_mark_step_begin()
-            return compiled(x, cache).clone()
+            out = compiled(x, cache).clone()
+            for d in cache.states:  # the next replay overwrites the graph's outputs the cache holds
+                d["recurrent_state"] = d["recurrent_state"].clone()
+            return out
     out = {}
     with torch.no_grad():
         got, cache = _decode(step, x0, args.check)
@@ -139,6 +176,8 @@ def run_variant(name, model, x0, args) -> dict:
             _decode(step, x, args.steps, c)
             _sync(dev)
             times.append((time.perf_counter() - t) / args.steps * 1e3)
+        if dev == "cuda" and name in args.profile.split(","):
+            out["host"] = _host_profile(step, x0, args.steps)
     out["ms_per_step"] = statistics.median(times)
     out["ms_per_step_samples"] = [round(v, 4) for v in times]
     if name in ("trident_compile", "trident_backend"):  # where the time goes: regions, graphs, cuts
@@ -169,6 +208,8 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=2, help="decodes after the checked one, before timing")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--variants", default="")
+    p.add_argument("--profile", default="trident_compile,trident_backend",
+                   help="variants whose host time is profiled (CUDA)")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)  # one variant in this process
     args = p.parse_args()
@@ -189,7 +230,7 @@ def main() -> None:
                "dtype": "bfloat16" if args.device == "cuda" else "float32", "steps": args.steps, "variants": {}}
     for v in variants:  # each variant in its own process: no compiled state carries over
         cmd = [sys.executable, __file__, "--variant", v, "--layers", str(args.layers), "--dim", str(args.dim),
-               "--steps", str(args.steps), "--check", str(args.check), "--reps", str(args.reps), "--warm", str(args.warm), "--device",
+               "--steps", str(args.steps), "--check", str(args.check), "--reps", str(args.reps), "--warm", str(args.warm), "--profile", args.profile, "--device",
                args.device] + (["--tiny"] if args.tiny else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         try:
