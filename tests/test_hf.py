@@ -321,10 +321,11 @@ def test_prefills_of_several_lengths_through_one_symbolic_capture(kind, monkeypa
     assert compiled.eager_calls == 2
     (opt,) = compiled.captures.values()
     assert opt.meta["trident_symbolic"]
-    (stats,) = trident.cache_info(opt).values()
-    assert stats["hits"] + stats["misses"] == len(lengths) - 2
-    # rope's `seq` and swiglu's `n = 128 * seq`: these lengths give two keys at most
-    assert stats["specializations"] <= 2, stats
+    # one region, or with graphs on (CUDA) its pieces (Note [Pieces of a symbolic region])
+    for stats in trident.cache_info(opt).values():
+        assert stats["hits"] + stats["misses"] == len(lengths) - 2
+        # rope's `seq` and swiglu's `n = 128 * seq`: these lengths give two keys at most
+        assert stats["specializations"] <= 2, stats
     assert "symbolic sizes: s" in trident.explain(compiled)
 
 

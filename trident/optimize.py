@@ -22,6 +22,7 @@ from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
+from .passes.outline_regions import read_sizes_from_inputs
 from .passes.partition_regions import split_symbolic_regions
 from .runtime import SCMRuntime
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, first_failure
@@ -251,8 +252,11 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
             fuse_copy_launches(new)
         sink_allocations(new)
+        pieces = symbolic and _graphs_may_record(new)  # Note [Pieces of a symbolic region]
+        if pieces:
+            read_sizes_from_inputs(new)
         part = partition_regions(new)
-        if symbolic and _graphs_may_record(new):  # Note [Pieces of a symbolic region]
+        if pieces:
             part.regions = split_symbolic_regions(part.regions)
         region_ids, skipped = outline_regions(new, part.regions, _make_scm)
     new.meta["trident_regions"] = region_ids

@@ -547,6 +547,73 @@ def _size_node(graph: torch.fx.Graph, size, symbols: dict, placeholders: list) -
     return graph.call_function(S.evaluate_size, (size, tuple(names), *reads))
 
 
+_TENSOR_SIZE_OPS = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+                    torch.ops.aten.sym_storage_offset.default)
+
+
+def read_sizes_from_inputs(gm: torch.fx.GraphModule) -> None:
+    """Every size read from a tensor the graph computes (`sym_size(view, 0)`) that is an
+    expression of sizes and strides of the graph's inputs is read from those inputs instead.
+    A size read from a value ties the value to whoever reads the size: with regions cut into
+    pieces (Note [Pieces of a symbolic region]) the same size feeds several pieces, and the value
+    would have to leave its piece for it; read from the inputs it ties nothing."""
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    symbols: dict = {}
+    for i, n in enumerate(inputs):
+        val = n.meta["val"]
+        for kind, seq in (("size", tuple(val.shape)), ("stride", tuple(val.stride()))):
+            for d, v in enumerate(seq):
+                if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
+                    symbols.setdefault(str(v.node.expr), S.Binding(i, kind, d))
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _TENSOR_SIZE_OPS or not node.args:
+            continue
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op == "placeholder":
+            continue
+        size = S.size_of(node.meta.get("val"))
+        if not isinstance(size, S.SizeExpr) or not size.symbols <= symbols.keys():
+            continue
+        with gm.graph.inserting_before(node):
+            new = _arithmetic(gm.graph, size.expr, symbols, inputs)
+        if new is None:
+            continue  # an expression with no plain arithmetic form: it keeps reading the value
+        new.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+
+
+def _arithmetic(graph: torch.fx.Graph, expr, symbols: dict, inputs: list):
+    """FX nodes computing a size expression (symbols, integers, +, *, //) from the inputs'
+    sizes and strides, or None for any other form."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        b = symbols[str(expr)]
+        t = inputs[b.input].meta["val"]
+        op = torch.ops.aten.sym_size.int if b.kind == "size" else torch.ops.aten.sym_stride.int
+        read = graph.call_function(op, (inputs[b.input], b.dim))
+        read.meta["val"] = t.shape[b.dim] if b.kind == "size" else t.stride()[b.dim]
+        return read
+    ops = {sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv}
+    fn = next((f for k, f in ops.items() if isinstance(expr, k)), None)
+    if fn is None:
+        return None
+    parts = [_arithmetic(graph, a, symbols, inputs) for a in expr.args]
+    if any(p is None for p in parts):
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        val = fn(out.meta["val"] if isinstance(out, torch.fx.Node) else out,
+                 p.meta["val"] if isinstance(p, torch.fx.Node) else p)
+        out = graph.call_function(fn, (out, p))
+        out.meta["val"] = val
+    return out
+
+
 def _order_sizes(graph: torch.fx.Graph) -> None:
     """A size read outside a region from one of its values (sym_size of a view the region made)
     stood among the region's nodes; it now reads that value's getitem after the region's call:

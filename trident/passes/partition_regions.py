@@ -190,9 +190,9 @@ def _sink_views(nodes: list) -> list:
     for node in reversed(nodes):
         if not is_view_op(node):
             continue
-        users = [u for u in node.users if u in members]
-        if not users:
-            continue
+        users = list(node.users)
+        if not users or any(u not in members for u in users):
+            continue  # read outside the run too (a size of it): it stays where it is
         first = min(users, key=order.__getitem__)
         if first is not node.next:
             first.prepend(node)
