@@ -50,3 +50,26 @@ def test_matches_eager(case, device):
     info = trident.cache_info(opt)
     (stats,) = info.values()
     assert stats["misses"] == 0 and stats["hits"] == 3 and stats["specializations"] == 1
+
+
+def test_an_operator_failing_in_a_region_says_what_eager_says(device):
+    """An ATen error inside a region (fp16 input, fp32 weight) reaches the caller as eager's own
+    one-line message, in an OperatorError (a TridentError and a RuntimeError) naming the region
+    and operator, chained to the runtime's error: no C++ frames, on every call."""
+    lin = torch.nn.Linear(8, 8).to(device)
+
+    def f(x):
+        return K.axpy(lin(x), x)
+
+    x = torch.randn(2, 8, device=device)
+    opt = trident.optimize(trident.capture(f, x))
+    with pytest.raises(RuntimeError) as eager:
+        f(x.half())
+    for _ in range(2):
+        with pytest.raises(trident.OperatorError) as got:
+            opt(x.half())
+        text = str(got.value)
+        assert text.startswith(str(eager.value).splitlines()[0]) and "frame #" not in text, text
+        assert "aten::addmm" in text and got.value.operator == "aten::addmm"
+        assert isinstance(got.value, RuntimeError) and isinstance(got.value.__cause__, RuntimeError)
+    torch.testing.assert_close(opt(x), f(x))

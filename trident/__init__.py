@@ -13,6 +13,7 @@ from .errors import (
     GuardError,
     LaunchError,
     LoweringError,
+    OperatorError,
     TridentError,
     UnsupportedError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "GuardError",
     "LaunchError",
     "LoweringError",
+    "OperatorError",
     "TridentError",
     "UnsupportedError",
     "cache_info",

@@ -21,6 +21,17 @@ class LaunchError(TridentError):
     """A kernel could not be launched or an SCM could not run on the given inputs."""
 
 
+class OperatorError(TridentError):
+    """An operator inside a region failed, as it would have eagerly: the message is the
+    operator's own (where eager would raise it), then the region and operator it ran in. The
+    operator's error is the __cause__. Also a RuntimeError, as eager's is."""
+
+    def __init__(self, message: str, *, region: str = "", operator: str = ""):
+        super().__init__(message)
+        self.region = region
+        self.operator = operator
+
+
 class KnobError(TridentError, ValueError):
     """A TRIDENT_* variable holds a value its knob cannot parse (also a ValueError, as before)."""
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import knobs
 from .capture import ensure_triton_driver
-from .errors import GuardError, TridentError, UnsupportedError
+from .errors import GuardError, OperatorError, TridentError, UnsupportedError
 from .passes import (
     decompose_functional_launches,
     drop_unused_projections,
@@ -86,6 +87,21 @@ def _direct_forward(gm: torch.fx.GraphModule):
     return namespace["forward"]
 
 
+_REGION_FAILED = re.compile(r"trident: region '(?P<region>[^']*)' failed: (?P<op>[\w:.]+) failed: (?P<msg>.*)", re.S)
+
+
+def operator_error(e: BaseException) -> "OperatorError | None":
+    """The OperatorError for an operator that failed inside a region (the native runtime says
+    `trident: region 'r' failed: aten::addmm failed: <the operator's message>`): the operator's
+    message first, as eager gives it, then where it ran; None for any other error."""
+    m = _REGION_FAILED.match(str(e))
+    if m is None:
+        return None
+    msg = m.group("msg").strip()
+    return OperatorError(f"{msg} (in Trident region {m.group('region')!r}, operator {m.group('op')})",
+                         region=m.group("region"), operator=m.group("op"))
+
+
 def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     """Replace the module's __call__ with a check of arity, tensor-ness and captured constants,
     then the direct forward (per-instance class, so other modules are untouched)."""
@@ -126,10 +142,13 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
             return direct(self, *args)
         except TridentError:
             raise
-        except Exception:
+        except Exception as e:
             # Type checks cost nothing on the hot path: a non-tensor input fails in the graph
             # (or the op's argument parser), and is named here.
             diagnose(args)
+            failed = operator_error(e)
+            if failed is not None:
+                raise failed from e
             raise
 
     type(gm).__call__ = checked_call

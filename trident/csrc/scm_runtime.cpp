@@ -424,6 +424,9 @@ int64_t rt_aten(HostCtx* ctx, int64_t index) noexcept {
       e->cache.emplace_back(ctx->device_index, std::move(results));
     }
     return 0;
+  } catch (const c10::Error& ex) {  // the operator's own message, as eager shows it: no C++ frames
+    ctx->error = std::string(e ? e->name : "aten call") + " failed: " + ex.what_without_backtrace();
+    return -2;
   } catch (const std::exception& ex) {
     ctx->error = std::string(e ? e->name : "aten call") + " failed: " + ex.what();
     return -2;
