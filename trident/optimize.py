@@ -127,10 +127,15 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     gm.meta["trident_call_guards"] = guards
 
     def checked_call(self, *args, **kwargs):
-        if kwargs or len(args) != n_inputs:
+        if kwargs:
             raise TridentError(
-                f"optimized graph expected {n_inputs} positional inputs ({', '.join(names)}), "
-                f"got {len(args)} positional and {len(kwargs)} keyword"
+                f"an optimized graph takes its inputs by position only ({', '.join(names)}), got keyword "
+                f"argument(s) {', '.join(map(repr, kwargs))}: call it as opt({', '.join(names)}), or use "
+                "trident.compile(fn), which takes keywords"
+            )
+        if len(args) != n_inputs:
+            raise TridentError(
+                f"optimized graph expected {n_inputs} positional inputs ({', '.join(names)}), got {len(args)}"
             )
         if guards:
             failed = first_failure(guards, args)

@@ -31,3 +31,29 @@ def test_past_the_bound_new_signatures_run_eagerly():
     hits = [v["hits"] for opt in compiled.captures.values() for v in trident.cache_info(opt).values()]
     assert hits == [3, 3]  # 64 and 128: captured at their second call, then hit twice more
     assert compiled.eager_calls == 3 + 3  # the first call of each size, then 192 past the bound three times
+
+
+def test_compiling_a_module_gives_a_module_back():
+    """trident.compile(module) returns a Module, as torch.compile's OptimizedModule: parameters,
+    state_dict (keys under `_orig_mod.`), eval/train, attributes of the original; to()/double()
+    forget the captures (made for the old tensors) and the next calls capture again; explain and
+    cache_info read it as the compiled function."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model.flag = "kept"
+    compiled = trident.compile(model)
+    assert isinstance(compiled, torch.nn.Module) and compiled._orig_mod is model
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert len(compiled.captures) == 1 and compiled.eager_calls == 1
+    assert [n for n, _ in compiled.named_parameters()] == ["_orig_mod.0.weight", "_orig_mod.0.bias"]
+    assert list(compiled.state_dict()) == ["_orig_mod.0.weight", "_orig_mod.0.bias"]
+    assert compiled.flag == "kept" and compiled.eval() is compiled and not model.training
+    assert "1 capture(s); 1 call(s) ran eagerly" in trident.explain(compiled)
+    assert len(trident.cache_info(compiled)) == 1
+    compiled.double()
+    assert not compiled.captures and model[0].weight.dtype == torch.float64
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x.double()), model(x.double()))
+    assert len(compiled.captures) == 1

@@ -447,6 +447,8 @@ def _identifier(name: str) -> str:
 
 
 def _parameter_names(fn, n: int) -> list[str]:
+    if isinstance(fn, torch.nn.Module):  # its __call__ takes (*args, **kwargs): name forward's
+        fn = fn.forward
     try:  # a functools.partial's signature already lacks the arguments it binds
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

@@ -224,13 +224,7 @@ class CompiledFunction(ServedByCache):
     @torch.compiler.disable
     def __call__(self, *args, **kwargs):
         if self._generation != _generation[0]:  # a parameter or buffer was (re)assigned somewhere
-            with self.cache.lock:
-                self.cache.clear()
-                for table in (self._outputs, self._guarded, self._structures, self._symbolic_failed,
-                              self._family_ints, self._family_dynamic, self._family_layouts):
-                    table.clear()
-                self._seen = set()
-                self._generation = _generation[0]
+            self.reset()
         call = _Call(args, kwargs, self.dynamic)
         # The hit path: tensors checked by native guards only (torch's own TensorGuards, those
         # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys; for a symbolic
@@ -242,6 +236,16 @@ class CompiledFunction(ServedByCache):
                 if opt is not None:
                     return self._run(opt, e.key, call)
         return self._miss(call)
+
+    def reset(self) -> None:
+        """Forget every capture (the next calls capture again), as after a parameter is assigned."""
+        with self.cache.lock:
+            self.cache.clear()
+            for table in (self._outputs, self._guarded, self._structures, self._symbolic_failed,
+                          self._family_ints, self._family_dynamic, self._family_layouts):
+                table.clear()
+            self._seen = set()
+            self._generation = _generation[0]
 
     def _miss(self, call: _Call):
         key = call.key()
@@ -517,13 +521,50 @@ def _leaf_names(fn, args, kwargs) -> list[str]:
     return names
 
 
-def compile(fn: Callable[..., Any], dynamic: Optional[bool] = None) -> CompiledFunction:  # noqa: A001 - like torch.compile
+class CompiledModule(ServedByCache, torch.nn.Module):
+    """What trident.compile returns for an nn.Module, as torch.compile returns an OptimizedModule:
+    a Module holding the original as `_orig_mod` (so parameters(), state_dict() -- keys prefixed
+    `_orig_mod.` as torch.compile's --, eval(), train(), to() work), whose calls go through
+    trident.compile; other attributes are the original's. Moving or casting it (to(), cuda(),
+    half()) forgets the captures: they were made for the old tensors."""
+
+    def __init__(self, mod: torch.nn.Module, dynamic: Optional[bool] = None):
+        super().__init__()
+        self._orig_mod = mod
+        self.__dict__["_compiled"] = CompiledFunction(mod, dynamic)
+
+    @property
+    def cache(self) -> CaptureCache:
+        return self._compiled.cache
+
+    def forward(self, *args, **kwargs):
+        return self._compiled(*args, **kwargs)
+
+    def reset(self) -> None:
+        self._compiled.reset()
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self._compiled.reset()
+        return out
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_modules"]["_orig_mod"], name)
+
+
+def compile(fn: Callable[..., Any], dynamic: Optional[bool] = None):  # noqa: A001 - like torch.compile
     """Trident without Dynamo: capture on the first call per input signature, then only native
-    guards (Note [What trident.compile guards]). `model.forward = trident.compile(model.forward)`.
+    guards (Note [What trident.compile guards]). `model.forward = trident.compile(model.forward)`,
+    or `model = trident.compile(model)` (a CompiledModule, as torch.compile's OptimizedModule).
     `dynamic` as torch.compile's: None captures the first sizes statically and, once sizes
     change, captures again with symbolic sizes that serve every size (Note [Symbolic sizes]);
     True is symbolic from the first capture; False captures each new size statically."""
     _install_hooks()
+    if isinstance(fn, torch.nn.Module):
+        return CompiledModule(fn, dynamic)
     return CompiledFunction(fn, dynamic)
 
 

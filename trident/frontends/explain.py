@@ -12,6 +12,7 @@ from ..runtime import SCMRuntime, graphs
 from ..runtime.native import C
 from ..scm.guards import describe
 from ..scm.printer import format_guard, format_scm, format_symbols
+from .compile import CompiledModule
 from .dynamo import graphs_of
 
 
@@ -38,6 +39,7 @@ def _call_mix(rt: SCMRuntime) -> str:
 def _captures(obj) -> "list[tuple[str, torch.fx.GraphModule]] | None":
     """The optimized graphs behind a front door (trident.compile's function, a torch.compile
     graph of the trident backend), labelled by their signature; None for an optimized graph."""
+    obj = _unwrap(obj)
     captures = getattr(obj, "captures", None)
     if isinstance(captures, dict):
         return [(f"capture {i}", opt) for i, opt in enumerate(captures.values())]
@@ -45,6 +47,11 @@ def _captures(obj) -> "list[tuple[str, torch.fx.GraphModule]] | None":
     if graphs is None:
         return None
     return [(f"graph {i} capture {j}", opt) for i, g in enumerate(graphs) for j, opt in enumerate(g.captures.values())]
+
+
+def _unwrap(obj):
+    """trident.compile's module (CompiledModule): its compiled function."""
+    return obj._compiled if isinstance(obj, CompiledModule) else obj
 
 
 def _dynamo_graphs(obj):
@@ -84,6 +91,7 @@ def cache_info(gm) -> dict[str, dict]:
 def explain(gm) -> str:
     """What each region does and why; for trident.compile's function (or a graph the
     torch.compile backend made) every capture's, after how calls were served."""
+    gm = _unwrap(gm)
     captures = _captures(gm)
     if captures is not None:
         head = _dynamo_head(gm)

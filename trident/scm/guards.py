@@ -189,6 +189,14 @@ class CapturedLayout:
                 f"and strides {list(t.stride())}. The other sizes were static in the trace (0, 1, or the sizes of "
                 "tensors the function holds); capture again with inputs of this shape."
             )
+        if tuple(t.shape) == tuple(self.sizes):  # the same shape in another memory layout
+            return (
+                f"input {self.name!r} of {self.region}: expected strides {list(self.strides)} as captured, got "
+                f"strides {list(t.stride())} for the same sizes {list(t.shape)} (another memory layout: a "
+                "transposed, sliced or expanded tensor). The kernels were planned for the captured layout; pass "
+                f"a tensor with it ({self.name}.contiguous() when the captured one was contiguous), or capture "
+                "with an example input of this layout (trident.compile does so by itself for a new layout)."
+            )
         return (
             f"input {self.name!r} of {self.region}: expected sizes {list(self.sizes)} and strides "
             f"{list(self.strides)} as captured, got sizes {list(t.shape)} and strides {list(t.stride())}. "
