@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 import trident
-from tests.recurrent_model import RecurrentCache, RecurrentModel, decode
+from tests.recurrent_model import RecurrentModel, decode
 from trident.frontends import state
 from trident.frontends.dynamo import compiled_graphs
 
