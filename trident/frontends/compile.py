@@ -154,17 +154,28 @@ class _Call:
         self.roots = [arg_leaves[i] for i in self.root_pos]
         self.walk = state.walk(self.roots)
         self.leaves = leaves = arg_leaves + [v for _, _, v in self.walk.leaves]
-        self.tensor_pos = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
-        self.int_pos = [i for i, a in enumerate(leaves) if type(a) is int]
-        self.tensors = [leaves[i] for i in self.tensor_pos]
-        self.ints = tuple(leaves[i] for i in self.int_pos)
+        # one pass over the leaves (every call makes a _Call): places of tensors and ints, and
+        # each leaf's entry in the structure (what _entry says, inlined)
+        tensor_pos, int_pos, entries = [], [], []
+        for i, a in enumerate(leaves):
+            if isinstance(a, torch.Tensor):
+                tensor_pos.append(i)
+                entries.append(_TENSOR)
+            elif type(a) is int:
+                int_pos.append(i)
+                entries.append(_INT)
+            else:
+                entries.append(_entry(a))
+        self.tensor_pos, self.int_pos = tensor_pos, int_pos
+        self.tensors = tensors = [leaves[i] for i in tensor_pos]
+        self.ints = ints = tuple(leaves[i] for i in int_pos)
         nodes = tuple((r, steps, kind, keys) for r, steps, _, kind, keys in self.walk.nodes)
         places = tuple((r, steps) for r, steps, _ in self.walk.leaves)
-        structure = (self.spec, tuple(_entry(a) for a in leaves), nodes, places, self.walk.truncated)
-        if dynamic is not False:
+        structure = (self.spec, tuple(entries), nodes, places, self.walk.truncated)
+        if dynamic is not False:  # 0, 1 or 2 (>= 2) per size and int (_size_class)
             structure += (
-                tuple(tuple(_size_class(s) for s in t.shape) for t in self.tensors),
-                tuple(_size_class(n) for n in self.ints),
+                tuple(tuple(s if s < 2 else 2 for s in t.shape) for t in tensors),
+                tuple(n if n < 2 else 2 for n in ints),
             )
         self.structure = structure
 

@@ -110,26 +110,42 @@ class Walk:
 
 def walk(roots: list) -> Walk:
     """Walk the objects `roots` (a list of objects) depth-first (Note [State the function is
-    passed]). An object met twice is walked once (the second place is a leaf holding it)."""
+    passed]). An object met twice is walked once (the second place is a leaf holding it).
+    (Every call of a trident.compile'd function walks its arguments: written for speed.)"""
     out = Walk()
+    leaves, nodes = out.leaves, out.nodes
     seen: dict[int, Any] = {}
+    leaf_types = _LEAF_TYPES
 
     def visit(r, steps, obj, depth):
-        children = _children(obj) if depth < MAX_DEPTH else None
-        if children is None or id(obj) in seen:
-            out.leaves.append((r, steps, obj))
+        if depth >= MAX_DEPTH or id(obj) in seen:
+            leaves.append((r, steps, obj))
             return
+        if isinstance(obj, (list, tuple)):
+            kind, items = "item", enumerate(obj)
+            keys = len(obj) if type(obj) is list else tuple(range(len(obj)))
+        elif isinstance(obj, dict):
+            if not all(isinstance(k, (str, int)) for k in obj):
+                leaves.append((r, steps, obj))
+                return
+            kind, items, keys = "key", obj.items(), tuple(obj)
+        else:
+            d = getattr(obj, "__dict__", None)
+            if d is None or not isinstance(d, dict):
+                leaves.append((r, steps, obj))
+                return
+            kind, items, keys = "attr", d.items(), tuple(d)
         seen[id(obj)] = obj
-        kind = type(obj)
-        out.nodes.append((r, steps, obj, kind, tuple(s[1] for s, _ in children) if kind is not list else len(children)))
-        for step, value in children:
-            if len(out.leaves) >= MAX_LEAVES:
+        nodes.append((r, steps, obj, type(obj), keys))
+        for k, value in items:
+            if len(leaves) >= MAX_LEAVES:
                 out.truncated = True
                 return
-            if isinstance(value, _LEAF_TYPES):
-                out.leaves.append((r, steps + (step,), value))
+            at = steps + ((kind, k),)
+            if isinstance(value, leaf_types):
+                leaves.append((r, at, value))
             else:
-                visit(r, steps + (step,), value, depth + 1)
+                visit(r, at, value, depth + 1)
 
     for r, obj in enumerate(roots):
         visit(r, (), obj, 0)
