@@ -73,3 +73,20 @@ def test_an_operator_failing_in_a_region_says_what_eager_says(device):
         assert "aten::addmm" in text and got.value.operator == "aten::addmm"
         assert isinstance(got.value, RuntimeError) and isinstance(got.value.__cause__, RuntimeError)
     torch.testing.assert_close(opt(x), f(x))
+
+
+def test_an_input_whose_storage_was_freed_is_refused_before_anything_runs(device):
+    """Note [Inputs with too little storage]: a tensor whose storage was freed in place
+    (`untyped_storage().resize_(0)`, as FSDP frees parameters) keeps its sizes; the region refuses
+    it by name before any step (it crashed the process in the hit path), and serves the next call."""
+    x, y = torch.randn(100, device=device), torch.randn(100, device=device)
+    opt = trident.optimize(trident.capture(K.axpy, x, y))
+    freed = torch.randn(100, device=device)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(trident.GuardError, match=r"input 'x' of region 'region0' addresses 400 bytes of its storage, which holds 0"):
+        opt(freed, y)
+    grown_back = torch.randn(100, device=device)
+    grown_back.untyped_storage().resize_(40)  # shrunk, not freed: still too small
+    with pytest.raises(trident.GuardError, match="addresses 400 bytes of its storage, which holds 40"):
+        opt(grown_back, y)
+    torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))

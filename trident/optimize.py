@@ -102,6 +102,23 @@ def operator_error(e: BaseException) -> "OperatorError | None":
                          region=m.group("region"), operator=m.group("op"))
 
 
+_STORAGE = re.compile(r"trident: input (?P<i>\d+) of region '(?P<region>[^']*)' addresses (?P<rest>.*)", re.S)
+
+
+def _storage_error(e: BaseException, gm) -> "GuardError | None":
+    """Note [Inputs with too little storage] in the caller's names: the region's input index
+    becomes the input's name; nothing of the region ran."""
+    m = _STORAGE.match(str(e))
+    if m is None:
+        return None
+    name = f"#{m.group('i')}"
+    for rt in _regions(gm):
+        if rt.program.name == m.group("region"):
+            name = repr(rt.program.inputs[int(m.group("i"))].name)
+    return GuardError(f"input {name} of region {m.group('region')!r} addresses {m.group('rest').strip()}",
+                      region=m.group("region"))
+
+
 def _install_input_checks(gm: torch.fx.GraphModule) -> None:
     """Replace the module's __call__ with a check of arity, tensor-ness and captured constants,
     then the direct forward (per-instance class, so other modules are untouched)."""
@@ -151,7 +168,7 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
             # Type checks cost nothing on the hot path: a non-tensor input fails in the graph
             # (or the op's argument parser), and is named here.
             diagnose(args)
-            failed = operator_error(e)
+            failed = operator_error(e) or _storage_error(e, self)
             if failed is not None:
                 raise failed from e
             raise

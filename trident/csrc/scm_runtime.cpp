@@ -756,8 +756,30 @@ std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<Arena
   return {offsets, ctx.arena_total};
 }
 
+// Note [Inputs with too little storage]
+// A tensor can address more bytes than its storage holds: a storage freed in place
+// (`t.untyped_storage().resize_(0)`, how FSDP frees parameters between uses) keeps the tensor's
+// sizes and strides. Eager operators check the storage and raise; a kernel launched on such a
+// tensor reads or writes memory it does not own. So before any step, every input that addresses
+// at least one element must lie within its storage; else the call fails, nothing having run.
+static void check_storage(const Region& r, const std::vector<at::Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined() || t.numel() == 0 || !t.has_storage()) continue;
+    int64_t last = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const int64_t need = (last + 1) * static_cast<int64_t>(t.element_size());
+    const int64_t have = static_cast<int64_t>(t.storage().nbytes());
+    TORCH_CHECK(need <= have, "trident: input ", i, " of region '", r.name, "' addresses ", need,
+                " bytes of its storage, which holds ", have,
+                " (a storage freed with resize_(0), as FSDP frees parameters?); nothing ran. "
+                "Pass a tensor whose storage holds its elements.");
+  }
+}
+
 static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
                     c10::OptionalDeviceGuard& guard) {
+  check_storage(r, inputs);  // Note [Inputs with too little storage]
   const int64_t stride = r.facts_stride();
   tls_facts.assign(inputs.size() * stride, 0);
   for (size_t i = 0; i < inputs.size(); ++i) fill_tensor_facts(inputs[i], r.max_rank, tls_facts.data() + i * stride);
