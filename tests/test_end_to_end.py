@@ -90,3 +90,12 @@ def test_an_input_whose_storage_was_freed_is_refused_before_anything_runs(device
     with pytest.raises(trident.GuardError, match="addresses 400 bytes of its storage, which holds 40"):
         opt(grown_back, y)
     torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+
+
+def test_a_meta_tensor_input_is_refused_as_eager_refuses_it():
+    """A meta tensor holds no data: eager refuses it, so does the region (by name, nothing ran)."""
+    x, y = torch.randn(100), torch.randn(100)
+    opt = trident.optimize(trident.capture(K.axpy, x, y))
+    with pytest.raises(trident.GuardError, match=r"input 'x' of region 'region0' is a meta tensor"):
+        opt(torch.empty(100, device="meta"), y)
+    torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))

@@ -102,12 +102,12 @@ def operator_error(e: BaseException) -> "OperatorError | None":
                          region=m.group("region"), operator=m.group("op"))
 
 
-_STORAGE = re.compile(r"trident: input (?P<i>\d+) of region '(?P<region>[^']*)' addresses (?P<rest>.*)", re.S)
+_STORAGE = re.compile(r"trident: input (?P<i>\d+) of region '(?P<region>[^']*)' (?P<rest>(addresses|is a meta) .*)", re.S)
 
 
 def _storage_error(e: BaseException, gm) -> "GuardError | None":
-    """Note [Inputs with too little storage] in the caller's names: the region's input index
-    becomes the input's name; nothing of the region ran."""
+    """Note [Inputs with too little storage] (and meta tensors) in the caller's names: the
+    region's input index becomes the input's name; nothing of the region ran."""
     m = _STORAGE.match(str(e))
     if m is None:
         return None
@@ -115,7 +115,7 @@ def _storage_error(e: BaseException, gm) -> "GuardError | None":
     for rt in _regions(gm):
         if rt.program.name == m.group("region"):
             name = repr(rt.program.inputs[int(m.group("i"))].name)
-    return GuardError(f"input {name} of region {m.group('region')!r} addresses {m.group('rest').strip()}",
+    return GuardError(f"input {name} of region {m.group('region')!r} {m.group('rest').strip()}",
                       region=m.group("region"))
 
 

@@ -765,7 +765,11 @@ std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<Arena
 static void check_storage(const Region& r, const std::vector<at::Tensor>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
-    if (!t.defined() || t.numel() == 0 || !t.has_storage()) continue;
+    if (!t.defined()) continue;
+    TORCH_CHECK(!t.is_meta(), "trident: input ", i, " of region '", r.name,
+                "' is a meta tensor, which holds no data (eager operators refuse it too); nothing ran. "
+                "Pass a tensor on the device the graph was captured for.");
+    if (t.numel() == 0 || !t.has_storage()) continue;
     int64_t last = t.storage_offset();
     for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
     const int64_t need = (last + 1) * static_cast<int64_t>(t.element_size());

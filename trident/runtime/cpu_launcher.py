@@ -19,6 +19,7 @@ keeps working on a machine without a GPU after `import trident`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -138,25 +139,58 @@ def _libdevice_modules() -> list:
     return _libdevice_seen[1]
 
 
-def _patch_libdevice(fn, scope) -> list:
-    """Twins for libdevice in `fn`'s module (Note [libdevice under the interpreter]); returns the
-    globals to restore (module attributes go through `scope`)."""
+def _patch_libdevice(fn, scope, replaced: list) -> None:
+    """Twins for libdevice in `fn`'s module (Note [libdevice under the interpreter]); the globals
+    to restore are appended to `replaced` as they change (module attributes go through `scope`)."""
     for module in _libdevice_modules():
         for name, value in list(vars(module).items()):
             if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", "")):
                 scope.set_attr(module, name, _LIBDEVICE_TWINS.get(name) or _missing_twin(name))
-    replaced = []
     g = fn.__globals__
     for name, value in list(g.items()):
         if callable(value) and _is_libdevice(getattr(value, "__module__", "") or ""):
             replaced.append((name, value))
             g[name] = _LIBDEVICE_TWINS.get(value.__name__) or _missing_twin(value.__name__)
-    return replaced
 
 
-def _restore_globals(fn, replaced: list) -> None:
-    for name, value in reversed(replaced):
-        fn.__globals__[name] = value
+# Note [Interrupted patches]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An interpreted launch patches triton.language (160 attributes) and the kernel's globals for
+# its duration. A Ctrl-C (KeyboardInterrupt) can arrive anywhere: while patching, while running,
+# or while restoring. Were any patch left in place, every later Triton compile in the process
+# would fail, eager Triton's included. So every change is recorded before the next one is made
+# (the scope is ours, created before any patch: `_patch_lang_into`), the patching sits inside the
+# try, and the restore runs to its end whatever arrives meanwhile: an interrupt during it is held
+# and raised once everything is back (`_restore`).
+def _patch_lang_into(fn, scope) -> None:
+    """What Triton 3.6's `interpreter._patch_lang` does, into a scope the caller already holds."""
+    langs = [value for _, value in fn.__globals__.items() if inspect.ismodule(value) and value in (tl, tl.core)]
+    assert langs, "triton.language must be visible from within jit'd function"
+    for lang in langs:
+        interp._patch_builtin(lang, interp.interpreter_builder, scope)
+        interp._patch_builtin(lang.tensor, interp.interpreter_builder, scope)
+        if lang == tl:
+            interp._patch_builtin(lang.math, interp.interpreter_builder, scope)
+        interp._patch_lang_tensor(lang.tensor, scope)
+        interp._patch_lang_core(lang, scope)
+    interp._patch_builtin(tl.core.tensor_descriptor_base, interp.interpreter_builder, scope)
+
+
+def _restore(fn, scope, replaced: list) -> None:
+    """Note [Interrupted patches]: both restores run to their end; an interrupt meanwhile is
+    raised after."""
+    interrupted = None
+    while True:
+        try:
+            while replaced:
+                name, value = replaced.pop()
+                fn.__globals__[name] = value
+            scope.restore()  # pops each change as it undoes it: a second call resumes
+            break
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 def _call_interpreted(self, *args, **kwargs):
@@ -172,13 +206,13 @@ def _call_interpreted(self, *args, **kwargs):
     # InterpretedFunction.__call__ patches triton.language for good (fine under
     # TRITON_INTERPRET=1, where nothing is compiled); here the patch must end with the call,
     # or later compilations in this process would see the interpreter's builtins.
-    scope = interp._patch_lang(self.fn)
-    replaced = _patch_libdevice(self.fn, scope)
-    try:
+    scope, replaced = interp._LangPatchScope(), []
+    try:  # Note [Interrupted patches]
+        _patch_lang_into(self.fn, scope)
+        _patch_libdevice(self.fn, scope, replaced)
         return fn.rewrite()(*args, **kwargs)
     finally:
-        _restore_globals(self.fn, replaced)
-        scope.restore()
+        _restore(self.fn, scope, replaced)
 
 
 @contextlib.contextmanager
@@ -186,15 +220,15 @@ def _interpreting(jit_fn):
     """triton.language interpreted for `jit_fn` (device functions too, and right bfloat16
     casts), holding Triton's language state (Note [Triton's interpreter state])."""
     with triton_state.exclusive():
-        patch_scope = interp._patch_lang(jit_fn.fn)
-        patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
-        patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
-        replaced = _patch_libdevice(jit_fn.fn, patch_scope)
-        try:
+        patch_scope, replaced = interp._LangPatchScope(), []
+        try:  # Note [Interrupted patches]
+            _patch_lang_into(jit_fn.fn, patch_scope)
+            patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
+            patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
+            _patch_libdevice(jit_fn.fn, patch_scope, replaced)
             yield
         finally:
-            _restore_globals(jit_fn.fn, replaced)
-            patch_scope.restore()
+            _restore(jit_fn.fn, patch_scope, replaced)
 
 
 def _run_grid(jit_fn, interpreted, grid: tuple[int, int, int], args: dict) -> None:

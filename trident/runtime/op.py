@@ -6,13 +6,31 @@ from __future__ import annotations
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
+from ..errors import GuardError
 from . import native  # noqa: F401  (loads the library that defines the ops)
 from .scm_module import SCMRuntime
 
 
 @torch.library.register_fake("trident::scm")
 def _scm_fake(region: int, mutated, inputs):
+    _refuse_meta(region, [*mutated, *inputs])
     return SCMRuntime.get(region).fake(mutated, inputs)
+
+
+def _refuse_meta(region: int, tensors) -> None:
+    """The fake kernel also serves the Meta dispatch key: a caller's own meta tensor (no data,
+    no fake mode around it) gets here instead of the native kernel. Eager operators refuse meta
+    inputs of a real computation; so does a region (Note [Inputs with too little storage])."""
+    for t in tensors:
+        if type(t) is torch.Tensor and t.is_meta:
+            rt = SCMRuntime.get(region)
+            names = [i.name for i in rt.program.inputs]
+            k = next(i for i, u in enumerate(tensors) if u is t)
+            raise GuardError(
+                f"input {names[k]!r} of region {rt.program.name!r} is a meta tensor, which holds no data (eager "
+                "operators refuse it too); nothing ran. Pass a tensor on the device the graph was captured for.",
+                region=rt.program.name,
+            )
 
 
 def _clone_strided(t: torch.Tensor) -> torch.Tensor:
