@@ -294,3 +294,18 @@ def test_kernels_read_views_at_size_dependent_offsets_of_misaligned_inputs(devic
             x = base[start:start + rows * cols].view(rows, cols)
             for got, want in zip(opt(x), last_rows(x)):
                 torch.testing.assert_close(got, want)
+
+
+def test_a_view_with_an_offset_as_the_example_serves_other_alignments():
+    """A symbolic capture whose example input is a view at a storage offset (its offset a symbol
+    of its own): later calls at other offsets -- other alignments, so new specializations --
+    are served (the offset symbol cancels in the layouts' relative offsets; it raised KeyError)."""
+    from tests import kernels as K
+
+    base = torch.randn(1000)
+    x0, y0 = base[3:503], torch.randn(500)
+    opt = trident.optimize(trident.capture(K.axpy, x0, y0, dynamic=True))
+    torch.testing.assert_close(opt(x0, y0), K.axpy_ref(x0, y0))
+    for off in (0, 1, 4, 5, 3):
+        x, y = base[off:off + 400], torch.randn(400)
+        torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))

@@ -106,6 +106,14 @@ def is_symbolic(value) -> bool:
     return isinstance(value, SizeExpr)
 
 
+def difference(a, b):
+    """a - b for ints and SizeExprs, symbols that cancel gone (an int when none is left)."""
+    ea = a.expr if isinstance(a, SizeExpr) else sympy.Integer(a)
+    eb = b.expr if isinstance(b, SizeExpr) else sympy.Integer(b)
+    d = sympy.expand(ea - eb)
+    return int(d) if d.is_number else SizeExpr(d)
+
+
 def concrete(value, env: Mapping[str, int]):
     """`value` with every SizeExpr in it (also inside lists and tuples) evaluated in `env`."""
     if isinstance(value, SizeExpr):

@@ -131,13 +131,15 @@ def _symbolic_layouts(program: RegionProgram, inputs: Sequence[TensorFacts]) -> 
     # The expressions count a view's offset in its input's storage as traced; propagation counts
     # it from the input's first element (inputs start at offset 0 there): the traced input's own
     # offset comes off.
-    base = [S.concrete(S.size_of(n.meta["val"].storage_offset()), env) for n in program.graph_module.graph.nodes
+    # offset comes off. An input traced with a symbolic offset of its own (a view passed as the
+    # example) has a symbol no size binds: it cancels in the difference, taken before evaluating.
+    base = [S.size_of(n.meta["val"].storage_offset()) for n in program.graph_module.graph.nodes
             if n.op == "placeholder"]
     facts, offsets, offset_bytes = [], [], []
     for old, root, (sizes, strides, offset) in zip(old_facts, roots, program.value_exprs):
         f = TensorFacts(old.dtype, old.device, tuple(S.concrete(sizes, env)), tuple(S.concrete(strides, env)))
         facts.append(f)
-        offsets.append(int(S.concrete(offset, env)) - (int(base[root]) if root is not None else 0))
+        offsets.append(int(S.concrete(S.difference(offset, base[root] if root is not None else 0), env)))
         offset_bytes.append(offsets[-1] * f.dtype.itemsize)
     return tuple(facts), tuple(offsets), roots, tuple(offset_bytes), escaping, storage_ids
 
