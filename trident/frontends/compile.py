@@ -207,6 +207,8 @@ class _Entry:
     int_positions: tuple
     int_values: tuple
     key: tuple
+    opt: Any = None  # the capture and its _Outputs, held here: the hit path hashes no key
+    info: Any = None
 
 
 class CompiledFunction(ServedByCache):
@@ -243,9 +245,7 @@ class CompiledFunction(ServedByCache):
         ints = call.ints
         for e in self._guarded.get(call.structure, ()):
             if tuple(ints[i] for i in e.int_positions) == e.int_values and e.guards.check(*call.tensors):
-                opt = self.captures.get(e.key)
-                if opt is not None:
-                    return self._run(opt, e.key, call)
+                return self._run(e.opt, e.key, call, e.info)
         return self._miss(call)
 
     def reset(self) -> None:
@@ -329,7 +329,8 @@ class CompiledFunction(ServedByCache):
         info = self._outputs[key]
         symbolic = opt.meta.get("trident_symbolic", False)
         fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
-        entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key)
+        entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key,
+                       opt, info)
         entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
         # static captures first: a symbolic one serves what none of them does
         self._guarded = {**self._guarded, call.structure: [entry] + entries if not symbolic else entries + [entry]}
@@ -363,8 +364,8 @@ class CompiledFunction(ServedByCache):
         roots = [names[i] for i in call.root_pos]
         return names + [state.path_text(roots[r], steps) for r, steps, _ in call.walk.leaves]
 
-    def _run(self, opt, key, call: _Call):
-        info = self._outputs[key]
+    def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None):
+        info = self._outputs[key] if info is None else info
         ints = [call.ints[i] for i in info.dynamic_ints]
         try:
             results = opt(*call.tensors, *map(state.carrier, ints))
@@ -382,7 +383,8 @@ class CompiledFunction(ServedByCache):
                         self._drop(exact)
                     static = self._capture(call, exact)
                     self.cache.add(exact, static)
-                    entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, exact)
+                    entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, exact,
+                                   static, self._outputs[exact])
                     self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
             return self._run(static, exact, call)
         n = info.n_user
