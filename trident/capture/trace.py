@@ -72,13 +72,21 @@ def _launches_as_hops(log: list):
     @triton.heuristics kernel (which wrap_triton does not take) has its values computed here,
     the way `Heuristics.run` computes them, and its inner kernel launched with them; `log` gets
     (inner kernel, heuristics, values) per such launch, in launch order."""
-    outer = getattr(_route, "log", None)
-    with _ROUTING.held():
-        _route.log = log
+    with _thread_route(_ROUTING, _route, "log", log):
+        yield
+
+
+@contextlib.contextmanager
+def _thread_route(patch: SharedPatch, local: threading.local, name: str, value):
+    """Hold a shared patch with this thread's `local.<name>` set to `value` (the patched code
+    reads it to act for this thread only); the outer value comes back after."""
+    outer = getattr(local, name, None)
+    with patch.held():
+        setattr(local, name, value)
         try:
             yield
         finally:
-            _route.log = outer
+            setattr(local, name, outer)
 
 
 # Note [Capture under TRITON_INTERPRET=1]
@@ -366,15 +374,8 @@ _STATIC_INPUTS = SharedPatch(setter(FakeTensorMode, "from_tensor", _from_tensor)
                              setter(FakeTensorMode, "from_tensor", _ORIGINAL_FROM_TENSOR))
 
 
-@contextlib.contextmanager
 def _static_inputs(ids: set):
-    outer = getattr(_static_route, "ids", None)
-    with _STATIC_INPUTS.held():
-        _static_route.ids = ids
-        try:
-            yield
-        finally:
-            _static_route.ids = outer
+    return _thread_route(_STATIC_INPUTS, _static_route, "ids", ids)
 
 
 @contextlib.contextmanager

@@ -134,11 +134,6 @@ def _entry(a):
     return _Identity(a)
 
 
-def _size_class(n: int):
-    """0, 1 or 2 (>= 2): what a symbolic trace specializes a size or int on (negative: itself)."""
-    return n if n < 2 else 2
-
-
 class _Call:
     """One call flattened (Note [State the function is passed]): the pytree leaves of (args,
     kwargs), then the leaves of the state of the objects among them."""
@@ -172,7 +167,7 @@ class _Call:
         nodes = tuple((r, steps, kind, keys) for r, steps, _, kind, keys in self.walk.nodes)
         places = tuple((r, steps) for r, steps, _ in self.walk.leaves)
         structure = (self.spec, tuple(entries), nodes, places, self.walk.truncated)
-        if dynamic is not False:  # 0, 1 or 2 (>= 2) per size and int (_size_class)
+        if dynamic is not False:  # what a symbolic trace specializes on: 0, 1 or 2 (>= 2) per size and int
             structure += (
                 tuple(tuple(s if s < 2 else 2 for s in t.shape) for t in tensors),
                 tuple(n if n < 2 else 2 for n in ints),

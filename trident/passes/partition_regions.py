@@ -207,13 +207,14 @@ def split_symbolic_regions(regions: list[Region]) -> list[Region]:
     out: list[list[torch.fx.Node]] = []
     for region in regions:
         region = Region(region.name, _sink_views(region.nodes))
+        members = set(region.nodes)
         piece_of: dict = {}
         kinds = []
         for node in region.nodes:
             if node.target is operator.getitem and node.args[0] in piece_of:
                 kinds.append(piece_of[node.args[0]])
             elif is_allocation(node):
-                users = [u for u in node.users if u in set(region.nodes)]
+                users = [u for u in node.users if u in members]
                 kinds.append(_symbolic_node(users[0]) if users else _symbolic_node(node))
             else:
                 kinds.append(_symbolic_node(node))
