@@ -34,6 +34,7 @@ Each case runs in its own process; --device cpu --tiny runs a smoke test on a sm
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -130,6 +131,58 @@ def _profile(model, ids, cache, dev) -> dict:
     }
 
 
+def _host_profile(model, ids, cache, dev) -> dict:
+    """Where the host's time goes in one generate() call, per token: the time spent inside the
+    model's forward (issue time: nothing synchronized inside) against generate()'s own, the
+    native services of every SCM call (trident.profile), and the Python functions with the most
+    self time (cProfile, which slows Python down: read it as proportions)."""
+    import cProfile
+    import pstats
+
+    import trident
+
+    forward, spent = model.forward, [0.0]
+
+    @functools.wraps(forward)  # generate() reads forward's signature to pick its keywords
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return forward(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    model.forward = timed
+    try:
+        _sync(dev)
+        t = time.perf_counter()
+        _generate(model, ids, cache)
+        _sync(dev)
+        total = time.perf_counter() - t
+    finally:
+        model.forward = forward
+    with trident.profile() as native:
+        _generate(model, ids, cache)
+    _sync(dev)
+    py = cProfile.Profile()
+    py.enable()
+    _generate(model, ids, cache)
+    py.disable()
+    _sync(dev)
+    rows = sorted(pstats.Stats(py).stats.items(), key=lambda kv: -kv[1][2])[:25]
+    return {"ms_per_token": round(total / NEW * 1e3, 4), "forward_issue_ms_per_token": round(spent[0] / NEW * 1e3, 4),
+            "native_per_token": _per_token(native)[:25],
+            "python_self_us_per_token": [
+                {"fn": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "us": round(v[2] / NEW * 1e6, 1),
+                 "calls_per_token": round(v[1] / NEW, 2)} for k, v in rows]}
+
+
+def _per_token(native) -> list:
+    """trident.profile rows per generated token (its own table is per SCM call)."""
+    return [{"kind": r.kind, "name": r.name[:60], "calls_per_token": round(r.calls / NEW, 2),
+             "us_per_call": round(r.us_per_call, 3), "us_per_token": round(r.ns / NEW / 1e3, 2)}
+            for r in native.grouped()]
+
+
 def run_variant(kind, kernels, cache, name, args) -> dict:
     import trident
     from transformers import CompileConfig, GenerationConfig
@@ -175,6 +228,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
             check = _logits_check(want_logits, _generate(model, ids, cache, return_dict_in_generate=True,
                                                          output_logits=True))
         prof = _profile(model, ids, cache, dev) if name in args.profile.split(",") else None
+        host = _host_profile(model, ids, cache, dev) if name in args.host_profile.split(",") else None
     r = {"first_call_s": round(secs[0], 2), "ms_per_token": statistics.median(secs[1:]) / NEW * 1e3,
          "ms_per_token_samples": [round(s / NEW * 1e3, 4) for s in secs[1:]]}
     if name != "generate_own":
@@ -183,6 +237,8 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["logits_check"] = check
     if prof is not None:
         r["profile"] = prof
+    if host is not None:
+        r["host"] = host
     if name in ("trident_compile", "trident_backend", "trident_config"):  # regions and graph replays per capture
         opts = list(model.forward.captures.values()) if name == "trident_compile" else [
             opt for gr in compiled_graphs()[start:] for opt in gr.captures.values()]
@@ -240,6 +296,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--budget-s", type=int, default=300, help="per variant process")
     p.add_argument("--profile", default="", help="variants whose generate() call is profiled (torch.profiler)")
+    p.add_argument("--host-profile", default="", help="variants whose host time is split (forward, native, Python)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # child: kind,kernels,cache,variant
     args = p.parse_args()
     if args.one:
@@ -262,7 +319,7 @@ def main() -> None:
                 jobs.append(("static", "graph_floor"))
             for cache, name in jobs:
                 cmd = [sys.executable, __file__, "--one", f"{kind},{kernels},{cache},{name}", "--device", args.device]
-                cmd += (["--tiny"] if args.tiny else []) + ["--profile", args.profile]
+                cmd += (["--tiny"] if args.tiny else []) + ["--profile", args.profile, "--host-profile", args.host_profile]
                 try:
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s)
                     r = json.loads(proc.stdout.strip().splitlines()[-1])
