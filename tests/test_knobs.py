@@ -39,6 +39,7 @@ FALSE = [
 BOOLS = {
     "compile_cubin_on_cpu": (knobs.compile_cubin_on_cpu, True),
     "dynamo_symbolic": (knobs.dynamo_symbolic, True),
+    "graph_lend": (knobs.graph_lend, True),
 }
 DEVICE_MODES = {
     "triton_copies": knobs.triton_copies,

@@ -322,6 +322,13 @@ _KNOBS = {
         "recently used go (Note [Graph bound]; 0: no byte bound)",
         Int(0),
     ),
+    "graph_lend": _Knob(
+        "TRIDENT_GRAPH_LEND",
+        "1",
+        "replays lend outputs that only later regions of the same call read, instead of copying them out "
+        "(Note [Lent outputs]); off: every output is copied out",
+        Bool(),
+    ),
     "graph_stage_written_bytes": _Knob(
         "TRIDENT_GRAPH_STAGE_WRITTEN_BYTES",
         str(16 << 20),
@@ -463,6 +470,10 @@ def dynamo_trace_disabled() -> ModuleRules:
     """TRIDENT_DYNAMO_TRACE_DISABLED: `.action(module)` is "trace", "check" or "break" for a
     torch.compiler.disable()d function defined in `module`."""
     return _KNOBS["dynamo_trace_disabled"].value()
+
+
+def graph_lend() -> bool:
+    return _KNOBS["graph_lend"].value()
 
 
 def graph_stage_written_bytes() -> int:

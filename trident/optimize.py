@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
 
 import torch
@@ -25,7 +26,7 @@ from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .passes.outline_regions import read_sizes_from_inputs
 from .passes.partition_regions import split_symbolic_regions
-from .runtime import SCMRuntime
+from .runtime import SCMRuntime, native
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, first_failure
 from .scm.ir import RegionProgram
 
@@ -300,6 +301,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if pieces:
             part.regions = split_symbolic_regions(part.regions)
         region_ids, skipped = outline_regions(new, part.regions, _make_scm)
+        _lend_handoffs(new)
     new.meta["trident_regions"] = region_ids
     new.meta["trident_cuts"] = part.cuts + skipped
     new.meta["trident_cse_removed"] = cse_removed
@@ -307,6 +309,29 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new.meta["trident_retry_region"] = _retry_region(new) if symbolic else None
     _install_input_checks(new)
     return new
+
+
+def _lend_handoffs(gm: torch.fx.GraphModule) -> None:
+    """Tells each region which of its outputs only later regions of this graph read, so that its
+    graph replays lend them instead of copying them out (Note [Lent outputs]). A value returned,
+    read by any other node, or used whole (not through getitem) is copied out as before."""
+    if not knobs.graph_lend():
+        return
+    scm = torch.ops.trident.scm.default
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = set(output.all_input_nodes)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not scm:
+            continue
+        region = node.args[0]
+        lend = [False] * len(SCMRuntime.get(region).program.outputs)
+        if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
+            continue
+        for item in node.users:
+            lend[item.args[1]] = (item not in returned and bool(item.users)
+                                  and all(c.op == "call_function" and c.target is scm for c in item.users))
+        if any(lend):
+            native.C.set_lent_outputs(region, lend)
 
 
 def _graphs_may_record(gm: torch.fx.GraphModule) -> bool:

@@ -20,7 +20,7 @@ from tests.decode_model import (
     make_caches,
     make_weights,
 )
-from tests.kernels import axpy_kernel, inplace_mul_kernel
+from tests.kernels import axpy, axpy_kernel, inplace_mul_kernel
 from trident import knobs
 from trident.runtime import SCMRuntime, graphs
 from trident.runtime.native import C
@@ -709,3 +709,59 @@ def test_graph_facts_reasons(device):
     assert guard.failure((x, x), names) == ("graph 0: staged input 'a' shares memory with an input the region "
                                              "writes (or is written and shares memory with another input)")
     assert "pinned at their recorded addresses: x" in trident.scm.guards.describe(guard, names)
+
+
+def _handoff(x, y):
+    """Two regions (a data-dependent nonzero cuts between them): the first one's output `a` is
+    read only by the second, so its graph lends it (Note [Lent outputs]); `b` is returned."""
+    a = axpy(x, y)
+    n = torch.nonzero(y > 0)
+    return axpy(a, y), n
+
+
+def test_a_lent_output_still_held_is_never_overwritten(device):
+    """Note [Lent outputs]: an output only a later region reads is lent, not copied; a replay
+    would overwrite it, so while anything holds it the region takes the ordinary path (fresh
+    outputs) and the held tensor keeps its values; returned values are never lent."""
+    x, y = torch.randn(100, device=device), torch.randn(100, device=device)
+    with knobs.scope(**_graph_device(device)):
+        opt = trident.optimize(trident.capture(_handoff, x, y))
+    first, second = opt.meta["trident_regions"]
+
+    def check(x):
+        b, n = opt(x, y)
+        torch.testing.assert_close(b, 2.5 * (2.5 * x + y) + y)
+        torch.testing.assert_close(n, torch.nonzero(y > 0))
+
+    for _ in range(5):
+        check(torch.randn(100, device=device))
+    live = [g for g in C.graph_stats(first)["graphs"] if not g["retired"]]
+    assert live and live[-1]["lent"] == 1 and live[-1]["replays"] > 0
+    assert all(g["lent"] == 0 for g in C.graph_stats(second)["graphs"])  # its output is returned
+    x1 = torch.randn(100, device=device)
+    held = torch.ops.trident.scm.default(first, [], [x1, y])[0]  # what the graph lends to region 1
+    want = (2.5 * x1 + y).clone()
+    for _ in range(4):
+        check(torch.randn(100, device=device))
+    torch.testing.assert_close(held, want)
+    st = C.graph_stats(first)
+    assert st["lent_held"] >= 1
+    assert "lent output still referenced" in "\n".join(graphs.describe(first, ["x", "y"], None))
+    del held
+    replays = sum(g["replays"] for g in C.graph_stats(first)["graphs"])
+    for _ in range(3):
+        check(torch.randn(100, device=device))
+    assert sum(g["replays"] for g in C.graph_stats(first)["graphs"]) > replays
+
+
+def test_lending_knob_off_copies_every_output(device):
+    """TRIDENT_GRAPH_LEND=0: replays copy every output out, as before Note [Lent outputs]."""
+    x, y = torch.randn(100, device=device), torch.randn(100, device=device)
+    with knobs.scope(graph_lend="0", **_graph_device(device)):
+        opt = trident.optimize(trident.capture(_handoff, x, y))
+    for _ in range(5):
+        x = torch.randn(100, device=device)
+        torch.testing.assert_close(opt(x, y)[0], 2.5 * (2.5 * x + y) + y)
+    first = opt.meta["trident_regions"][0]
+    assert all(g["lent"] == 0 for g in C.graph_stats(first)["graphs"])
+    assert sum(g["replays"] for g in C.graph_stats(first)["graphs"]) > 0

@@ -36,7 +36,8 @@ namespace trident::graphs {
 // the replay (Note [Staging written inputs]).
 // The graph's intermediates live in its private memory pool (torch.cuda.graph); its outputs
 // are overwritten by the next replay, so each replay returns fresh copies (one allocation and
-// one copy per output storage, aliasing between outputs kept by copying storages, not tensors).
+// one copy per output storage, aliasing between outputs kept by copying storages, not tensors),
+// except the outputs it lends (Note [Lent outputs]).
 // Recording (trident/runtime/graphs.py) happens after `record_after` consecutive ordinary calls
 // with equal facts but addresses; it captures the host program without running it, so no
 // written input is changed twice. Regions with seeded random operators, inputs off the GPU, or
@@ -80,6 +81,23 @@ namespace trident::graphs {
 // replacement is still recorded, another graph is not. An older graph whose calls brought a pinned
 // input sharing storage with a written one is not replaced by a graph staging that input (it
 // would decline those calls).
+
+// Note [Lent outputs]
+// ~~~~~~~~~~~~~~~~~~~
+// A symbolic capture's static pieces (Note [Pieces of a symbolic region]) hand each other their
+// outputs: a residual stream, q, k and v, rotary tables, each read by a later region of the same
+// call and then dropped. Copying each out of the graph's pool (an allocation and a copy each,
+// ~44 µs of host time per replay on the H200 for a decode layer's piece) buys nothing there.
+// So an output that only later regions of the same call read (the optimized graph says which:
+// trident/optimize.py `_lend_handoffs`) is *lent*: the replay returns a tensor on the graph's own
+// memory, through a storage made for this replay (non-owning pointer; its deleter keeps the
+// graph's output alive, so a retired graph's memory outlives a tensor still lent). A replay
+// overwrites that memory, so before it the entry checks that no tensor holds the storage it lent
+// last time (a weak reference has expired); if one does (a traceback, a hook, a caller keeping a
+// value it should not see), the call takes the ordinary path, whose outputs are fresh, and the
+// lent tensor keeps its values. Holders are thus never overwritten, whatever the analysis said.
+// After kLentHeldLimit such calls a region's new graphs copy out as before. A storage shared by a
+// lent output and one that is not is copied out whole (aliasing kept).
 
 // Note [Graph bound]
 // ~~~~~~~~~~~~~~~~~~
@@ -193,6 +211,89 @@ std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outs, void* stre
   return fresh;
 }
 
+// Note [Lent outputs]: which outputs are lent, grouped by storage; a group is lent when all of
+// its outputs may be. Called once per entry, with the outputs of its first replay.
+void init_lending(const State& s, Entry& e, const std::vector<at::Tensor>& outs) {
+  e.lent_ready = true;
+  e.lent_group.assign(outs.size(), -1);
+  if (s.lend.size() != outs.size() || s.lent_held.load() >= kLentHeldLimit) return;
+  std::vector<const void*> keys;
+  std::vector<bool> ok;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].defined() || !outs[i].has_storage()) continue;
+    const void* key = outs[i].storage().data();
+    size_t g = std::find(keys.begin(), keys.end(), key) - keys.begin();
+    if (g == keys.size()) {
+      keys.push_back(key);
+      ok.push_back(true);
+    }
+    ok[g] = ok[g] && s.lend[i] && key != nullptr;
+    e.lent_group[i] = static_cast<int64_t>(g);
+  }
+  std::vector<int64_t> renumber(keys.size(), -1);
+  int64_t groups = 0;
+  for (size_t g = 0; g < keys.size(); ++g)
+    if (ok[g]) renumber[g] = groups++;
+  for (auto& g : e.lent_group)
+    if (g >= 0) g = renumber[g];
+  e.lent.assign(groups, std::nullopt);
+}
+
+// Whether a tensor still holds a storage this entry lent (Note [Lent outputs]).
+bool lent_held(const Entry& e) {
+  for (const auto& w : e.lent)
+    if (w && !w->expired()) return true;
+  return false;
+}
+
+void release_lent_storage(void* keep) { delete static_cast<at::Tensor*>(keep); }
+
+// The replay's outputs: lent ones on the graph's memory, the others copied out (Note [Lent outputs]).
+std::vector<at::Tensor> lend_or_copy(Entry& e, const std::vector<at::Tensor>& outs, void* stream) {
+  std::vector<at::Tensor> copied = outs;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (e.lent_group[i] >= 0) copied[i] = at::Tensor();
+  std::vector<at::Tensor> result = copy_out(copied, stream);
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> made(e.lent.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const int64_t g = e.lent_group[i];
+    if (g < 0) continue;
+    const at::Tensor& s = outs[i];
+    if (!made[g]) {
+      auto* keep = new at::Tensor(s);  // the graph's output stays alive while this storage does
+      c10::DataPtr ptr(s.storage().mutable_data(), keep, &release_lent_storage, s.device());
+      made[g] = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                                      static_cast<int64_t>(s.storage().nbytes()), std::move(ptr),
+                                                      /*allocator=*/nullptr, /*resizable=*/false);
+      e.lent[g] = c10::weak_intrusive_ptr<c10::StorageImpl>(made[g]);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(made[g]), s.key_set(), s.dtype());
+    impl->set_sizes_and_strides(s.sizes(), s.strides(), s.storage_offset());
+    result[i] = at::Tensor(std::move(impl));
+  }
+  return result;
+}
+
+// Emulated graphs (CPU) lend too: the host program's fresh outputs that are lent are copied into
+// buffers the entry keeps, which play the graph's memory; the others are returned as copies.
+std::vector<at::Tensor> emulated_outputs(Entry& e, const std::vector<at::Tensor>& fresh) {
+  if (e.static_outputs.empty()) e.static_outputs = copy_out(fresh, nullptr);
+  std::vector<at::Tensor> outs = fresh;
+  std::vector<const void*> done;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (e.lent_group[i] < 0) continue;
+    outs[i] = e.static_outputs[i];
+    void* dst = e.static_outputs[i].storage().mutable_data();
+    if (std::find(done.begin(), done.end(), dst) != done.end()) continue;
+    TORCH_CHECK(fresh[i].storage().nbytes() == e.static_outputs[i].storage().nbytes(),
+                "trident: an emulated graph's output changed size between replays");
+    if (dst != fresh[i].storage().data() && fresh[i].storage().nbytes())
+      std::memcpy(dst, fresh[i].storage().data(), fresh[i].storage().nbytes());
+    done.push_back(dst);
+  }
+  return outs;
+}
+
 // The live entries a graph with these facts and staged inputs would serve every call of (Note
 // [Graph lifetimes]): same stream and device, and every input either staged in the new graph with
 // equal facts but address, or pinned in both with equal facts. A pinned input that shared storage
@@ -281,6 +382,11 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     note_ordinary(s, Ordinary::kNoGraph, -1);
     return false;
   }
+  if (e->lent_ready && lent_held(*e)) {  // Note [Lent outputs]: the replay would overwrite it
+    s.lent_held.fetch_add(1, std::memory_order_relaxed);
+    note_ordinary(s, Ordinary::kLentHeld, -1);
+    return false;
+  }
   e->last_used.store(s.clock.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::string error;
   auto copy = [&](void* dst, const void* src, int64_t bytes, int64_t i, const char* what) {
@@ -297,11 +403,14 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
   if (e->exec) {
     TORCH_CHECK(cuda::graph_launch(e->exec, ctx.stream, &error) == 0, "trident: replaying the graph of region '",
                 r.name, "' failed: ", error);
-    outputs = copy_out(e->static_outputs, ctx.stream);
+    if (!e->lent_ready) init_lending(s, *e, e->static_outputs);
+    outputs = lend_or_copy(*e, e->static_outputs, ctx.stream);
   } else {
     std::vector<at::Tensor> static_inputs(n);
     for (int64_t i = 0; i < n; ++i) static_inputs[i] = e->staged[i] ? e->static_inputs[i] : inputs[i];
-    outputs = copy_out(run_region_native(r.id, std::move(static_inputs)), nullptr);
+    std::vector<at::Tensor> fresh = run_region_native(r.id, std::move(static_inputs));
+    if (!e->lent_ready) init_lending(s, *e, fresh);
+    outputs = e->lent.empty() ? copy_out(fresh, nullptr) : lend_or_copy(*e, emulated_outputs(*e, fresh), nullptr);
   }
   // Written staged inputs back into the caller's tensors (Note [Staging written inputs]);
   // ordered after the replay on the same stream.
@@ -471,7 +580,7 @@ py::dict stats(int64_t region_id) {
   d["stage_written_limit"] = s.stage_written_limit;
   d["stage_read_limit"] = s.stage_read_limit;
   static const char* kWhy[] = {"none", "no_graph", "capturing", "stream", "facts", "pinned_moved", "aliased",
-                               "unstageable"};
+                               "unstageable", "lent_held"};
   d["last_ordinary"] = py::make_tuple(kWhy[s.ordinary_why.load()], s.ordinary_input.load());
   static const char* kPinned[] = {"none", "undefined", "residue", "read_too_large", "written_too_large",
                                    "written_not_dense", "aliased"};
@@ -486,6 +595,7 @@ py::dict stats(int64_t region_id) {
   }
   d["moving"] = moving;
   d["pinned_moving"] = pinned_moving;
+  d["lent_held"] = s.lent_held.load();
   d["retire_error"] = s.retire_error.empty() ? py::object(py::none()) : py::object(py::str(s.retire_error));
   py::list entries;
   int64_t bytes = 0;
@@ -505,6 +615,7 @@ py::dict stats(int64_t region_id) {
     x["bytes"] = e.bytes;
     x["device"] = e.device;
     x["stream"] = reinterpret_cast<int64_t>(e.stream);
+    x["lent"] = static_cast<int64_t>(e.lent.size());  // storages lent per replay (Note [Lent outputs])
     bytes += e.bytes;
     entries.append(x);
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,13 @@ struct Entry {
   // Per staged input: the graph's buffer; undefined for pinned inputs, which the entry does not
   // hold (Note [Pinned inputs are not held]).
   std::vector<at::Tensor> static_inputs;
-  std::vector<at::Tensor> static_outputs; // what the recorded call returned (empty when emulated)
+  // What the recorded call returned; emulated: buffers made at the first replay when it lends.
+  std::vector<at::Tensor> static_outputs;
+  // Note [Lent outputs]: per output, the storage group it is lent with (-1: copied out), and per
+  // group the storage the latest replay lent (a replay waits until no tensor holds it).
+  std::vector<int64_t> lent_group;
+  std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> lent;
+  bool lent_ready = false;
   void* exec = nullptr;                   // CUgraphExec; null = emulated (CPU: the host program reruns)
   void* stream = nullptr;                 // the stream it replays on (the caller's at recording time)
   int64_t device = -1;
@@ -45,7 +52,8 @@ struct Entry {
 };
 
 constexpr int64_t kMaxGraphs = 16;  // graphs alive per region at most (TRIDENT_GRAPH_LIMIT <= this)
-constexpr int64_t kMaxRecorded = 1024;  // graphs ever recorded per region (retired ones included)
+constexpr int64_t kMaxRecorded = 1024;
+constexpr int64_t kLentHeldLimit = 2;  // graphs ever recorded per region (retired ones included)
 
 // Why an input that moves is not staged (graph_stats' pinned_moving; explain()).
 enum class Pinned : uint8_t {
@@ -69,6 +77,7 @@ enum class Ordinary : int64_t {
   kAliased,          // staged input `input` shares memory with an input the region writes, or is
                      // written and shares memory with another input
   kUnstageable,      // input `input` moves between calls and cannot be staged (too large, not dense)
+  kLentHeld,         // an output the graph lent at its previous replay is still held (Note [Lent outputs])
 };
 
 // Per region.
@@ -83,6 +92,11 @@ struct State {
   std::atomic<int64_t> evicted{0};  // graphs retired by the bound
   int64_t record_after = 2;    // consecutive ordinary calls with equal facts (but addresses)
   std::vector<uint8_t> written;  // per input: the region writes it
+  // Note [Lent outputs]: per output, whether replays may lend it instead of copying it out (only
+  // later regions of the same call read it); lending stops for new graphs once
+  // kLentHeldLimit replays found a lent output still held.
+  std::vector<uint8_t> lend;
+  std::atomic<int64_t> lent_held{0};
   // Note [Staging written inputs]: the most bytes a moving input may span to be staged.
   int64_t stage_read_limit = 64 << 20;
   int64_t stage_written_limit = 0;

@@ -522,6 +522,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     s.recorder = std::move(recorder);
     s.enabled = enabled;
   });
+  // Note [Lent outputs]: per output, whether graph replays may lend it (set once, before any call)
+  m.def("set_lent_outputs", [](int64_t region, std::vector<bool> lend) {
+    auto r = trident::get_region(region);
+    auto& s = *r->graphs;
+    TORCH_CHECK(static_cast<int64_t>(lend.size()) == static_cast<int64_t>(r->output_slots.size()),
+                "trident: lent outputs need one flag per output of region '", r->name, "'");
+    TORCH_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
+                "trident: lent outputs are set before a region's first call");
+    s.lend.assign(lend.begin(), lend.end());
+  });
   m.def("add_graph", &trident::graphs::add_entry);
   m.def("graph_stats", &trident::graphs::stats);
   m.def("run_native", [](int64_t region, std::vector<at::Tensor> inputs) {

@@ -285,6 +285,7 @@ def describe(
         lines.append(
             f"graph {k} ({mode}): {g['replays']} replay(s), {_mib(g['bytes'])} held; staged: {staged or 'none'}; "
             f"pinned: the other {n - len(g['staged'])} input(s)"
+            + (f"; {g['lent']} output storage(s) lent, not copied (Note [Lent outputs])" if g.get("lent") else "")
         )
     for i, code, span in st["pinned_moving"]:
         why = {
@@ -304,6 +305,9 @@ def describe(
         if st["max_bytes"]:
             bound += f", TRIDENT_GRAPH_BYTES={st['max_bytes']}"
         lines.append(f"graphs: bound reached ({bound}): {st['evicted']} graph(s) evicted, least recently used first")
+    if st.get("lent_held"):
+        lines.append(f"graphs: {st['lent_held']} call(s) found a lent output still referenced and took the ordinary "
+                     "path (Note [Lent outputs])")
     if st["retire_error"]:
         lines.append(f"graphs: waiting for a retired graph's work failed: {st['retire_error']}")
     if st["moving"]:

@@ -424,6 +424,8 @@ GRAPH_MISS_REASONS = {
     "aliased": "staged input {name!r} shares memory with an input the region writes (or is written and shares "
     "memory with another input)",
     "unstageable": "input {name!r} moves between calls and cannot be staged, so no graph is recorded while it moves",
+    "lent_held": "an output the graph lent at its previous replay was still referenced, and a replay would overwrite "
+    "it (Note [Lent outputs])",
 }
 
 
