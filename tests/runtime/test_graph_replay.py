@@ -765,3 +765,33 @@ def test_lending_knob_off_copies_every_output(device):
     first = opt.meta["trident_regions"][0]
     assert all(g["lent"] == 0 for g in C.graph_stats(first)["graphs"])
     assert sum(g["replays"] for g in C.graph_stats(first)["graphs"]) > 0
+
+
+def test_a_staged_input_that_stopped_moving_gets_a_graph_that_pins_it(device):
+    """Note [Pinning what stopped moving]: the second region's input moves until the first
+    region's graph lends it from one address; then a graph pinning it is recorded and replays,
+    the staging graph kept for calls where it moves again (here: while a lent value is held, the
+    first region's outputs are fresh). Results are exact throughout."""
+    x, y = torch.randn(100, device=device), torch.randn(100, device=device)
+    with knobs.scope(**_graph_device(device)):
+        opt = trident.optimize(trident.capture(_handoff, x, y))
+    first, second = opt.meta["trident_regions"]
+
+    def check():
+        x = torch.randn(100, device=device)
+        torch.testing.assert_close(opt(x, y)[0], 2.5 * (2.5 * x + y) + y)
+
+    def replays(staged):
+        return sum(g["replays"] for g in C.graph_stats(second)["graphs"] if g["staged"] == staged)
+
+    for _ in range(16):
+        check()
+    pinned = replays([])
+    assert replays([0]) > 0 and pinned > 0
+    held = torch.ops.trident.scm.default(first, [], [x, y])[0]  # the first region now returns fresh outputs
+    for _ in range(6):
+        check()
+    del held
+    for _ in range(8):
+        check()
+    assert replays([]) > pinned

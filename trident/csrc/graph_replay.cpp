@@ -96,8 +96,21 @@ namespace trident::graphs {
 // last time (a weak reference has expired); if one does (a traceback, a hook, a caller keeping a
 // value it should not see), the call takes the ordinary path, whose outputs are fresh, and the
 // lent tensor keeps its values. Holders are thus never overwritten, whatever the analysis said.
-// After kLentHeldLimit such calls a region's new graphs copy out as before. A storage shared by a
+// (The ordinary calls then record a new graph, with its own memory, which lends again.) Once
+// kLentHeldLimit graphs of a region found a lent output held, its new graphs copy out as before. A storage shared by a
 // lent output and one that is not is copied out whole (aliasing kept).
+
+// Note [Pinning what stopped moving]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Which inputs a graph stages is decided when it is recorded, from the calls before it: an input
+// seen at two addresses is staged (Note [Graph lifetimes]). A lent output (Note [Lent outputs])
+// moves until its producer's graph replays, then sits at one address for good: the consumer's
+// graph, recorded in the same step as the producer's, keeps copying it in although it no longer
+// moves (three such inputs per decode layer: the residual stream and the rotary tables). So when
+// a replay finds staged inputs at the same address for kRepinAfter replays in a row, the region
+// records (once per graph) another graph for this call that pins them. The older graph stays: it
+// still serves calls where they move (the newest matching graph replays first). An input that
+// stood still by the allocator's chance and moves again only costs that graph its replays.
 
 // Note [Graph bound]
 // ~~~~~~~~~~~~~~~~~~
@@ -339,7 +352,7 @@ void retire(State& s, Entry& e) {
 }  // namespace
 
 bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx,
-                std::vector<at::Tensor>& outputs) {
+                std::vector<at::Tensor>& outputs, std::vector<bool>& repin) {
   State& s = *r.graphs;
   const int64_t count = s.count.load(std::memory_order_acquire);
   const bool on_cuda = ctx.device_index >= 0;
@@ -383,7 +396,8 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     return false;
   }
   if (e->lent_ready && lent_held(*e)) {  // Note [Lent outputs]: the replay would overwrite it
-    s.lent_held.fetch_add(1, std::memory_order_relaxed);
+    if (!e->found_held) s.lent_held.fetch_add(1, std::memory_order_relaxed);
+    e->found_held = true;
     note_ordinary(s, Ordinary::kLentHeld, -1);
     return false;
   }
@@ -418,11 +432,60 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     if (e->written_back[i]) copy(inputs[i].data_ptr(), e->static_inputs[i].data_ptr(), e->span_bytes[i], i, "writing back");
   e->replays.fetch_add(1, std::memory_order_relaxed);
   note_ordinary(s, Ordinary::kNone, -1);
+  if (e->repins < kMaxRepins) {  // Note [Pinning what stopped moving]
+    if (e->last_address.size() != static_cast<size_t>(n)) {
+      e->last_address.assign(n, 0);
+      e->still.assign(n, 0);
+    }
+    bool stopped = false;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!e->staged[i]) continue;
+      const auto address = reinterpret_cast<int64_t>(inputs[i].data_ptr());
+      const bool moved = address != e->last_address[i];
+      if (moved && e->still[i] >= kRepinAfter) e->rearmed = true;  // a graph pinning it serves no more
+      e->still[i] = moved ? 0 : e->still[i] + 1;
+      e->last_address[i] = address;
+      stopped = stopped || e->still[i] == kRepinAfter;
+    }
+    if (stopped && (e->repins == 0 || e->rearmed) && !s.off.load() && s.max_graphs > 0) {
+      ++e->repins;
+      e->rearmed = false;
+      repin.assign(n, false);
+      for (int64_t i = 0; i < n; ++i) repin[i] = e->staged[i] && e->still[i] < kRepinAfter;
+    }
+  }
   if (profiling)
     replay_prof().add(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   return true;
 }
+
+namespace {
+
+void record(State& s, Region& r, const std::vector<at::Tensor>& inputs, const std::vector<bool>& staged) {
+  // The recorder runs Python (and captures this region, re-entering run_region_native).
+  py::gil_scoped_acquire gil;
+  auto lock = lock_releasing_gil(s.record_mutex);  // not miss_mutex: the capture may take the miss path
+  if (s.off.load() || s.count.load() >= kMaxRecorded) return;
+  std::string why;
+  try {
+    py::list py_inputs;
+    for (const at::Tensor& t : inputs) py_inputs.append(py::cast(t));
+    py::list py_staged;
+    for (bool b : staged) py_staged.append(py::bool_(b));
+    py::object result = s.recorder(r.id, py_inputs, py_staged);
+    if (result.is_none()) return;
+    why = py::str(result);
+  } catch (py::error_already_set& e) {
+    why = std::string("recording failed: ") + e.what();
+  } catch (const std::exception& e) {
+    why = std::string("recording failed: ") + e.what();
+  }
+  s.off_reason = why;
+  s.off.store(true);
+}
+
+}  // namespace
 
 void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx) {
   State& s = *r.graphs;
@@ -475,26 +538,13 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
     s.streak = 0;
     staged.assign(stage.begin(), stage.end());
   }
-  // The recorder runs Python (and captures this region, re-entering run_region_native).
-  py::gil_scoped_acquire gil;
-  auto lock = lock_releasing_gil(s.record_mutex);  // not miss_mutex: the capture may take the miss path
-  if (s.off.load() || s.count.load() >= kMaxRecorded) return;
-  std::string why;
-  try {
-    py::list py_inputs;
-    for (const at::Tensor& t : inputs) py_inputs.append(py::cast(t));
-    py::list py_staged;
-    for (bool b : staged) py_staged.append(py::bool_(b));
-    py::object result = s.recorder(r.id, py_inputs, py_staged);
-    if (result.is_none()) return;
-    why = py::str(result);
-  } catch (py::error_already_set& e) {
-    why = std::string("recording failed: ") + e.what();
-  } catch (const std::exception& e) {
-    why = std::string("recording failed: ") + e.what();
-  }
-  s.off_reason = why;
-  s.off.store(true);
+  record(s, r, inputs, staged);
+}
+
+void record_pinned(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx, const std::vector<bool>& staged) {
+  State& s = *r.graphs;
+  if (ctx.device_index >= 0 && cuda::stream_capturing(ctx.stream)) return;
+  record(s, r, inputs, staged);
 }
 
 void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, const std::vector<bool>& staged,

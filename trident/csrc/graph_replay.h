@@ -35,6 +35,14 @@ struct Entry {
   std::vector<int64_t> lent_group;
   std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> lent;
   bool lent_ready = false;
+  bool found_held = false;  // a replay found a storage it lent still held (counted once per graph)
+  // Note [Pinning what stopped moving]: per staged input, its address at the latest replay and
+  // for how many replays in a row it has not changed; whether this entry asked for a graph that
+  // pins the ones that stopped.
+  std::vector<int64_t> last_address;
+  std::vector<int64_t> still;
+  int64_t repins = 0;   // graphs it asked for; another only after a pinned address moved again
+  bool rearmed = false;
   void* exec = nullptr;                   // CUgraphExec; null = emulated (CPU: the host program reruns)
   void* stream = nullptr;                 // the stream it replays on (the caller's at recording time)
   int64_t device = -1;
@@ -53,7 +61,9 @@ struct Entry {
 
 constexpr int64_t kMaxGraphs = 16;  // graphs alive per region at most (TRIDENT_GRAPH_LIMIT <= this)
 constexpr int64_t kMaxRecorded = 1024;
-constexpr int64_t kLentHeldLimit = 2;  // graphs ever recorded per region (retired ones included)
+constexpr int64_t kLentHeldLimit = 2;
+constexpr int64_t kRepinAfter = 3;
+constexpr int64_t kMaxRepins = 4;  // per graph  // replays with a staged input at one address (Note [Pinning what stopped moving])  // graphs ever recorded per region (retired ones included)
 
 // Why an input that moves is not staged (graph_stats' pinned_moving; explain()).
 enum class Pinned : uint8_t {
@@ -94,7 +104,7 @@ struct State {
   std::vector<uint8_t> written;  // per input: the region writes it
   // Note [Lent outputs]: per output, whether replays may lend it instead of copying it out (only
   // later regions of the same call read it); lending stops for new graphs once
-  // kLentHeldLimit replays found a lent output still held.
+  // kLentHeldLimit graphs found an output they lent still held.
   std::vector<uint8_t> lend;
   std::atomic<int64_t> lent_held{0};
   // Note [Staging written inputs]: the most bytes a moving input may span to be staged.
@@ -125,8 +135,13 @@ struct State {
 
 // Replays a recorded graph matching this call, if any; true when it did (outputs filled).
 // `ctx` must come from prepare() for `inputs`.
+// `repin`: filled (one flag per input: stage it) when the graph that replayed has staged inputs
+// that stopped moving, for record_pinned (Note [Pinning what stopped moving]).
 bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx,
-                std::vector<at::Tensor>& outputs);
+                std::vector<at::Tensor>& outputs, std::vector<bool>& repin);
+
+// Records a graph of the region for this call, staging the inputs `staged` says (the others pinned).
+void record_pinned(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx, const std::vector<bool>& staged);
 
 // After an ordinary (non-replayed) successful call: updates the observation and, when the
 // policy says so, asks Python to record a graph for calls like this one.

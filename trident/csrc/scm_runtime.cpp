@@ -916,8 +916,10 @@ std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> in
   prepare(r, inputs, ctx, guard);
   const bool graphs_on = r.graphs && r.graphs->enabled;
   std::vector<at::Tensor> outputs;
-  if (graphs_on && graphs::try_replay(r, inputs, ctx, outputs)) {
+  std::vector<bool> repin;
+  if (graphs_on && graphs::try_replay(r, inputs, ctx, outputs, repin)) {
     r.hits.fetch_add(1, std::memory_order_relaxed);
+    if (!repin.empty()) graphs::record_pinned(r, inputs, ctx, repin);  // Note [Pinning what stopped moving]
     return outputs;
   }
   outputs = run_prepared(r, region_id, inputs, ctx, guard, /*count=*/true);

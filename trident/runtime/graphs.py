@@ -306,8 +306,8 @@ def describe(
             bound += f", TRIDENT_GRAPH_BYTES={st['max_bytes']}"
         lines.append(f"graphs: bound reached ({bound}): {st['evicted']} graph(s) evicted, least recently used first")
     if st.get("lent_held"):
-        lines.append(f"graphs: {st['lent_held']} call(s) found a lent output still referenced and took the ordinary "
-                     "path (Note [Lent outputs])")
+        lines.append(f"graphs: {st['lent_held']} graph(s) found a lent output still referenced and left the call to "
+                     "the ordinary path (Note [Lent outputs])")
     if st["retire_error"]:
         lines.append(f"graphs: waiting for a retired graph's work failed: {st['retire_error']}")
     if st["moving"]:
