@@ -727,8 +727,10 @@ def test_a_lent_output_still_held_is_never_overwritten(device):
     with knobs.scope(**_graph_device(device)):
         opt = trident.optimize(trident.capture(_handoff, x, y))
     first, second = opt.meta["trident_regions"]
+    kept = []  # every x stays alive, so that none comes at an address a graph could pin
 
     def check(x):
+        kept.append(x)
         b, n = opt(x, y)
         torch.testing.assert_close(b, 2.5 * (2.5 * x + y) + y)
         torch.testing.assert_close(n, torch.nonzero(y > 0))
@@ -739,6 +741,7 @@ def test_a_lent_output_still_held_is_never_overwritten(device):
     assert live and live[-1]["lent"] == 1 and live[-1]["replays"] > 0
     assert all(g["lent"] == 0 for g in C.graph_stats(second)["graphs"])  # its output is returned
     x1 = torch.randn(100, device=device)
+    kept.append(x1)
     held = torch.ops.trident.scm.default(first, [], [x1, y])[0]  # what the graph lends to region 1
     want = (2.5 * x1 + y).clone()
     for _ in range(4):
@@ -776,9 +779,11 @@ def test_a_staged_input_that_stopped_moving_gets_a_graph_that_pins_it(device):
     with knobs.scope(**_graph_device(device)):
         opt = trident.optimize(trident.capture(_handoff, x, y))
     first, second = opt.meta["trident_regions"]
+    kept = []  # every x stays alive: the first region's input keeps moving, its graph's output does not
 
     def check():
         x = torch.randn(100, device=device)
+        kept.append(x)
         torch.testing.assert_close(opt(x, y)[0], 2.5 * (2.5 * x + y) + y)
 
     def replays(staged):

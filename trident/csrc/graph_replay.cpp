@@ -107,10 +107,12 @@ namespace trident::graphs {
 // moves until its producer's graph replays, then sits at one address for good: the consumer's
 // graph, recorded in the same step as the producer's, keeps copying it in although it no longer
 // moves (three such inputs per decode layer: the residual stream and the rotary tables). So when
-// a replay finds staged inputs at the same address for kRepinAfter replays in a row, the region
-// records (once per graph) another graph for this call that pins them. The older graph stays: it
-// still serves calls where they move (the newest matching graph replays first). An input that
-// stood still by the allocator's chance and moves again only costs that graph its replays.
+// a replay finds staged inputs that are lent outputs of another graph (their storage's deleter
+// is the lending one) at the same address for kRepinAfter replays in a row, the region records
+// another graph for this call that pins them. The older graph stays: it still serves calls where
+// they move (the newest matching graph replays first), and asks again (at most kMaxRepins times)
+// only after a pinned address moved. Fresh tensors the allocator happens to place at one address
+// are never pinned this way: they may move on any call.
 
 // Note [Graph bound]
 // ~~~~~~~~~~~~~~~~~~
@@ -441,7 +443,9 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     for (int64_t i = 0; i < n; ++i) {
       if (!e->staged[i]) continue;
       const auto address = reinterpret_cast<int64_t>(inputs[i].data_ptr());
-      const bool moved = address != e->last_address[i];
+      // only another graph's lent output (its storage's deleter says so) stays put by design
+      const bool lent = inputs[i].has_storage() && inputs[i].storage().data_ptr().get_deleter() == &release_lent_storage;
+      const bool moved = !lent || address != e->last_address[i];
       if (moved && e->still[i] >= kRepinAfter) e->rearmed = true;  // a graph pinning it serves no more
       e->still[i] = moved ? 0 : e->still[i] + 1;
       e->last_address[i] = address;
