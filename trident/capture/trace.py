@@ -27,6 +27,7 @@ import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
@@ -224,8 +225,6 @@ _LIBRARY_DIRS = tuple(
 def _first_part(e: BaseException) -> str:
     """The exception's message; for torch's data-dependent guard, its first line only (the rest
     is advice about Dynamo's own debugging flags)."""
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
     text = str(e).strip()
     return text.splitlines()[0] if isinstance(e, GuardOnDataDependentSymNode) and text else text
 
@@ -287,11 +286,17 @@ def capture(
         raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause
         where = _user_frame(e)
-        raise CaptureError(
-            f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {_first_part(e)}"
-            f"{f' (raised at {where})' if where else ''}\n"
+        advice = (
+            "The function decides something from a tensor's values (bool(t), `if t`, a condition on "
+            ".item()): one graph cannot hold that. trident.compile(fn) runs such calls eagerly and says why; "
+            "torch.compile(fn, backend='trident') breaks the graph there and serves the rest."
+            if isinstance(e, GuardOnDataDependentSymNode) else
             "Trident captures functions that launch Triton kernels with kernel[grid](...), "
             "wrap_triton, torch.library.triton_op or custom_op, plus ATen ops, on tensor inputs."
+        )
+        raise CaptureError(
+            f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {_first_part(e)}"
+            f"{f' (raised at {where})' if where else ''}\n{advice}"
         ) from e
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}

@@ -29,6 +29,7 @@ import torch
 from torch._higher_order_ops import triton_kernel_wrap as tkw
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import disk_cache, knobs
 from ..errors import UnsupportedError
@@ -133,7 +134,10 @@ def _size_for_region(node: torch.fx.Node, members: set) -> bool:
     region computes it from its inputs, so the values it reads need not leave the region. A size
     also read elsewhere (returned, used by an operator outside, by another region) keeps reading
     the region's result."""
-    if not (is_size_node(node) and isinstance(S.size_of(node.meta["val"]), S.SizeExpr)):
+    val = node.meta.get("val")
+    # a data-dependent value (.item(), .tolist(): an unbacked symbol) is no size a region computes
+    if not (is_size_node(node) and isinstance(val, torch.SymInt) and not free_unbacked_symbols(val)
+            and isinstance(S.size_of(val), S.SizeExpr)):
         return False
     return all(u in members or _size_for_region(u, members) for u in node.users)
 
