@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from typing import Any, Callable, Optional
 
@@ -51,6 +52,48 @@ def private(folder: str) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def private_chain(folder: str, levels: int) -> bool:
+    """`folder` and the `levels` folders above it are each private (the cache root included)."""
+    for _ in range(levels + 1):
+        if not private(folder):
+            return False
+        folder = os.path.dirname(folder)
+    return True
+
+
+# Note [Open once, check the descriptor]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Checking a path and then opening it again (or handing it to dlopen) lets another local user
+# swap what the path names in between (a rename of a folder they can write). So every file read
+# back from TRIDENT_CACHE_DIR is opened once, without following a symbolic link, and the
+# descriptor is checked (a regular file this user owns that nobody else may write); its bytes
+# are read from that descriptor, and a shared library is loaded through /proc/self/fd/<fd>,
+# i.e. the very file whose bytes were hashed. The folders above it, the cache root included,
+# must be private too, so nobody else can place a file where a key points.
+def open_private(path: str) -> int:
+    """A read-only descriptor of `path` when it is a regular file this user owns that nobody
+    else may write (not followed through a symbolic link); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise PermissionError(f"{path} is not a regular file private to this user")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_private(path: str) -> bytes:
+    """The bytes of a private file (open_private), read from its descriptor."""
+    fd = open_private(path)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def key_of(*parts: Any) -> str:
     import torch
     import triton
@@ -70,13 +113,12 @@ def load(kind: str, key: str, check: Callable[[Any], bool]) -> Any:
     if path is None:
         return None
     folder = os.path.dirname(path)
-    if not (private(folder) and private(os.path.dirname(folder)) and private(os.path.dirname(os.path.dirname(folder)))):
+    if not private_chain(folder, 2):
         if os.path.exists(path):
             _log.debug("cached %s %s ignored: its folder is not private to this user", kind, path)
         return None
     try:
-        with open(path, "rb") as f:
-            entry = json.loads(f.read().decode("utf-8"))
+        entry = json.loads(read_private(path).decode("utf-8"))  # Note [Open once, check the descriptor]
         if isinstance(entry, dict) and entry.get("key") == key and check(entry.get("value")):
             return entry["value"]
     except FileNotFoundError:

@@ -142,6 +142,46 @@ def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
     assert [r["restored"] for r in third["regions"]] == [[True, True], [True]]
 
 
+@pytest.mark.parametrize("attack", ["moved", "forged", "open_root", "symlink"])
+def test_entries_others_could_plant_are_never_restored(dirs, attack):
+    """Note [Open once, check the descriptor] (issue 23): an entry of another region copied into a
+    region's folder is foreign (the key it was filed under is in the entry and its hash); a record
+    whose guards name another layout is refused, hash or not; nothing is read from a cache whose
+    root anyone may write, nor through a symbolic link. Each is built again; results equal."""
+    from trident.runtime.persistent import _digest
+
+    first, _ = _run(dirs)
+    root = dirs["TRIDENT_CACHE_DIR"]
+    decode_entry, tuned_entry = sorted((p for p in _files(root) if p.endswith("spec0.json")),
+                                       key=lambda p: len(json.load(open(p))["payload"]["guards"]))[::-1]
+    expect = "rejected"
+    if attack == "moved":  # the decode region's valid entry over the other region's one
+        with open(tuned_entry, "w") as f:
+            f.write(open(decode_entry).read())
+        expect = "filed under another region's key"
+    elif attack == "forged":  # smaller guards, hash recomputed with the right key
+        entry = json.load(open(tuned_entry))
+        entry["payload"]["guards"][0]["facts"]["sizes"] = [8]
+        entry["payload"]["guards"][0]["facts"]["strides"] = [1]
+        entry["sha256"] = _digest(entry["payload"], entry.get("native"), entry["key"])
+        with open(tuned_entry, "w") as f:
+            json.dump(entry, f)
+        expect = "not the captured layout"
+    elif attack == "open_root":
+        os.chmod(root, 0o777)
+        expect = "not private to this user"
+    else:
+        elsewhere = tuned_entry + ".copy"
+        os.replace(tuned_entry, elsewhere)
+        os.symlink(elsewhere, tuned_entry)
+        expect = "not read"
+    second, stderr = _run(dirs)
+    assert expect in stderr, stderr[-3000:]
+    restored = [r["restored"][0] for r in second["regions"]]
+    assert restored == ([False, False] if attack == "open_root" else [True, False]), restored
+    assert second["sums"] == first["sums"]
+
+
 def test_entries_of_another_build_are_foreign(dirs):
     """The key covers Trident's own code (a digest of its sources and extension) and the knobs
     that shape plans: entries written under other plan knobs are rejected, not restored."""

@@ -18,13 +18,17 @@ native table indices it baked in; otherwise, or without a linker, it is built ag
     extension), torch, triton, torch-mlir, the knobs that shape plans, plus the compute
     capability of each CUDA device the inputs are on. One folder per key; `spec<k>.json` per
     specialization.
-  * An entry is {"versions", "sha256" of its payload, "payload"}; it is written to a temporary
-    file and renamed (readers never see half a file). Folders are created 0700.
+  * An entry is {"versions", "key" (the region key it was filed under), "sha256" of its payload,
+    native record and key, "payload"}; it is written to a temporary file and renamed (readers
+    never see half a file). Folders are created 0700.
   * On load an entry whose JSON does not parse (truncated), whose hash does not match (corrupt)
     or whose versions differ (foreign) is rejected with a line on the `trident.misses` logger
-    and removed; a library is loaded only from folders owned by this user and writable by no
-    one else; the specialization is built again and written anew. Restoring stops at the
-    first entry missing or rejected (indices are the selection order).
+    and removed, as is one filed under another key; entries and libraries are read only when
+    they and every folder up to the cache root belong to this user and nobody else may write
+    them, through one descriptor (Note [Open once, check the descriptor]); a restored
+    specialization must serve the layouts its region serves (its guards pass the region's own
+    layout guards); otherwise the specialization is built again and written anew. Restoring
+    stops at the first entry missing or rejected (indices are the selection order).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any, Optional
 import torch
 
 from .. import knobs, logs
-from ..disk_cache import make_private_dirs, private
+from ..disk_cache import make_private_dirs, open_private, private_chain, read_private
 from ..scm.printer import format_facts, format_program
 from ..scm.serialize import FORMAT
 
@@ -110,15 +114,22 @@ def region_key(scm) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _digest(payload: dict, native: Optional[dict] = None) -> str:
-    """What an entry's hash covers: the plan and the record of its host program's library."""
-    return hashlib.sha256(json.dumps({"payload": payload, "native": native}, sort_keys=True).encode()).hexdigest()
+_LOADED_FDS: list = []  # descriptors of the host libraries loaded from the cache (load_native)
+
+
+def _digest(payload: dict, native: Optional[dict], key: str) -> str:
+    """What an entry's hash covers: the plan, the record of its host program's library, and the
+    region key it was filed under (an entry copied into another region's folder is foreign)."""
+    return hashlib.sha256(
+        json.dumps({"payload": payload, "native": native, "key": key}, sort_keys=True).encode()
+    ).hexdigest()
 
 
 class PlanCache:
     """The records of one region in TRIDENT_CACHE_DIR (Note [Persistent plans])."""
 
     def __init__(self, root: str, key: str, name: str, devices):
+        self.key = key
         self.folder = os.path.join(root, key[:2], key)
         self.name = name
         self.versions = versions(devices)
@@ -137,13 +148,18 @@ class PlanCache:
         """(plan payload, native record or None) of specialization `index`, or None (absent or
         rejected: removed)."""
         path = self._path(index)
+        if not os.path.lexists(path):
+            return None
+        if not private_chain(self.folder, 2):  # Note [Open once, check the descriptor]
+            _log.warning("%s: persistent plan %s not read: its folder (or one above it, up to the cache root) is "
+                         "not private to this user; building it again", self.name, path)
+            return None
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_private(path)
         except FileNotFoundError:
             return None
         except OSError as e:
-            _log.warning("%s: persistent plan %s unreadable (%s); building it again", self.name, path, e)
+            _log.warning("%s: persistent plan %s not read (%s); building it again", self.name, path, e)
             return None
         why = None
         try:
@@ -152,7 +168,9 @@ class PlanCache:
                 why = "not a plan entry"
             elif entry.get("versions") != self.versions:
                 why = "written by another build (versions, Trident's code or plan knobs differ)"
-            elif entry.get("sha256") != _digest(entry["payload"], entry.get("native")):
+            elif entry.get("key") != self.key:
+                why = "filed under another region's key"
+            elif entry.get("sha256") != _digest(entry["payload"], entry.get("native"), self.key):
                 why = "its hash does not match its content (corrupt)"
         except ValueError as e:  # UnicodeDecodeError included
             why = f"not valid JSON (truncated?): {e}"
@@ -164,28 +182,50 @@ class PlanCache:
     def load_native(self, native: dict) -> "Optional[tuple[Any, int, int]]":
         """(library, host address, select address) of a cached host program, hash-checked
         before it is loaded; None when it is absent or does not match (then it is rebuilt)."""
+        name = str(native.get("file", ""))
+        path = os.path.join(self.folder, name)
+        if os.sep in name or not private_chain(self.folder, 2):
+            _log.warning("%s: cached host program %s not loaded: its folder (or one above it, up to the cache root) "
+                         "is not private to this user; building it again", self.name, path)
+            return None
+        # Note [Open once, check the descriptor]: hashed and loaded through one descriptor
+        try:
+            fd = open_private(path)
+        except OSError as e:
+            _log.warning("%s: cached host program %s not loaded (%s); building it again", self.name, path, e)
+            return None
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            lib = host = select = None
+            if digest != native.get("sha256"):
+                _log.warning("%s: cached host program %s rejected: its hash does not match; building it again",
+                             self.name, path)
+            else:
+                lib, host, select = self._dlopen(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if lib is None or host is None:
+            os.close(fd)
+            return None
+        # The descriptor stays open for the process: dlopen knows a loaded library by the name it
+        # was opened with, and a later library opened at the same descriptor number would be
+        # handed this one's handle (libraries are never unloaded, one descriptor each).
+        _LOADED_FDS.append(fd)
+        return lib, host, select
+
+    def _dlopen(self, fd: int, path: str):
+        """(library, host address, select address) loaded through descriptor `fd`, or Nones."""
         import ctypes
 
-        path = os.path.join(self.folder, str(native.get("file", "")))
-        if not private(self.folder) or not private(os.path.dirname(self.folder)):
-            _log.warning("%s: cached host program %s not loaded: its folder is not private to this user; "
-                         "building it again", self.name, path)
-            return None
         try:
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-        except OSError:
-            return None
-        if digest != native.get("sha256"):
-            _log.warning("%s: cached host program %s rejected: its hash does not match; building it again", self.name, path)
-            return None
-        try:
-            lib = ctypes.CDLL(path)
+            lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
             host = ctypes.cast(getattr(lib, "_mlir_scm_host"), ctypes.c_void_p).value
             select = ctypes.cast(getattr(lib, "_mlir_scm_select"), ctypes.c_void_p).value
         except (OSError, AttributeError) as e:
             _log.warning("%s: cached host program %s could not be loaded (%s); building it again", self.name, path, e)
-            return None
+            return None, None, None
         return lib, host, select
 
     def store_native(self, index: int, engine) -> Optional[dict]:
@@ -230,7 +270,8 @@ class PlanCache:
     def store(self, index: int, payload: dict, native: Optional[dict] = None) -> None:
         try:
             make_private_dirs(self.folder)
-            entry = {"versions": self.versions, "sha256": _digest(payload, native), "payload": payload, "native": native}
+            entry = {"versions": self.versions, "key": self.key, "sha256": _digest(payload, native, self.key),
+                     "payload": payload, "native": native}
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f)

@@ -229,9 +229,28 @@ class SCMRuntime:
             )
         devices = [torch.device(d) for d in data.get("devices", ())]
         spec = specialization_from_data(self.program, data, compile_kernels=self._compile_kernels(devices))
+        self._check_restored_layouts(spec)
         triton_s = triton_compile_seconds() - triton0
         cost = {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s}
         return self.install_specialization(spec, cost, native_record)
+
+    def _check_restored_layouts(self, spec: Specialization) -> None:
+        """A restored specialization serves only layouts this region would plan for: each input
+        guard's sizes and strides are the captured ones (where they are static; strides of size-1
+        dimensions do not count, as in CapturedLayout). A record that says otherwise (another
+        region's entry, a bug in a key) is refused before it is installed (Note [Persistent plans])."""
+        for g in spec.guards:
+            if g.facts is None or g.input >= len(self.program.inputs):
+                continue
+            want_sizes, want_strides = _static_layout(self.program, g.input)
+            sizes, strides = tuple(g.facts.sizes), tuple(g.facts.strides)
+            if len(sizes) != len(want_sizes) or any(w is not None and w != v for w, v in zip(want_sizes, sizes)) or any(
+                w is not None and w != v and n != 1 for w, v, n in zip(want_strides, strides, sizes)
+            ):
+                raise TridentError(
+                    f"{self.program.name}: a restored specialization guards input {g.name!r} with sizes {list(sizes)} "
+                    f"and strides {list(strides)}, not the captured layout {list(want_sizes)} / {list(want_strides)}"
+                )
 
     def install_specialization(self, spec: Specialization, cost: dict, native_record: Optional[dict] = None) -> Specialization:
         """Binds `spec`'s native tables, compiles its host program, makes it selectable."""
