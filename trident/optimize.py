@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import re
+import weakref
 
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -303,6 +304,8 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         region_ids, skipped = outline_regions(new, part.regions, _make_scm)
         _lend_handoffs(new)
     new.meta["trident_regions"] = region_ids
+    # Note [Released regions]: the regions live as long as the graph that calls them
+    weakref.finalize(new, SCMRuntime.release, tuple(region_ids)).atexit = False
     new.meta["trident_cuts"] = part.cuts + skipped
     new.meta["trident_cse_removed"] = cse_removed
     new.meta["trident_symbolic"] = symbolic

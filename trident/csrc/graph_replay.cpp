@@ -680,4 +680,12 @@ py::dict stats(int64_t region_id) {
 
 ProfCounter& replay_counter() { return replay_prof(); }
 
+void release(Region& r) {
+  State& s = *r.graphs;
+  const int64_t count = s.count.load(std::memory_order_acquire);
+  for (int64_t k = 0; k < count; ++k)
+    if (!s.entries[k]->retired.load()) retire(s, *s.entries[k]);
+  s.recorder = py::none();
+}
+
 }  // namespace trident::graphs

@@ -158,4 +158,7 @@ pybind11::dict stats(int64_t region_id);
 // Note [Host-time profile]: replays, with their staging and output copies.
 ProfCounter& replay_counter();
 
+// Retires every live graph of a region being released (Note [Released regions]); GIL held.
+void release(Region& r);
+
 }  // namespace trident::graphs

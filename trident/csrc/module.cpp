@@ -532,6 +532,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 "trident: lent outputs are set before a region's first call");
     s.lend.assign(lend.begin(), lend.end());
   });
+  m.def("release_region", &trident::release_region);  // Note [Released regions]
   m.def("add_graph", &trident::graphs::add_entry);
   m.def("graph_stats", &trident::graphs::stats);
   m.def("run_native", [](int64_t region, std::vector<at::Tensor> inputs) {

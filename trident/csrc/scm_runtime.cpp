@@ -707,7 +707,27 @@ std::shared_ptr<Region> get_region(int64_t id) {
   TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(),
               "trident: no SCM region with id ", id,
               " in this process; the graph was optimized in another process or the id is corrupt");
-  return regions().items[id];
+  // slots never move (capacity reserved); a released slot is reset atomically (Note [Released regions])
+  std::shared_ptr<Region> r = std::atomic_load(&regions().items[id]);
+  TORCH_CHECK(r, "trident: SCM region ", id, " was released: the optimized graph it belonged to was garbage "
+              "collected (a copy of that graph cannot run without it; optimize the function again)");
+  return r;
+}
+
+// Note [Released regions]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A region belongs to the optimized graph that outlined it; when that graph is garbage collected
+// (trident.compile's capture bound evicting a capture, torch._dynamo.reset(), a dropped module),
+// trident/optimize.py releases its regions: their graphs are retired (pending work waited for,
+// private pools freed), and the registry's reference goes, with it the specializations, host
+// programs and miss handler. A call in flight holds its own reference. Slots are not reused:
+// the id of a released region names nothing.
+void release_region(int64_t id) {
+  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(), "trident: no SCM region with id ", id);
+  std::shared_ptr<Region> r = std::atomic_exchange(&regions().items[id], std::shared_ptr<Region>());
+  if (!r) return;
+  if (r->graphs) graphs::release(*r);
+  r->miss_handler = pybind11::none();  // Python objects go now, with the GIL held
 }
 
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().add(std::move(kernel)); }

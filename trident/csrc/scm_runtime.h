@@ -327,6 +327,8 @@ std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<Arena
 // Process-wide tables, indexed by the integers baked into generated code and FX graphs.
 int64_t register_region(std::shared_ptr<Region> region);
 std::shared_ptr<Region> get_region(int64_t id);
+// Note [Released regions]: drops the registry's reference (GIL held); later calls of the id fail.
+void release_region(int64_t id);
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);

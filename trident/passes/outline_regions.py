@@ -129,6 +129,24 @@ def written_params(node: torch.fx.Node) -> list[str]:
     return list(names)
 
 
+def _holds_node(value, depth: int = 0) -> bool:
+    if isinstance(value, torch.fx.Node):
+        return True
+    if depth < 3 and isinstance(value, (list, tuple)):
+        return any(_holds_node(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return any(_holds_node(v, depth + 1) for v in value.values())
+    return False
+
+
+def _drop_node_references(meta: dict) -> None:
+    """A region's own graph keeps no pass annotation that names nodes of the graph it was cut
+    from: the region outlives that graph only while it is called (Note [Released regions]), and
+    such a reference would keep the optimized graph, and so the region, alive for good."""
+    for key in [k for k, v in meta.items() if _holds_node(v)]:
+        del meta[key]
+
+
 def _size_for_region(node: torch.fx.Node, members: set) -> bool:
     """A symbolic size node only the region reads (directly or through other size nodes): the
     region computes it from its inputs, so the values it reads need not leave the region. A size
@@ -409,6 +427,7 @@ def region_program(region: Region):
         env[n] = _size_node(graph, S.size_of(n.meta["val"]), symbolic[0], [env[i] for i in inputs])
     for node in region.nodes:
         env[node] = graph.node_copy(node, lambda x: env[x])
+        _drop_node_references(env[node].meta)
     graph.output(tuple(env[n] for n in results))
     # its Python code is generated only if something calls it (planning reads only its graph;
     # generating the code of a 16-layer region costs ~30 ms of a warm start)

@@ -249,6 +249,11 @@ def _add_guard(region_id: int, static: Sequence[torch.Tensor], staged: Sequence[
     guards.append(GraphFacts.of(len(guards), static, staged, written))
 
 
+def forget(region_id: int) -> None:
+    """Drops what this module keeps of a released region (Note [Released regions])."""
+    _graph_guards.pop(region_id, None)
+
+
 def graph_guards(region_id: int) -> list[GraphFacts]:
     """The GraphFacts of every graph the region recorded (retired ones included), in order."""
     return list(_graph_guards.get(region_id, ()))

@@ -156,6 +156,16 @@ class SCMRuntime:
         )
 
     @staticmethod
+    def release(region_ids) -> None:
+        """Forgets regions whose optimized graph was garbage collected (Note [Released regions],
+        scm_runtime.cpp): their graphs retired, their plans and host programs freed."""
+        for region_id in region_ids:
+            if _REGISTRY.pop(region_id, None) is None:
+                continue
+            graphs.forget(region_id)
+            native.C.release_region(region_id)
+
+    @staticmethod
     def get(region_id: int) -> "SCMRuntime":
         try:
             return _REGISTRY[region_id]
