@@ -783,7 +783,9 @@ std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<Arena
 // tensor reads or writes memory it does not own. So before any step, every input that addresses
 // at least one element must lie within its storage; else the call fails, nothing having run.
 static void check_storage(const Region& r, const std::vector<at::Tensor>& inputs) {
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  // int64_t, not size_t: formatting an unsigned long into the message crashed inside the
+  // extension's own copy of libstdc++'s ostream on the GPU machine (cuda-gdb, 2026-12-02)
+  for (int64_t i = 0; i < static_cast<int64_t>(inputs.size()); ++i) {
     const at::Tensor& t = inputs[i];
     if (!t.defined()) continue;
     TORCH_CHECK(!t.is_meta(), "trident: input ", i, " of region '", r.name,
