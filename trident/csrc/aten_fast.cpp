@@ -1,3 +1,4 @@
+#include "check.h"
 #include "aten_fast.h"
 
 // One header per operator (at::_ops::<op>): the generated, faithful (schema order) signatures.
@@ -175,7 +176,7 @@ struct Direct<Op, R(P...)> {
   }
   template <size_t... I>
   static void run(std::vector<c10::IValue>& a, std::vector<at::Tensor>& out, std::index_sequence<I...>) {
-    TORCH_CHECK(a.size() == sizeof...(P), Op::name, ".", Op::overload_name, " takes ", sizeof...(P),
+    TRIDENT_CHECK(a.size() == sizeof...(P), Op::name, ".", Op::overload_name, " takes ", sizeof...(P),
                 " arguments, the call has ", a.size());
     push_result(Op::call(arg<P>(a[I])...), out);
   }

@@ -1,3 +1,4 @@
+#include "check.h"
 #include "cublas_lt.h"
 
 #include <ATen/EmptyTensor.h>
@@ -94,14 +95,14 @@ const Api& api() {
 void check(Status s, const char* what) {
   if (s == 0) return;
   const char* name = api().status_name ? api().status_name(s) : nullptr;
-  TORCH_CHECK(false, "trident: cuBLASLt ", what, " failed with status ", s, " (", name ? name : "?", ")");
+  TRIDENT_CHECK(false, "trident: cuBLASLt ", what, " failed with status ", s, " (", name ? name : "?", ")");
 }
 
 // One cuBLASLt handle per device (handles are not bound to a stream).
 Handle handle_for(int64_t device) {
   static std::array<std::atomic<Handle>, 64> handles{};
   static std::mutex mutex;
-  TORCH_CHECK(device >= 0 && device < 64, "trident: CUDA device index ", device, " out of range");
+  TRIDENT_CHECK(device >= 0 && device < 64, "trident: CUDA device index ", device, " out of range");
   Handle h = handles[device].load(std::memory_order_acquire);
   if (h) return h;
   std::lock_guard<std::mutex> lock(mutex);
@@ -333,13 +334,13 @@ bool try_mm(GemmCache& cache, const at::Tensor& a, const at::Tensor& b, int64_t 
 }
 
 std::vector<std::array<double, 4>> survey(const at::Tensor& a, const at::Tensor& b, int64_t iters) {
-  TORCH_CHECK(api().ok, "trident: libcublasLt is not available");
-  TORCH_CHECK(a.is_cuda() && b.is_cuda() && a.dim() == 2 && b.dim() == 2 && a.scalar_type() == b.scalar_type() &&
+  TRIDENT_CHECK(api().ok, "trident: libcublasLt is not available");
+  TRIDENT_CHECK(a.is_cuda() && b.is_cuda() && a.dim() == 2 && b.dim() == 2 && a.scalar_type() == b.scalar_type() &&
                   (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf),
               "trident: survey takes two 2-D CUDA bf16/fp16 matrices");
   const int64_t device = a.device().index(), m = a.size(0), k = a.size(1), n = b.size(1);
   const Operand oa = transposed_view(b), ob = transposed_view(a);
-  TORCH_CHECK(oa.ok && ob.ok, "trident: survey needs unit-stride operands");
+  TRIDENT_CHECK(oa.ok && ob.ok, "trident: survey needs unit-stride operands");
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(a.device()).native_handle();
   auto empty = [&] {
     return at::detail::empty_generic({m, n}, c10::GetAllocator(c10::DeviceType::CUDA),
@@ -349,7 +350,7 @@ std::vector<std::array<double, 4>> survey(const at::Tensor& a, const at::Tensor&
   std::vector<HeuristicResult> ranked;
   Plan* plan = build_plan(a.scalar_type(), device, m, n, k, oa, ob, alignment(b.data_ptr()), alignment(a.data_ptr()),
                           alignment(first.data_ptr()), 0, &ranked);
-  TORCH_CHECK(plan, "trident: cuBLASLt found no algorithm");
+  TRIDENT_CHECK(plan, "trident: cuBLASLt found no algorithm");
   std::vector<std::array<double, 4>> out;
   const float alpha = 1.0f, beta = 0.0f;
   for (size_t i = 0; i < ranked.size(); ++i) {

@@ -1,3 +1,4 @@
+#include "check.h"
 #include "graph_replay.h"
 
 #include <algorithm>
@@ -211,7 +212,7 @@ std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outs, void* stre
       at::Tensor t = empty_bytes_like(s, n);
       if (s.is_cuda()) {
         std::string error;
-        TORCH_CHECK(cuda::copy_async(t.data_ptr(), key, n, stream, &error) == 0,
+        TRIDENT_CHECK(cuda::copy_async(t.data_ptr(), key, n, stream, &error) == 0,
                     "trident: copying a replayed graph's output failed: ", error);
       } else if (n) {
         std::memcpy(t.data_ptr(), key, n);
@@ -300,7 +301,7 @@ std::vector<at::Tensor> emulated_outputs(Entry& e, const std::vector<at::Tensor>
     outs[i] = e.static_outputs[i];
     void* dst = e.static_outputs[i].storage().mutable_data();
     if (std::find(done.begin(), done.end(), dst) != done.end()) continue;
-    TORCH_CHECK(fresh[i].storage().nbytes() == e.static_outputs[i].storage().nbytes(),
+    TRIDENT_CHECK(fresh[i].storage().nbytes() == e.static_outputs[i].storage().nbytes(),
                 "trident: an emulated graph's output changed size between replays");
     if (dst != fresh[i].storage().data() && fresh[i].storage().nbytes())
       std::memcpy(dst, fresh[i].storage().data(), fresh[i].storage().nbytes());
@@ -408,7 +409,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
   auto copy = [&](void* dst, const void* src, int64_t bytes, int64_t i, const char* what) {
     if (dst == src) return;
     if (on_cuda) {
-      TORCH_CHECK(cuda::copy_async(dst, src, bytes, ctx.stream, &error) == 0, "trident: ", what, " input ", i,
+      TRIDENT_CHECK(cuda::copy_async(dst, src, bytes, ctx.stream, &error) == 0, "trident: ", what, " input ", i,
                   " of region '", r.name, "' for a graph replay failed: ", error);
     } else {
       std::memcpy(dst, src, bytes);
@@ -417,7 +418,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
   for (int64_t i = 0; i < n; ++i)
     if (e->staged[i]) copy(e->static_inputs[i].data_ptr(), inputs[i].data_ptr(), e->span_bytes[i], i, "staging");
   if (e->exec) {
-    TORCH_CHECK(cuda::graph_launch(e->exec, ctx.stream, &error) == 0, "trident: replaying the graph of region '",
+    TRIDENT_CHECK(cuda::graph_launch(e->exec, ctx.stream, &error) == 0, "trident: replaying the graph of region '",
                 r.name, "' failed: ", error);
     if (!e->lent_ready) init_lending(s, *e, e->static_outputs);
     outputs = lend_or_copy(*e, e->static_outputs, ctx.stream);
@@ -558,7 +559,7 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
   Region& r = *rp;
   State& s = *r.graphs;
   const int64_t n = r.num_inputs;
-  TORCH_CHECK(static_cast<int64_t>(static_inputs.size()) == n && static_cast<int64_t>(staged.size()) == n,
+  TRIDENT_CHECK(static_cast<int64_t>(static_inputs.size()) == n && static_cast<int64_t>(staged.size()) == n,
               "trident: a graph of region '", r.name, "' needs ", n, " inputs");
   auto e = std::make_shared<Entry>();
   const int64_t stride = r.facts_stride();
@@ -586,13 +587,13 @@ void add_entry(int64_t region_id, const std::vector<at::Tensor>& static_inputs, 
   e->stream = reinterpret_cast<void*>(stream);
   e->bytes = bytes;
   e->keeper = std::move(keeper);
-  TORCH_CHECK(exec != 0 || e->device < 0, "trident: a CUDA graph entry needs its cudaGraphExec_t");
+  TRIDENT_CHECK(exec != 0 || e->device < 0, "trident: a CUDA graph entry needs its cudaGraphExec_t");
   std::vector<Entry*> superseded;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     const int64_t k = s.count.load();
     superseded = superseded_by(s, e->facts.data(), e->staged, e->stream, e->device, n, stride);
-    TORCH_CHECK(k < kMaxRecorded, "trident: region '", r.name, "' has recorded ", k, " graphs already");
+    TRIDENT_CHECK(k < kMaxRecorded, "trident: region '", r.name, "' has recorded ", k, " graphs already");
     e->last_used.store(s.clock.fetch_add(1) + 1);
     Entry* added = e.get();
     s.entries[k] = std::move(e);

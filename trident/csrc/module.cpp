@@ -11,6 +11,7 @@
 
 #include <chrono>
 
+#include "check.h"
 #include "cuda_driver.h"
 #include "cublas_lt.h"
 #include "graph_replay.h"
@@ -80,10 +81,10 @@ int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, 
 int64_t add_alloc(std::vector<int64_t> sizes, std::vector<int64_t> strides, const at::Tensor& dtype_of,
                   const std::string& device, bool zero, int64_t slot, int64_t arena_offset, int64_t arena_bytes,
                   bool dynamic, int64_t arena_slot) {
-  TORCH_CHECK(arena_offset < 0 || (arena_offset % 256 == 0 && arena_offset < arena_bytes),
+  TRIDENT_CHECK(arena_offset < 0 || (arena_offset % 256 == 0 && arena_offset < arena_bytes),
               "trident: arena offset ", arena_offset, " outside an arena of ", arena_bytes, " bytes");
-  TORCH_CHECK(!dynamic || arena_offset < 0, "trident: an allocation with symbolic sizes has no fixed arena offset");
-  TORCH_CHECK(arena_slot < 0 || arena_offset < 0, "trident: an arena buffer is placed per call or fixed, not both");
+  TRIDENT_CHECK(!dynamic || arena_offset < 0, "trident: an allocation with symbolic sizes has no fixed arena offset");
+  TRIDENT_CHECK(arena_slot < 0 || arena_offset < 0, "trident: an arena buffer is placed per call or fixed, not both");
   AllocEntry a;
   a.dynamic = dynamic;
   a.arena_slot = arena_slot;
@@ -109,9 +110,9 @@ std::vector<ArenaBuffer> parse_arena(const std::vector<ArenaSpec>& arena) {
     b.rank = rank;
     b.itemsize = itemsize;
     b.bytes = bytes;
-    TORCH_CHECK(rank >= 0 && itemsize > 0 && bytes >= 0 && bytes % 256 == 0, "trident: bad arena buffer");
+    TRIDENT_CHECK(rank >= 0 && itemsize > 0 && bytes >= 0 && bytes % 256 == 0, "trident: bad arena buffer");
     for (int64_t j : below) {
-      TORCH_CHECK(j >= 0 && j < static_cast<int64_t>(out.size()), "trident: an arena buffer is placed above ", j,
+      TRIDENT_CHECK(j >= 0 && j < static_cast<int64_t>(out.size()), "trident: an arena buffer is placed above ", j,
                   ", not an earlier buffer");
       b.below.push_back(j);
     }
@@ -171,7 +172,7 @@ AtenArg parse_arg(const py::handle& spec, const c10::TypePtr& type) {
       a.constant = torch::jit::toIValue(t[1], type);
     }
   } else {
-    TORCH_CHECK(false, "trident: unknown argument kind ", kind);
+    TRIDENT_CHECK(false, "trident: unknown argument kind ", kind);
   }
   return a;
 }
@@ -188,13 +189,13 @@ int64_t add_aten(const std::string& name, const std::string& overload, py::list 
   e->fast = typed ? find_fast_call(name, overload) : nullptr;
   e->name = name + (overload.empty() ? "" : "." + overload);
   const auto& schema = e->op->schema();
-  TORCH_CHECK(args.size() == schema.arguments().size(), "trident: ", e->name, " expects ",
+  TRIDENT_CHECK(args.size() == schema.arguments().size(), "trident: ", e->name, " expects ",
               schema.arguments().size(), " arguments, the plan has ", args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& arg = schema.arguments()[i];
     py::tuple t = py::reinterpret_borrow<py::tuple>(args[i]);
     if (t[0].cast<std::string>() == "default") {
-      TORCH_CHECK(arg.default_value().has_value(), "trident: ", e->name, " argument ", arg.name(), " has no default");
+      TRIDENT_CHECK(arg.default_value().has_value(), "trident: ", e->name, " argument ", arg.name(), " has no default");
       AtenArg a;
       a.kind = AtenArg::kConst;
       a.constant = *arg.default_value();
@@ -219,7 +220,7 @@ std::vector<int64_t> tensor_facts(const at::Tensor& t, int64_t max_rank) {
 int64_t bare_launch_loop(
     const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>>>& launches,
     int64_t device, int64_t iters) {
-  TORCH_CHECK(cuda::available(), "bare_launch_loop needs the CUDA driver");
+  TRIDENT_CHECK(cuda::available(), "bare_launch_loop needs the CUDA driver");
   c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
   c10::OptionalDeviceGuard guard(dev);
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
@@ -237,7 +238,7 @@ int64_t bare_launch_loop(
     std::string err;
     p.k = &kernel_entry(std::get<0>(launches[i]));
     p.fn = kernel_function(std::get<0>(launches[i]), device, &err);
-    TORCH_CHECK(p.fn, err);
+    TRIDENT_CHECK(p.fn, err);
     p.gx = std::get<1>(launches[i]);
     p.gy = std::get<2>(launches[i]);
     p.gz = std::get<3>(launches[i]);
@@ -254,7 +255,7 @@ int64_t bare_launch_loop(
     for (auto& p : prepared) {
       if (cuda::launch(p.fn, p.gx, p.gy, p.gz, p.k->num_warps, p.k->num_ctas, p.k->shared, p.k->cooperative,
                        p.k->pdl, stream, p.params.data(), &err))
-        TORCH_CHECK(false, err);
+        TRIDENT_CHECK(false, err);
     }
   }
   auto t1 = std::chrono::steady_clock::now();
@@ -397,7 +398,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_stats", [](int64_t region, int64_t local) -> py::object {
     // None when the entry has no cuBLASLt path; else (taken, declined, [plan tuples]).
     auto r = trident::get_region(region);
-    TORCH_CHECK(local >= 0 && static_cast<size_t>(local) < r->aten_handles.size(), "trident: no operator ", local);
+    TRIDENT_CHECK(local >= 0 && static_cast<size_t>(local) < r->aten_handles.size(), "trident: no operator ", local);
     const auto& e = trident::aten_entry(r->aten_handles[local]);
     if (!e.gemm) return py::none();
     return py::make_tuple(e.gemm->taken.load(), e.gemm->declined.load(), trident::blas::plans_of(*e.gemm));
@@ -427,7 +428,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // Region-local index of a process-wide kernel, allocation plan or ATen call entry.
     auto r = trident::get_region(region);
     std::lock_guard<std::mutex> lock(r->bind_mutex);
-    TORCH_CHECK(table == "kernel" || table == "alloc" || table == "aten" || table == "view" || table == "plan",
+    TRIDENT_CHECK(table == "kernel" || table == "alloc" || table == "aten" || table == "view" || table == "plan",
                 "trident: no table ", table);
     auto& v = table == "kernel" ? r->kernel_handles
               : table == "alloc" ? r->alloc_handles
@@ -436,7 +437,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                  : r->plan_handles;
     for (size_t i = 0; i < v.size(); ++i)
       if (v[i] == handle) return static_cast<int64_t>(i);
-    TORCH_CHECK(v.size() < trident::Region::kMaxLocal, "trident: region table full");
+    TRIDENT_CHECK(v.size() < trident::Region::kMaxLocal, "trident: region table full");
     v.push_back(handle);
     return static_cast<int64_t>(v.size() - 1);
   });
@@ -451,20 +452,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       out.a = std::get<1>(s);
       out.b = std::get<2>(s);
       out.aligned = std::get<3>(s);
-      TORCH_CHECK(out.kind >= trident::PlanSource::kConst && out.kind <= trident::PlanSource::kSize,
+      TRIDENT_CHECK(out.kind >= trident::PlanSource::kConst && out.kind <= trident::PlanSource::kSize,
                   "trident: no plan source kind ", out.kind);
       return out;
     };
     trident::HostPlan plan;
     plan.name = name;
     for (const auto& [kind, index, sizes, grid, params] : ops) {
-      TORCH_CHECK(kind >= trident::PlanOp::kAlloc && kind <= trident::PlanOp::kRelease, "trident: no plan op kind ", kind);
+      TRIDENT_CHECK(kind >= trident::PlanOp::kAlloc && kind <= trident::PlanOp::kRelease, "trident: no plan op kind ", kind);
       trident::PlanOp op;
       op.kind = kind;
       op.index = index;
       op.sizes = sizes;
       if (kind == trident::PlanOp::kLaunch) {
-        TORCH_CHECK(grid.size() == 3, "trident: a launch's grid has 3 sources, got ", grid.size());
+        TRIDENT_CHECK(grid.size() == 3, "trident: a launch's grid has 3 sources, got ", grid.size());
         for (int d = 0; d < 3; ++d) op.grid[d] = source(grid[d]);
       }
       for (const auto& p : params) op.params.push_back(source(p));
@@ -493,9 +494,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_disjoint_inputs", [](int64_t region, std::vector<std::tuple<int64_t, int64_t, std::string>> pairs) {
     // Note [Inputs a lowered index write must not overlap]; set before the region's first call.
     auto r = trident::get_region(region);
-    TORCH_CHECK(r->hits.load() + r->misses.load() == 0, "trident: disjoint inputs are set before the first call");
+    TRIDENT_CHECK(r->hits.load() + r->misses.load() == 0, "trident: disjoint inputs are set before the first call");
     for (const auto& [w, rd, what] : pairs) {
-      TORCH_CHECK(w >= 0 && w < r->num_inputs && rd >= 0 && rd < r->num_inputs, "trident: no input ", w, " or ", rd);
+      TRIDENT_CHECK(w >= 0 && w < r->num_inputs && rd >= 0 && rd < r->num_inputs, "trident: no input ", w, " or ", rd);
       r->disjoint.emplace_back(w, rd);
       r->disjoint_what.push_back(what);
     }
@@ -506,11 +507,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                int64_t stage_written_limit, py::object recorder) {
     auto r = trident::get_region(region);
     auto& s = *r->graphs;
-    TORCH_CHECK(static_cast<int64_t>(written.size()) == r->num_inputs, "trident: graph policy needs one flag per input");
-    TORCH_CHECK(max_graphs >= 0 && max_graphs <= trident::graphs::kMaxGraphs, "trident: at most ",
+    TRIDENT_CHECK(static_cast<int64_t>(written.size()) == r->num_inputs, "trident: graph policy needs one flag per input");
+    TRIDENT_CHECK(max_graphs >= 0 && max_graphs <= trident::graphs::kMaxGraphs, "trident: at most ",
                 trident::graphs::kMaxGraphs, " graphs per region, got ", max_graphs);
-    TORCH_CHECK(record_after >= 1, "trident: record_after must be >= 1");
-    TORCH_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
+    TRIDENT_CHECK(record_after >= 1, "trident: record_after must be >= 1");
+    TRIDENT_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
                 "trident: the graph policy is set before a region's first call");
     s.written.assign(written.begin(), written.end());
     s.emulate = emulate;
@@ -526,9 +527,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lent_outputs", [](int64_t region, std::vector<bool> lend) {
     auto r = trident::get_region(region);
     auto& s = *r->graphs;
-    TORCH_CHECK(static_cast<int64_t>(lend.size()) == static_cast<int64_t>(r->output_slots.size()),
+    TRIDENT_CHECK(static_cast<int64_t>(lend.size()) == static_cast<int64_t>(r->output_slots.size()),
                 "trident: lent outputs need one flag per output of region '", r->name, "'");
-    TORCH_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
+    TRIDENT_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
                 "trident: lent outputs are set before a region's first call");
     s.lend.assign(lend.begin(), lend.end());
   });
@@ -546,7 +547,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_function", [](int64_t k, int64_t dev) {
     std::string err;
     void* fn = trident::kernel_function(k, dev, &err);
-    TORCH_CHECK(fn, err);
+    TRIDENT_CHECK(fn, err);
     return reinterpret_cast<int64_t>(fn);
   });
   m.def("set_profiling", [](bool on) { return trident::g_profiling.exchange(on); });

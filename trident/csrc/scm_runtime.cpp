@@ -1,3 +1,4 @@
+#include "check.h"
 #include "scm_runtime.h"
 
 #include <torch/extension.h>
@@ -34,7 +35,7 @@ struct Table {
   Table() { items.reserve(kTableCapacity); }
   int64_t add(T item) {
     std::lock_guard<std::mutex> lock(mutex);
-    TORCH_CHECK(items.size() < kTableCapacity, "trident: runtime table is full (", kTableCapacity,
+    TRIDENT_CHECK(items.size() < kTableCapacity, "trident: runtime table is full (", kTableCapacity,
                 " entries); this process created too many SCM specializations");
     items.push_back(std::move(item));
     return static_cast<int64_t>(items.size() - 1);
@@ -704,12 +705,12 @@ int64_t register_region(std::shared_ptr<Region> region) {
 }
 
 std::shared_ptr<Region> get_region(int64_t id) {
-  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(),
+  TRIDENT_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(),
               "trident: no SCM region with id ", id,
               " in this process; the graph was optimized in another process or the id is corrupt");
   // slots never move (capacity reserved); a released slot is reset atomically (Note [Released regions])
   std::shared_ptr<Region> r = std::atomic_load(&regions().items[id]);
-  TORCH_CHECK(r, "trident: SCM region ", id, " was released: the optimized graph it belonged to was garbage "
+  TRIDENT_CHECK(r, "trident: SCM region ", id, " was released: the optimized graph it belonged to was garbage "
               "collected (a copy of that graph cannot run without it; optimize the function again)");
   return r;
 }
@@ -723,7 +724,7 @@ std::shared_ptr<Region> get_region(int64_t id) {
 // programs and miss handler. A call in flight holds its own reference. Slots are not reused:
 // the id of a released region names nothing.
 void release_region(int64_t id) {
-  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(), "trident: no SCM region with id ", id);
+  TRIDENT_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(), "trident: no SCM region with id ", id);
   std::shared_ptr<Region> r = std::atomic_exchange(&regions().items[id], std::shared_ptr<Region>());
   if (!r) return;
   if (r->graphs) graphs::release(*r);
@@ -740,18 +741,18 @@ int64_t register_view(ViewEntry entry) { return views().add(std::move(entry)); }
 
 int64_t register_plan(HostPlan plan) {
   for (const PlanOp& op : plan.ops)
-    TORCH_CHECK(op.params.size() <= HostPlan::kMaxParams, "trident: a launch of ", plan.name, " has ", op.params.size(),
+    TRIDENT_CHECK(op.params.size() <= HostPlan::kMaxParams, "trident: a launch of ", plan.name, " has ", op.params.size(),
                 " parameters; at most ", HostPlan::kMaxParams, " are supported");
   return plans().add(std::move(plan));
 }
 
 const AtenEntry& aten_entry(int64_t index) {
-  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < atens().items.size(), "trident: no operator entry ", index);
+  TRIDENT_CHECK(index >= 0 && static_cast<size_t>(index) < atens().items.size(), "trident: no operator entry ", index);
   return *atens().items[index];
 }
 
 const KernelEntry& kernel_entry(int64_t index) {
-  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);
+  TRIDENT_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);
   return *kernels().items[index];
 }
 
@@ -763,14 +764,14 @@ void* kernel_function(int64_t index, int64_t device, std::string* error) {
 std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<ArenaBuffer>& arena,
                                                          const std::vector<int64_t>& sizes) {
   for (const ArenaBuffer& b : arena) {
-    TORCH_CHECK(b.sizes_at < 0 || b.sizes_at + 2 * b.rank <= static_cast<int64_t>(sizes.size()),
+    TRIDENT_CHECK(b.sizes_at < 0 || b.sizes_at + 2 * b.rank <= static_cast<int64_t>(sizes.size()),
                 "trident: arena buffer reads sizes beyond the ", sizes.size(), " given");
   }
   HostPlan p;
   p.name = "placement";
   p.arena = arena;
   HostCtx ctx;
-  TORCH_CHECK(place_arena(&ctx, p, sizes.data()), "trident: ", ctx.error);
+  TRIDENT_CHECK(place_arena(&ctx, p, sizes.data()), "trident: ", ctx.error);
   std::vector<int64_t> offsets;
   for (int64_t k = 0; k < ctx.arena_count; ++k) offsets.push_back(ctx.arena_placed[2 * k]);
   return {offsets, ctx.arena_total};
@@ -788,7 +789,7 @@ static void check_storage(const Region& r, const std::vector<at::Tensor>& inputs
   for (int64_t i = 0; i < static_cast<int64_t>(inputs.size()); ++i) {
     const at::Tensor& t = inputs[i];
     if (!t.defined()) continue;
-    TORCH_CHECK(!t.is_meta(), "trident: input ", i, " of region '", r.name,
+    TRIDENT_CHECK(!t.is_meta(), "trident: input ", i, " of region '", r.name,
                 "' is a meta tensor, which holds no data (eager operators refuse it too); nothing ran. "
                 "Pass a tensor on the device the graph was captured for.");
     if (t.numel() == 0 || !t.has_storage()) continue;
@@ -796,7 +797,7 @@ static void check_storage(const Region& r, const std::vector<at::Tensor>& inputs
     for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
     const int64_t need = (last + 1) * static_cast<int64_t>(t.element_size());
     const int64_t have = static_cast<int64_t>(t.storage().nbytes());
-    TORCH_CHECK(need <= have, "trident: input ", i, " of region '", r.name, "' addresses ", need,
+    TRIDENT_CHECK(need <= have, "trident: input ", i, " of region '", r.name, "' addresses ", need,
                 " bytes of its storage, which holds ", have,
                 " (a storage freed with resize_(0), as FSDP frees parameters?); nothing ran. "
                 "Pass a tensor whose storage holds its elements.");
@@ -849,7 +850,7 @@ static int64_t select_specialization(Region& r, HostCtx& ctx) {
 int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
   // Runs the generated guard-and-select function: nothing is allocated or launched.
   auto r = get_region(region_id);
-  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r->num_inputs, "trident: region '", r->name,
+  TRIDENT_CHECK(static_cast<int64_t>(inputs.size()) == r->num_inputs, "trident: region '", r->name,
               "' expected ", r->num_inputs, " tensor inputs, got ", inputs.size());
   HostCtx ctx;
   c10::OptionalDeviceGuard guard;
@@ -882,13 +883,13 @@ std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::ve
     }
     prepare(r, inputs, ctx, guard);
     result = run_host(r, inputs, ctx);
-    TORCH_CHECK(result != -1, "trident: region '", r.name,
+    TRIDENT_CHECK(result != -1, "trident: region '", r.name,
                 "' still has no matching specialization after compiling one for these inputs; "
                 "this is a bug in Trident's guards, please report it with trident.explain(gm)");
   } else if (result >= 0 && count) {
     r.hits.fetch_add(1, std::memory_order_relaxed);
   }
-  TORCH_CHECK(result >= 0, "trident: region '", r.name, "' failed: ", ctx.error);
+  TRIDENT_CHECK(result >= 0, "trident: region '", r.name, "' failed: ", ctx.error);
   r.last_spec.store(result, std::memory_order_relaxed);
   std::vector<at::Tensor> outputs;
   outputs.reserve(r.output_slots.size());
@@ -901,7 +902,7 @@ std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::ve
 std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Tensor> inputs) {
   auto rp = get_region(region_id);
   Region& r = *rp;
-  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
+  TRIDENT_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
               "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
   HostCtx ctx;
   c10::OptionalDeviceGuard guard;
@@ -920,7 +921,7 @@ void check_disjoint_inputs(const Region& r, const std::vector<at::Tensor>& input
     const auto a0 = reinterpret_cast<uintptr_t>(a.data_ptr()), a1 = a0 + static_cast<uintptr_t>(span_bytes(a));
     const auto b0 = reinterpret_cast<uintptr_t>(b.data_ptr()), b1 = b0 + static_cast<uintptr_t>(span_bytes(b));
     // the message is the DisjointInputs guard's failure() (trident/scm/guards.py)
-    TORCH_CHECK(a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0, "trident: region '", r.name, "': ", r.disjoint_what[k]);
+    TRIDENT_CHECK(a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0, "trident: region '", r.name, "': ", r.disjoint_what[k]);
   }
 }
 
@@ -930,7 +931,7 @@ std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> in
   ProfScope prof(call_prof());  // the whole native call: facts, host program, freeing the value table
   auto rp = get_region(region_id);
   Region& r = *rp;
-  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
+  TRIDENT_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
               "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
   if (!r.disjoint.empty()) check_disjoint_inputs(r, inputs);
   HostCtx ctx;
