@@ -9,6 +9,7 @@ import weakref
 
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.utils import _pytree as pytree
 
 from . import knobs
 from .capture import ensure_triton_driver
@@ -323,18 +324,56 @@ def _lend_handoffs(gm: torch.fx.GraphModule) -> None:
     scm = torch.ops.trident.scm.default
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = set(output.all_input_nodes)
+    lends = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is not scm:
             continue
         region = node.args[0]
-        lend = [False] * len(SCMRuntime.get(region).program.outputs)
+        lend = [_COPIED] * len(SCMRuntime.get(region).program.outputs)
         if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
             continue
         for item in node.users:
-            lend[item.args[1]] = (item not in returned and bool(item.users)
-                                  and all(c.op == "call_function" and c.target is scm for c in item.users))
+            if (item not in returned and bool(item.users)
+                    and all(c.op == "call_function" and c.target is scm for c in item.users)):
+                lend[item.args[1]] = _HANDOFF
         if any(lend):
+            lends[region] = lend
             native.C.set_lent_outputs(region, lend)
+    gm.meta["trident_lend"] = lends
+
+
+# How a region output may be lent (graphs::Lend in trident/csrc/graph_replay.h).
+_COPIED, _HANDOFF, _CARRIED = 0, 1, 2
+
+
+def lend_carried(gm: torch.fx.GraphModule, positions) -> int:
+    """Note [Carried state in rotation]: the graph outputs at `positions` are state the caller
+    stores over one of the graph's inputs and passes back on its next call; the regions that make
+    them lend them from their graphs (held by the caller until then) instead of copying them out.
+    Call it before the graph's first call. An output that is not directly a region's output (a
+    view, an input passed through) is copied as before. Returns how many outputs are lent."""
+    if not knobs.graph_lend() or not positions or "trident_lend" not in gm.meta:
+        return 0
+    scm = torch.ops.trident.scm.default
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = pytree.tree_leaves(output.args[0])
+    lends = gm.meta["trident_lend"]
+    changed, count = set(), 0
+    for pos in positions:
+        node = values[pos] if 0 <= pos < len(values) else None
+        if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem):
+            continue
+        region_call = node.args[0]
+        if not (isinstance(region_call, torch.fx.Node) and region_call.target is scm):
+            continue
+        region = region_call.args[0]
+        lend = lends.setdefault(region, [_COPIED] * len(SCMRuntime.get(region).program.outputs))
+        lend[node.args[1]] = _CARRIED
+        changed.add(region)
+        count += 1
+    for region in changed:
+        native.C.set_lent_outputs(region, lends[region])
+    return count
 
 
 def _graphs_may_record(gm: torch.fx.GraphModule) -> bool:

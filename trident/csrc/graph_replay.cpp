@@ -97,9 +97,30 @@ namespace trident::graphs {
 // last time (a weak reference has expired); if one does (a traceback, a hook, a caller keeping a
 // value it should not see), the call takes the ordinary path, whose outputs are fresh, and the
 // lent tensor keeps its values. Holders are thus never overwritten, whatever the analysis said.
-// (The ordinary calls then record a new graph, with its own memory, which lends again.) Once
+// (The ordinary calls then record a new graph, with its own memory, which lends again; an older
+// matching graph whose lent storages nobody holds replays instead of the held one.) Once
 // kLentHeldLimit graphs of a region found a lent output held, its new graphs copy out as before. A storage shared by a
 // lent output and one that is not is copied out whole (aliasing kept).
+
+// Note [Carried state in rotation]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A recurrent model's cache replaces its state every step: the call returns the new state, the
+// caller stores it (trident.compile replays that store: Note [State the function is passed]) and
+// passes it back on the next call, dropping the old one. Copied out, each state costs an
+// allocation and a device copy per step on top of the staging copy into the graph (12 layers of
+// 1024 x 1024 bf16 state: 48 MiB moved per step). So the front door marks the outputs the call
+// stores over one of its tensor inputs as *carried* (trident/optimize.py `lend_carried`), and
+// replays lend them like handoffs (Note [Lent outputs]). The next call then brings the lent
+// storage back as its input, still held (by the caller's cache, and by the call itself): the
+// graph that lent it cannot replay without overwriting it. Such a graph is skipped, marked
+// *rotating*, and the call goes to another matching graph whose lent storages nobody holds; when
+// there is none it runs the ordinary path, and the graph recorded from those calls is the first
+// one's partner (a rotating graph is never superseded by it, Note [Graph lifetimes]). Two graphs
+// then alternate, each staging the state the other lent (one copy per state, no allocation, no
+// copy out). A caller that keeps an old state is never overwritten: a storage held by anything but
+// the call's own inputs sends the call elsewhere, as for any lent output, and counts towards
+// kLentHeldLimit. Carried storages carry their own deleter, so pinning (next Note) never takes
+// state that alternates between two addresses for a handoff that stopped moving.
 
 // Note [Pinning what stopped moving]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -228,41 +249,65 @@ std::vector<at::Tensor> copy_out(const std::vector<at::Tensor>& outs, void* stre
 }
 
 // Note [Lent outputs]: which outputs are lent, grouped by storage; a group is lent when all of
-// its outputs may be. Called once per entry, with the outputs of its first replay.
+// its outputs may be, and carried when one of them is (Note [Carried state in rotation]). Called
+// once per entry, with the outputs of its first replay.
 void init_lending(const State& s, Entry& e, const std::vector<at::Tensor>& outs) {
   e.lent_ready = true;
   e.lent_group.assign(outs.size(), -1);
   if (s.lend.size() != outs.size() || s.lent_held.load() >= kLentHeldLimit) return;
   std::vector<const void*> keys;
-  std::vector<bool> ok;
+  std::vector<uint8_t> ok, carried;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].defined() || !outs[i].has_storage()) continue;
     const void* key = outs[i].storage().data();
     size_t g = std::find(keys.begin(), keys.end(), key) - keys.begin();
     if (g == keys.size()) {
       keys.push_back(key);
-      ok.push_back(true);
+      ok.push_back(1);
+      carried.push_back(0);
     }
-    ok[g] = ok[g] && s.lend[i] && key != nullptr;
+    ok[g] = ok[g] && s.lend[i] != kCopied && key != nullptr;
+    carried[g] = carried[g] || s.lend[i] == kCarried;
     e.lent_group[i] = static_cast<int64_t>(g);
   }
   std::vector<int64_t> renumber(keys.size(), -1);
   int64_t groups = 0;
   for (size_t g = 0; g < keys.size(); ++g)
-    if (ok[g]) renumber[g] = groups++;
+    if (ok[g]) {
+      renumber[g] = groups++;
+      e.lent_carried.push_back(carried[g]);
+    }
   for (auto& g : e.lent_group)
     if (g >= 0) g = renumber[g];
   e.lent.assign(groups, std::nullopt);
 }
 
-// Whether a tensor still holds a storage this entry lent (Note [Lent outputs]).
-bool lent_held(const Entry& e) {
-  for (const auto& w : e.lent)
-    if (w && !w->expired()) return true;
-  return false;
+// Who still holds a storage this entry lent (Note [Lent outputs]).
+enum class Held { kNone, kByInput, kOther };
+
+// kByInput when every held storage is carried state this call passes back as one of its inputs
+// (Note [Carried state in rotation]); kOther when anything else holds one.
+Held lent_held(const Entry& e, const std::vector<at::Tensor>& inputs) {
+  Held held = Held::kNone;
+  for (size_t g = 0; g < e.lent.size(); ++g) {
+    const auto& w = e.lent[g];
+    if (!w || w->expired()) continue;
+    auto strong = w->lock();
+    if (!strong || !e.lent_carried[g]) return Held::kOther;
+    const c10::StorageImpl* impl = strong.get();
+    bool input = false;
+    for (const at::Tensor& t : inputs)
+      input = input || (t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == impl);
+    if (!input) return Held::kOther;
+    held = Held::kByInput;
+  }
+  return held;
 }
 
 void release_lent_storage(void* keep) { delete static_cast<at::Tensor*>(keep); }
+// The same for carried state: a distinct deleter, so that pinning never mistakes state that
+// rotates between graphs for a handoff that stopped moving (Note [Pinning what stopped moving]).
+void release_carried_storage(void* keep) { delete static_cast<at::Tensor*>(keep); }
 
 // The replay's outputs: lent ones on the graph's memory, the others copied out (Note [Lent outputs]).
 std::vector<at::Tensor> lend_or_copy(Entry& e, const std::vector<at::Tensor>& outs, void* stream) {
@@ -277,7 +322,8 @@ std::vector<at::Tensor> lend_or_copy(Entry& e, const std::vector<at::Tensor>& ou
     const at::Tensor& s = outs[i];
     if (!made[g]) {
       auto* keep = new at::Tensor(s);  // the graph's output stays alive while this storage does
-      c10::DataPtr ptr(s.storage().mutable_data(), keep, &release_lent_storage, s.device());
+      c10::DataPtr ptr(s.storage().mutable_data(), keep,
+                       e.lent_carried[g] ? &release_carried_storage : &release_lent_storage, s.device());
       made[g] = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
                                                       static_cast<int64_t>(s.storage().nbytes()), std::move(ptr),
                                                       /*allocator=*/nullptr, /*resizable=*/false);
@@ -322,6 +368,7 @@ std::vector<Entry*> superseded_by(const State& s, const int64_t* facts, const st
   for (int64_t k = 0; k < count; ++k) {
     Entry& older = *s.entries[k];
     if (older.retired.load() || older.stream != stream || older.device != device) continue;
+    if (older.rotating.load()) continue;  // Note [Carried state in rotation]: a partner, not a successor
     bool serves = true;
     for (int64_t i = 0; serves && i < n; ++i) {
       const int d = row_diff(older.facts.data() + i * stride, facts + i * stride, stride);
@@ -384,6 +431,19 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
       why_input = conflict;
       continue;
     }
+    if (c->lent_ready) {  // Note [Lent outputs]: a replay would overwrite what it lent last time
+      const Held held = lent_held(*c, inputs);
+      if (held == Held::kByInput) c->rotating.store(true, std::memory_order_relaxed);  // Note [Carried state in rotation]
+      if (held == Held::kOther && !c->found_held) {
+        c->found_held = true;
+        s.lent_held.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (held != Held::kNone) {
+        why = Ordinary::kLentHeld;
+        why_input = -1;
+        continue;
+      }
+    }
     e = c;
   }
   if (!e) {
@@ -398,9 +458,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     note_ordinary(s, Ordinary::kNoGraph, -1);
     return false;
   }
-  if (e->lent_ready && lent_held(*e)) {  // Note [Lent outputs]: the replay would overwrite it
-    if (!e->found_held) s.lent_held.fetch_add(1, std::memory_order_relaxed);
-    e->found_held = true;
+  if (e->lent_ready && lent_held(*e, inputs) != Held::kNone) {  // taken while this call waited for the lock
     note_ordinary(s, Ordinary::kLentHeld, -1);
     return false;
   }
@@ -671,6 +729,8 @@ py::dict stats(int64_t region_id) {
     x["device"] = e.device;
     x["stream"] = reinterpret_cast<int64_t>(e.stream);
     x["lent"] = static_cast<int64_t>(e.lent.size());  // storages lent per replay (Note [Lent outputs])
+    x["carried"] = static_cast<int64_t>(std::count(e.lent_carried.begin(), e.lent_carried.end(), 1));
+    x["rotating"] = e.rotating.load();  // Note [Carried state in rotation]
     bytes += e.bytes;
     entries.append(x);
   }

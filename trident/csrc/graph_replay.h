@@ -34,8 +34,12 @@ struct Entry {
   // group the storage the latest replay lent (a replay waits until no tensor holds it).
   std::vector<int64_t> lent_group;
   std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> lent;
+  std::vector<uint8_t> lent_carried;  // per group: carried state (Note [Carried state in rotation])
   bool lent_ready = false;
   bool found_held = false;  // a replay found a storage it lent still held (counted once per graph)
+  // Note [Carried state in rotation]: a call brought back, as its input, a carried output this
+  // graph lent; a graph recorded for such calls is its partner, not its successor.
+  std::atomic<bool> rotating{false};
   // Note [Pinning what stopped moving]: per staged input, its address at the latest replay and
   // for how many replays in a row it has not changed; whether this entry asked for a graph that
   // pins the ones that stopped.
@@ -58,6 +62,9 @@ struct Entry {
   // on the stream must not interleave (a second staging copy before the first launch).
   std::mutex replay_mutex;
 };
+
+// How a region output may be lent (State::lend).
+enum Lend : uint8_t { kCopied = 0, kHandoff = 1, kCarried = 2 };
 
 constexpr int64_t kMaxGraphs = 16;  // graphs alive per region at most (TRIDENT_GRAPH_LIMIT <= this)
 constexpr int64_t kMaxRecorded = 1024;
@@ -102,9 +109,10 @@ struct State {
   std::atomic<int64_t> evicted{0};  // graphs retired by the bound
   int64_t record_after = 2;    // consecutive ordinary calls with equal facts (but addresses)
   std::vector<uint8_t> written;  // per input: the region writes it
-  // Note [Lent outputs]: per output, whether replays may lend it instead of copying it out (only
-  // later regions of the same call read it); lending stops for new graphs once
-  // kLentHeldLimit graphs found an output they lent still held.
+  // Note [Lent outputs]: per output, whether replays may lend it instead of copying it out: kHandoff
+  // (only later regions of the same call read it) or kCarried (state the caller keeps until it
+  // passes it back: Note [Carried state in rotation]); lending stops for new graphs once
+  // kLentHeldLimit graphs found an output they lent held by something other than a call's input.
   std::vector<uint8_t> lend;
   std::atomic<int64_t> lent_held{0};
   // Note [Staging written inputs]: the most bytes a moving input may span to be staged.

@@ -523,14 +523,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     s.recorder = std::move(recorder);
     s.enabled = enabled;
   });
-  // Note [Lent outputs]: per output, whether graph replays may lend it (set once, before any call)
-  m.def("set_lent_outputs", [](int64_t region, std::vector<bool> lend) {
+  // Note [Lent outputs]: per output, how graph replays may lend it (graphs::Lend: 0 copied out,
+  // 1 handed to a later region of the call, 2 carried state); set before the region's first call.
+  m.def("set_lent_outputs", [](int64_t region, std::vector<int64_t> lend) {
     auto r = trident::get_region(region);
     auto& s = *r->graphs;
     TRIDENT_CHECK(static_cast<int64_t>(lend.size()) == static_cast<int64_t>(r->output_slots.size()),
                 "trident: lent outputs need one flag per output of region '", r->name, "'");
     TRIDENT_CHECK(s.count.load() == 0 && r->hits.load() + r->misses.load() == 0,
                 "trident: lent outputs are set before a region's first call");
+    for (int64_t k : lend)
+      TRIDENT_CHECK(k >= trident::graphs::kCopied && k <= trident::graphs::kCarried, "trident: no lending kind ", k);
     s.lend.assign(lend.begin(), lend.end());
   });
   m.def("release_region", &trident::release_region);  // Note [Released regions]

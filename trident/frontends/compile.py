@@ -61,7 +61,7 @@ import torch.utils._pytree as pytree
 from .. import logs
 from ..capture.trace import _roots, capture
 from ..errors import CaptureError, GuardError, TridentError
-from ..optimize import optimize
+from ..optimize import lend_carried, optimize
 from . import state
 from .cache import CaptureCache, ServedByCache, retry_static
 
@@ -472,7 +472,12 @@ class CompiledFunction(ServedByCache):
             opt = optimize(capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static))
         finally:
             _tracing.active = False
-        self._outputs[key] = recorded["info"]
+        info = self._outputs[key] = recorded["info"]
+        # Note [Carried state in rotation]: a new tensor stored over one of the call's tensor
+        # inputs comes back as that input next call; its region lends it instead of copying it.
+        inputs_at = {walk.leaves[i - n_args][:2] for i in tensor_pos if i >= n_args}
+        lend_carried(opt, [info.n_user + w.source[1] for w in info.writes
+                           if w.source[0] == "out" and (w.root, w.steps) in inputs_at])
         return opt
 class _FactGuards:
     """The same check in Python, where a torch build lacks TensorGuards' interface."""

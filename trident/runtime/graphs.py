@@ -291,6 +291,8 @@ def describe(
             f"graph {k} ({mode}): {g['replays']} replay(s), {_mib(g['bytes'])} held; staged: {staged or 'none'}; "
             f"pinned: the other {n - len(g['staged'])} input(s)"
             + (f"; {g['lent']} output storage(s) lent, not copied (Note [Lent outputs])" if g.get("lent") else "")
+            + ("; rotates with another graph: the state it lends comes back as an input (Note [Carried state "
+               "in rotation])" if g.get("rotating") else "")
         )
     for i, code, span in st["pinned_moving"]:
         why = {
