@@ -288,6 +288,14 @@ _KNOBS = {
     "compile_cubin_on_cpu": _Knob(
         "TRIDENT_COMPILE_CUBIN_ON_CPU", "1", "compile real cubins for CPU specializations too", Bool()
     ),
+    "decode_attention": _Knob(
+        "TRIDENT_DECODE_ATTENTION",
+        "cuda",
+        "attention of a few query tokens over a key/value cache (HF's repeat_kv + SDPA) becomes Trident's "
+        "flash-decoding Triton kernel reading the grouped heads in place (Note [Decode attention]): 'cuda', "
+        "'all', '' (off)",
+        _DEVICE_MODE,
+    ),
     "triton_copies": _Knob(
         "TRIDENT_TRITON_COPIES",
         "cuda",
@@ -433,6 +441,11 @@ def compile_cubin_on_cpu() -> bool:
 def triton_copies() -> str:
     """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
     return _KNOBS["triton_copies"].value()
+
+
+def decode_attention() -> str:
+    """Where decode attention becomes Trident's kernel (Note [Decode attention]): "cuda", "all", ""."""
+    return _KNOBS["decode_attention"].value()
 
 
 def gemm_epilogues() -> str:

@@ -22,6 +22,7 @@ from .passes import (
     partition_regions,
     sink_allocations,
 )
+from .passes.decode_attention import lower_decode_attention
 from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_residual_adds import fuse_residual_adds
@@ -286,6 +287,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     symbolic = gm.meta.get("trident_shape_env") is not None
     with _one_recompile(new):
         decompose_functional_launches(new)
+        lower_decode_attention(new)  # Note [Decode attention]: before CSE and lower_copies see repeat_kv
         drop_unused_projections(new)
         cse_removed = eliminate_common_subexpressions(new)
         if not symbolic:

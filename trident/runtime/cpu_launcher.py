@@ -171,9 +171,26 @@ def _patch_lang_into(fn, scope) -> None:
         interp._patch_builtin(lang.tensor, interp.interpreter_builder, scope)
         if lang == tl:
             interp._patch_builtin(lang.math, interp.interpreter_builder, scope)
-        interp._patch_lang_tensor(lang.tensor, scope)
+        _patch_lang_tensor(lang.tensor, scope)
         interp._patch_lang_core(lang, scope)
     interp._patch_builtin(tl.core.tensor_descriptor_base, interp.interpreter_builder, scope)
+
+
+_ORIGINAL_PATCH_LANG_TENSOR = interp._patch_lang_tensor
+
+
+def _patch_lang_tensor(tensor, scope) -> None:
+    """Triton 3.6's tensor patches, and a scalar's index that numpy 2.4 accepts: Triton makes a
+    scalar argument a 1-element 1-D array and takes int() of it, which numpy 2.4 refuses, so a
+    loop bounded by a runtime argument (`for i in range(0, n, BLOCK)`) failed to interpret.
+    Installed as interpreter._patch_lang_tensor while interpreting, so that Triton's own
+    GridExecutor (which patches again) gets it too."""
+    _ORIGINAL_PATCH_LANG_TENSOR(tensor, scope)
+    scope.set_attr(tensor, "__index__", _scalar_index)
+
+
+def _scalar_index(self) -> int:
+    return int(self.handle.data.item())
 
 
 def _restore(fn, scope, replaced: list) -> None:
@@ -223,6 +240,7 @@ def _interpreting(jit_fn):
         patch_scope, replaced = interp._LangPatchScope(), []
         try:  # Note [Interrupted patches]
             _patch_lang_into(jit_fn.fn, patch_scope)
+            patch_scope.set_attr(interp, "_patch_lang_tensor", _patch_lang_tensor)
             patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
             patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
             _patch_libdevice(jit_fn.fn, patch_scope, replaced)

@@ -1,0 +1,163 @@
+"""Note [Decode attention]: trident/kernels/attention.py against SDPA over random decode shapes,
+and trident/passes/decode_attention.py rewriting Hugging Face's repeat_kv + SDPA (static and
+symbolic captures, DynamicCache and StaticCache generate()) into its two launches, leaving
+every other attention alone. On the CPU the kernels run through the interpreter
+(TRIDENT_DECODE_ATTENTION="all")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trident
+from trident import knobs
+from trident.kernels.attention import decode_attention
+from trident.runtime import SCMRuntime
+
+_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _repeat_kv(x, n):
+    """transformers' repeat_kv, verbatim in effect: unsqueeze, expand, reshape (a clone)."""
+    b, h, s, d = x.shape
+    if n == 1:
+        return x
+    return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+def _hf_attention(q, k, v, mask):
+    g = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, g), _repeat_kv(v, g), attn_mask=mask, scale=0.125)
+
+
+def _mask(kind, b, lq, s, dtype, g):
+    if kind is None:
+        return None
+    keep = torch.rand(b, 1, lq, s, generator=g) > 0.3
+    keep[..., 0] = True
+    if kind == "bool":
+        return keep
+    return torch.where(keep, 0.0, float("-inf")).to(dtype)
+
+
+def _case(seed, device, dtype):
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=g))]  # noqa: E731
+    b, hkv, grp, lq = pick([1, 2]), pick([1, 2, 4]), pick([1, 2, 4]), pick([1, 1, 2, 5])
+    s, d = int(torch.randint(1, 90, (1,), generator=g)), pick([16, 24, 64])
+    q = torch.randn(b, hkv * grp, lq, d, generator=g, dtype=dtype)
+    k = torch.randn(b, hkv, s, d, generator=g, dtype=dtype)
+    v = torch.randn(b, hkv, s, d, generator=g, dtype=dtype)
+    mask = _mask(pick([None, "bool", "float"]), b, lq, s, dtype, g)
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return move(q), move(k), move(v), move(mask)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_kernel_equals_sdpa_over_random_decode_shapes(seed, device):
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
+    for dtype in dtypes:
+        q, k, v, mask = _case(seed, device, dtype)
+        g = q.shape[1] // k.shape[1]
+        want = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, g).float(), _repeat_kv(v, g).float(),
+                                              attn_mask=None if mask is None else mask if mask.dtype == torch.bool
+                                              else mask.float())
+        got = decode_attention(q, k, v, mask)
+        torch.testing.assert_close(got.float(), want, rtol=_TOL[dtype], atol=_TOL[dtype] * 4)
+
+
+def test_fully_masked_rows_give_zeros_not_nans():
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    out = decode_attention(q, k, v, torch.zeros(1, 1, 1, 9, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def _launches(opt):
+    names = []
+    for rid in opt.meta["trident_regions"]:
+        for step in SCMRuntime.get(rid).program.steps:
+            names.append(getattr(step, "kernel_name", None) or getattr(step, "op_name", ""))
+    return names
+
+
+def _optimize(fn, *example, dynamic=False, mode="all"):
+    with knobs.scope(decode_attention=mode):
+        return trident.optimize(trident.capture(fn, *example, dynamic=dynamic))
+
+
+def test_repeat_kv_and_sdpa_become_two_launches(device):
+    """GQA decode as HF writes it: the clones of the repeat and the SDPA call are gone, the two
+    kernels read the cache in place; results equal eager's."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 1, 64, generator=g).to(device)
+    k, v = (torch.randn(1, 2, 37, 64, generator=g).to(device) for _ in range(2))
+    mask = (torch.rand(1, 1, 1, 37, generator=g) > 0.2).to(device)
+    opt = _optimize(_hf_attention, q, k, v, mask)
+    names = _launches(opt)
+    assert names.count("decode_attention_split_kernel") == 1 and names.count("decode_attention_combine_kernel") == 1
+    assert not any("attention" in n and n.startswith("aten.") for n in names), names
+    assert "aten.clone.default" not in names, names
+    torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
+
+
+def test_growing_cache_in_a_symbolic_capture(device):
+    """A DynamicCache step: the new key and value concatenated to the past ones, whose length is
+    a symbol; one capture serves every length (keys and values are separate inputs with
+    separate symbols: the pass guards their equality), and a call whose keys and values differ
+    in length is refused by the guard before anything runs."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 1, 16, generator=g).to(device)
+    new_k, new_v = (torch.randn(1, 2, 1, 16, generator=g).to(device) for _ in range(2))
+
+    def step(q, past_k, past_v, mask):
+        return _hf_attention(q, torch.cat([past_k, new_k], 2), torch.cat([past_v, new_v], 2), mask)
+
+    past = lambda s: torch.randn(1, 2, s, 16, generator=g).to(device)  # noqa: E731
+    mask = lambda s: torch.rand(1, 1, 1, s + 1, generator=g).to(device) > 0.2  # noqa: E731
+    with knobs.scope(decode_attention="all"):
+        opt = trident.optimize(trident.capture(step, q, past(6), past(6), mask(6), dynamic=True, static_inputs=(0,)))
+    assert opt.meta["trident_symbolic"] and "decode_attention_split_kernel" in _launches(opt)
+    for s in (7, 8, 31, 64, 65):
+        args = (q, past(s), past(s), mask(s))
+        torch.testing.assert_close(opt(*args), step(*args), rtol=2e-5, atol=2e-5)
+    with pytest.raises(trident.GuardError):
+        opt(q, past(9), past(10), mask(9))
+
+
+@pytest.mark.parametrize("change", ["causal", "dropout", "long_query", "off"])
+def test_other_attentions_stay_sdpa(change):
+    """Causal attention (its causality is not in a mask), dropout, more than 16 query tokens, or
+    the knob off: the SDPA op stays."""
+    q, k, v = torch.randn(1, 4, 20 if change == "long_query" else 1, 16), torch.randn(1, 4, 9, 16), torch.randn(1, 4, 9, 16)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=change == "causal",
+                                              dropout_p=0.5 if change == "dropout" else 0.0)
+
+    if change == "dropout":
+        torch.manual_seed(0)
+    opt = _optimize(f, q, k, v, mode="" if change == "off" else "all")
+    assert "decode_attention_split_kernel" not in _launches(opt)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_hf_generate_uses_the_kernel_and_keeps_eager_tokens(cache, monkeypatch):
+    """Tiny Llama (GQA: 4 query heads over 2 kv heads) through trident.compile: every decode
+    capture's attention is the kernel pair; greedy tokens equal eager's."""
+    pytest.importorskip("transformers")
+    from tests.frontends.test_generate import _generate
+    from tests.test_hf import _model
+
+    _, model = _model("llama", "own", monkeypatch)
+    with torch.no_grad():
+        want = _generate(model, cache)
+    with knobs.scope(decode_attention="all"):
+        model.forward = trident.compile(model.forward)
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(_generate(model, cache), want)
+    decode = [opt for opt in model.forward.captures.values() if "decode_attention_split_kernel" in _launches(opt)]
+    assert decode, "no capture uses the decode attention kernel"
+    for opt in decode:
+        assert _launches(opt).count("decode_attention_split_kernel") == 2  # one per layer

@@ -1,0 +1,147 @@
+"""Decode attention with grouped key/value heads (Note [Decode attention]): a few query tokens
+against a key/value cache, each key/value head read once for the query heads that share it, the
+cache split over programs (flash-decoding) and the pieces combined by a second kernel.
+
+    decode_attention_split_kernel  grid (batch * kv_heads, SPLITS): program (bh, s) attends the
+                                   G * Lq query rows of kv head bh to keys [s * chunk, (s+1) * chunk)
+                                   and writes its running max, sum and unnormalized output
+    decode_attention_combine_kernel grid (batch * kv_heads,): rescales and sums the SPLITS pieces
+
+Layouts: q [B, H, Lq, D] and out [B, H, Lq, D] with any strides; k and v [B, Hkv, S, D]
+contiguous (a DynamicCache's concatenation, a StaticCache's buffers); the mask, when given,
+[*, *, Lq, S] with unit stride over S, boolean (True: attend) or additive floating point.
+Numerics as SDPA's fused kernels: scores and softmax in fp32, the output rounded once.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SPLITS = 16  # programs per kv head over the cache (fixed: the workspace has a static size)
+BLOCK_N = 32  # keys per step
+
+
+@triton.jit
+def decode_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, ws_ptr,
+    S, scale,
+    sq_b, sq_h, sq_l,
+    sm_b, sm_h, sm_l,
+    KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLITS: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // KV_HEADS
+    kvh = bh % KV_HEADS
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < G * LQ
+    head = kvh * G + rows // LQ
+    pos = rows % LQ
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + pos[:, None] * sq_l + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    kv_base = (b * KV_HEADS + kvh).to(tl.int64) * S * D
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    chunk = tl.cdiv(S, SPLITS)
+    start = split * chunk
+    for i in tl.range(0, chunk, BLOCK_N):
+        n = start + i + tl.arange(0, BLOCK_N)
+        n_ok = (n < start + chunk) & (n < S)
+        kv_off = kv_base + n[:, None].to(tl.int64) * D + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
+        if HAS_MASK:
+            m_off = b * sm_b + head[:, None] * sm_h + pos[:, None] * sm_l + n[None, :]
+            mv = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & n_ok[None, :], other=0)
+            if MASK_BOOL:
+                s = tl.where(mv != 0, s, float("-inf"))
+            else:
+                s = s + mv.to(tl.float32)
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # rows with every key masked so far keep m = -inf: exp of (-inf) - 0 is 0, never NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
+        m_i = m_new
+    # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
+    base = (bh * SPLITS + split) * (BLOCK_M * (BLOCK_D + 2))
+    tl.store(ws_ptr + base + rows, m_i)
+    tl.store(ws_ptr + base + BLOCK_M + rows, l_i)
+    tl.store(ws_ptr + base + 2 * BLOCK_M + rows[:, None] * BLOCK_D + d[None, :], acc)
+
+
+@triton.jit
+def decode_attention_combine_kernel(
+    ws_ptr, out_ptr,
+    so_b, so_h, so_l,
+    KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    b = bh // KV_HEADS
+    kvh = bh % KV_HEADS
+    rows = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        base = (bh * SPLITS + s) * (BLOCK_M * (BLOCK_D + 2))
+        m = tl.maximum(m, tl.load(ws_ptr + base + rows))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(SPLITS):
+        base = (bh * SPLITS + s) * (BLOCK_M * (BLOCK_D + 2))
+        w = tl.exp(tl.load(ws_ptr + base + rows) - m_safe)
+        l += w * tl.load(ws_ptr + base + BLOCK_M + rows)
+        acc += w[:, None] * tl.load(ws_ptr + base + 2 * BLOCK_M + rows[:, None] * BLOCK_D + d[None, :])
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    row_ok = rows < G * LQ
+    head = kvh * G + rows // LQ
+    pos = rows % LQ
+    tl.store(out_ptr + b * so_b + head[:, None] * so_h + pos[:, None] * so_l + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < D)[None, :])
+
+
+def block_m(rows: int) -> int:
+    """Query rows per program, padded for tl.dot (at least 16)."""
+    return max(16, triton.next_power_of_2(rows))
+
+
+def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> int:
+    """fp32 elements of the split kernel's workspace."""
+    return batch * kv_heads * SPLITS * block_m(rows) * (triton.next_power_of_2(head_dim) + 2)
+
+
+def decode_attention(q, k, v, mask=None, scale=None):
+    """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
+    k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each."""
+    import torch
+
+    B, H, LQ, D = q.shape
+    _, HKV, S, _ = k.shape
+    G = H // HKV
+    scale = D**-0.5 if scale is None else scale
+    out = torch.empty_like(q)
+    ws = torch.empty(workspace_elements(B, HKV, G * LQ, D), dtype=torch.float32, device=q.device)
+    has_mask = mask is not None
+    m = mask if has_mask else q
+    ms = [mask.stride(i) if mask.size(i) > 1 else 0 for i in range(3)] if has_mask else [0, 0, 0]
+    BM, BD = block_m(G * LQ), triton.next_power_of_2(D)
+    decode_attention_split_kernel[(B * HKV, SPLITS)](
+        q, k, v, m, ws, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
+        KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=BLOCK_N,
+        HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=SPLITS)
+    decode_attention_combine_kernel[(B * HKV,)](
+        ws, out, out.stride(0), out.stride(1), out.stride(2),
+        KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, SPLITS=SPLITS)
+    return out

@@ -1,0 +1,300 @@
+"""Decode attention as Trident's own kernel (Note [Decode attention]).
+
+Note [Decode attention]
+~~~~~~~~~~~~~~~~~~~~~~~
+Hugging Face's SDPA attention with a mask (every traced decode step has one: the mask cannot be
+skipped while tracing) first repeats each key/value head for the query heads that share it
+(`repeat_kv`: unsqueeze, expand, a clone of the whole cache, a view), then calls
+`scaled_dot_product_attention`, which the trace records as the backend it chose (cuDNN,
+memory-efficient, flash, or the CPU flash kernel). On the H200 that is ~42 µs of host time per
+layer in a DynamicCache decode step (two clones of the grown cache and cuDNN's call), and device
+time spent copying a cache that is only read.
+
+This pass replaces such an attention, when it is a decode shape, by two launches of
+trident/kernels/attention.py: a flash-decoding kernel that reads the unrepeated cache in place
+(each key/value head once for its G query heads, the cache split over SPLITS programs) and a
+kernel combining the pieces; the repeat's clones go with it. Conditions (else nothing changes):
+no dropout, not causal (a decode step's mask carries causality), at most MAX_QUERY query tokens,
+static batch, heads and head size (<= 256), q/k/v of one floating dtype, key and value
+[B, Hkv, S, D] contiguous (a DynamicCache's concatenation or a StaticCache's buffer; S may be
+symbolic), the mask absent, boolean or floating, with unit stride over keys and static strides
+elsewhere. The output keeps the layout the SDPA op gave it. Numerics: fp32 scores and softmax
+as the fused SDPA kernels; results equal SDPA's within the dtype's tolerance (tests compare).
+Knob TRIDENT_DECODE_ATTENTION: "cuda" (default), "all" (CPU too: the interpreter runs the
+kernels, for tests), "" (off).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .. import knobs
+from ..kernels.attention import (
+    BLOCK_N,
+    SPLITS,
+    block_m,
+    decode_attention_combine_kernel,
+    decode_attention_split_kernel,
+    workspace_elements,
+)
+
+aten = torch.ops.aten
+
+MAX_QUERY = 16  # query tokens per row block at most (decode, speculative verification)
+
+# SDPA ops a trace records, and the name of each one's mask argument (None: takes no mask)
+_SDPA = {
+    aten.scaled_dot_product_attention.default: "attn_mask",
+    aten._scaled_dot_product_flash_attention_for_cpu.default: "attn_mask",
+    aten._scaled_dot_product_cudnn_attention.default: "attn_bias",
+    aten._scaled_dot_product_efficient_attention.default: "attn_bias",
+    aten._scaled_dot_product_flash_attention.default: None,
+}
+
+_VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
+
+
+def _val(x):
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+
+
+def _bind(node: torch.fx.Node) -> dict:
+    schema = node.target._schema
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _known(a, b) -> bool:
+    return statically_known_true(a == b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else a == b
+
+
+def _equal(a, b) -> bool:
+    """a == b, guarding on it when sizes are symbolic (the trace's call guard then checks it on
+    every call): lengths SDPA requires equal (keys and values, keys and mask) may be distinct
+    symbols of a capture (a DynamicCache's keys and values are separate inputs)."""
+    if _known(a, b):
+        return True
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return bool(a == b)
+    return False
+
+
+def _full_slice(x) -> bool:
+    """A slice that keeps every element (what `t[:, :, None]` traces to)."""
+    if not (isinstance(x, torch.fx.Node) and x.target == aten.slice.Tensor):
+        return False
+    v, sv = _val(x), _val(x.args[0])
+    return (v is not None and sv is not None and v.dim() == sv.dim()
+            and all(_known(a, b) for a, b in zip(v.shape, sv.shape)))
+
+
+def _unrepeated(node: torch.fx.Node):
+    """(cache node, G, chain of nodes) when `node` is repeat_kv(cache) ([B, Hkv, S, D] ->
+    [B, Hkv * G, S, D] through full slices and an unsqueeze at dim 2, expand, clone, view),
+    else (node, 1, [])."""
+    none = (node, 1, [])
+    x = node
+    chain = []
+    for targets in (_VIEWS, (aten.clone.default,), (aten.expand.default,)):
+        if not (isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in targets):
+            return none
+        chain.append(x)
+        x = x.args[0]
+    expand = chain[-1]
+    unsqueezed = False
+    while True:
+        if _full_slice(x):
+            chain.append(x)
+            x = x.args[0]
+        elif not unsqueezed and isinstance(x, torch.fx.Node) and x.target == aten.unsqueeze.default and x.args[1] == 2:
+            chain.append(x)
+            x = x.args[0]
+            unsqueezed = True
+        else:
+            break
+    c, e = _val(x), _val(expand)
+    if not unsqueezed or c is None or e is None or c.dim() != 4 or e.dim() != 5 or type(e.shape[2]) is not int:
+        return none
+    return x, e.shape[2], chain
+
+
+def _contiguous(t: torch.Tensor) -> bool:
+    b, h, s, d = t.shape
+    want = (h * s * d, s * d, d, 1)
+    return all(_known(a, w) or _known(n, 1) for a, w, n in zip(t.stride(), want, t.shape)) and _known(
+        t.storage_offset(), 0
+    )
+
+
+def _mask_strides(mask: torch.Tensor, lq: int):
+    """The mask's strides over batch, head and query (0 where it broadcasts), or None."""
+    if mask.dim() != 4:
+        return None
+    if not (_known(mask.stride(3), 1) or _known(mask.shape[3], 1)):
+        return None
+    out = []
+    for i in range(3):
+        if _known(mask.shape[i], 1):
+            out.append(0)
+        elif type(mask.stride(i)) is int:
+            out.append(mask.stride(i))
+        else:
+            return None
+    if not (_known(mask.shape[2], lq) or _known(mask.shape[2], 1)):
+        return None
+    return out
+
+
+def _launch(gm, kernel, grid, kwargs) -> torch.fx.Node:
+    node = gm.graph.call_function(
+        triton_kernel_wrapper_mutation,
+        (),
+        {
+            "kernel_idx": kernel_side_table.add_kernel(kernel),
+            "constant_args_idx": kernel_side_table.add_constant_args({}),
+            "grid": [grid],
+            "tma_descriptor_metadata": {},
+            "kwargs": kwargs,
+        },
+    )
+    node.meta["val"] = None
+    return node
+
+
+def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
+    mask_name = _SDPA[node.target]
+    a = _bind(node)
+    q_node = a["query"]
+    q = _val(q_node)
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or (mode != "all" and q.device.type != "cuda"):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False):
+        return False
+    if any(type(v) is not int for v in q.shape) or q.stride(3) != 1 or any(type(v) is not int for v in q.stride()):
+        return False
+    B, H, LQ, D = q.shape
+    if LQ > MAX_QUERY or D > 256 or D < 1:
+        return False
+    k_node, gk, k_chain = _unrepeated(a["key"])
+    v_node, gv, v_chain = _unrepeated(a["value"])
+    k, v = _val(k_node), _val(v_node)
+    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.dim() != 4 or v.dim() != 4:
+        return False
+    if k.dtype != q.dtype or v.dtype != q.dtype or k.device != q.device or v.device != q.device:
+        return False
+    hkv = k.shape[1]
+    if type(hkv) is not int or hkv == 0 or H % hkv or gk != gv:
+        return False
+    G = H // hkv
+    if G != gk and not (gk == 1 and (G == 1 or a.get("enable_gqa", False))):
+        return False  # heads neither repeated by the chain nor grouped by SDPA itself
+    if not (_known(k.shape[0], B) and _known(v.shape[0], B) and _known(v.shape[1], hkv)):
+        return False
+    if not (_known(k.shape[3], D) and _known(v.shape[3], D) and _equal(k.shape[2], v.shape[2])):
+        return False
+    if not (_contiguous(k) and _contiguous(v)):
+        return False
+    mask_node = a.get(mask_name) if mask_name else None
+    mask = _val(mask_node)
+    strides = [0, 0, 0]
+    if mask_node is not None:
+        if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+            return False
+        strides = _mask_strides(mask, LQ)
+        if strides is None or not _equal(mask.shape[3], k.shape[2]):
+            return False
+    scale = a.get("scale")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    # users: the output (getitem 0 of the tuple-returning ops), nothing else
+    tuple_op = node.target is not aten.scaled_dot_product_attention.default
+    if tuple_op:
+        if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
+            return False
+        if any(u.args[1] != 0 and u.users for u in node.users):
+            return False
+        outs = [u for u in node.users if u.args[1] == 0]
+        out_val = _val(outs[0]) if outs else None
+    else:
+        outs = [node]
+        out_val = _val(node)
+    if not isinstance(out_val, torch.Tensor) or any(type(s) is not int for s in out_val.stride()):
+        return False
+    S = k.shape[2]
+    with gm.graph.inserting_before(node):
+        if isinstance(S, torch.SymInt):
+            s_arg = gm.graph.call_function(aten.sym_size.int, (k_node, 2))
+            s_arg.meta["val"] = S
+        else:
+            s_arg = S
+        out = gm.graph.call_function(
+            aten.empty_strided.default, (list(out_val.shape), list(out_val.stride())),
+            {"dtype": q.dtype, "device": q.device},
+        )
+        out.meta["val"] = out_val
+        ws_val = torch.empty(workspace_elements(B, hkv, G * LQ, D), dtype=torch.float32, device=q.device)
+        ws = gm.graph.call_function(aten.empty.memory_format, ([ws_val.numel()],),
+                                    {"dtype": torch.float32, "device": q.device})
+        ws.meta["val"] = _fake_like(q, ws_val)
+        bm, bd = block_m(G * LQ), 1 << (D - 1).bit_length()
+        consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=SPLITS)
+        _launch(gm, decode_attention_split_kernel, (B * hkv, SPLITS, 1), {
+            "q_ptr": q_node, "k_ptr": k_node, "v_ptr": v_node,
+            "mask_ptr": mask_node if mask_node is not None else q_node, "ws_ptr": ws,
+            "S": s_arg, "scale": scale,
+            "sq_b": q.stride(0), "sq_h": q.stride(1), "sq_l": q.stride(2),
+            "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
+            **consts, "BLOCK_N": BLOCK_N,
+            "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
+        })
+        _launch(gm, decode_attention_combine_kernel, (B * hkv, 1, 1), {
+            "ws_ptr": ws, "out_ptr": out,
+            "so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2), **consts,
+        })
+    for o in outs:
+        o.replace_all_uses_with(out)
+    if tuple_op:
+        for u in list(node.users):
+            gm.graph.erase_node(u)
+    gm.graph.erase_node(node)
+    for n in k_chain + v_chain:  # the repeat's clones and views, where nothing else reads them
+        if n.graph is gm.graph and not n.users:
+            gm.graph.erase_node(n)
+    return True
+
+
+def _fake_like(like: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """`real`'s metadata as a tensor of the same kind as `like` (a fake tensor in a trace)."""
+    mode = getattr(like, "fake_mode", None)
+    if mode is None:
+        return real
+    with mode:
+        return torch.empty(real.shape, dtype=real.dtype, device=like.device)
+
+
+def lower_decode_attention(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every decode attention the knob allows; returns how many."""
+    mode = knobs.decode_attention()
+    if not mode:
+        return 0
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _SDPA and _rewrite(gm, node, mode):
+            count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
