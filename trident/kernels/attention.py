@@ -30,7 +30,7 @@ def decode_attention_split_kernel(
     sm_b, sm_h, sm_l,
     KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLITS: tl.constexpr,
+    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -55,7 +55,7 @@ def decode_attention_split_kernel(
         n_ok = (n < start + chunk) & (n < S)
         kv_off = kv_base + n[:, None].to(tl.int64) * D + d[None, :]
         k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         if HAS_MASK:
             m_off = b * sm_b + head[:, None] * sm_h + pos[:, None] * sm_l + n[None, :]
             mv = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & n_ok[None, :], other=0)
@@ -71,7 +71,7 @@ def decode_attention_split_kernel(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
     # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
     base = (bh * SPLITS + split) * (BLOCK_M * (BLOCK_D + 2))
@@ -112,6 +112,14 @@ def decode_attention_combine_kernel(
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < D)[None, :])
 
 
+def dot_precision(dtype) -> str:
+    """fp32 inputs multiply exactly ("ieee": SDPA's fp32 kernels do not round to tf32); half
+    types take the tensor cores' only mode."""
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def block_m(rows: int) -> int:
     """Query rows per program, padded for tl.dot (at least 16)."""
     return max(16, triton.next_power_of_2(rows))
@@ -140,7 +148,8 @@ def decode_attention(q, k, v, mask=None, scale=None):
     decode_attention_split_kernel[(B * HKV, SPLITS)](
         q, k, v, m, ws, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
         KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=BLOCK_N,
-        HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=SPLITS)
+        HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=SPLITS,
+        PRECISION=dot_precision(q.dtype))
     decode_attention_combine_kernel[(B * HKV,)](
         ws, out, out.stride(0), out.stride(1), out.stride(2),
         KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, SPLITS=SPLITS)

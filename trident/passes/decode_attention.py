@@ -40,6 +40,7 @@ from ..kernels.attention import (
     block_m,
     decode_attention_combine_kernel,
     decode_attention_split_kernel,
+    dot_precision,
     workspace_elements,
 )
 
@@ -259,6 +260,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
             **consts, "BLOCK_N": BLOCK_N,
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
+            "PRECISION": dot_precision(q.dtype),
         })
         _launch(gm, decode_attention_combine_kernel, (B * hkv, 1, 1), {
             "ws_ptr": ws, "out_ptr": out,
