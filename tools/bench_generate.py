@@ -328,22 +328,34 @@ def main() -> None:
                 except Exception:  # noqa: BLE001 - a failed variant is reported, the others still run
                     r = {"error": proc.stderr[-1500:]}
                 case.setdefault(cache, {})[name] = r
-                print(kind, kernels, cache, name, json.dumps(r)[:300], flush=True)
-            st, dy = case.get("static", {}), case.get("dynamic", {})
-            floor, own = st.get("graph_floor", {}).get("ms_per_token"), st.get("generate_own", {}).get("ms_per_token")
-            if floor and own:
-                case["static_floor_ms_per_token"] = floor + own
-                for r in st.values():
-                    if "ms_per_token" in r:
-                        r["x_floor"] = round(r["ms_per_token"] / (floor + own), 3)
-            eager = dy.get("eager", {}).get("ms_per_token")
-            if eager:
-                for r in dy.values():
-                    if "ms_per_token" in r:
-                        r["speedup_vs_eager"] = round(eager / r["ms_per_token"], 2)
-            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
+                _finish(case)
+                _write(results, args.out)  # after every variant: a cut run keeps what it measured
+                # the numbers first: a log cut to its width still shows them
+                print(kind, kernels, cache, name, f"ms_per_token={r.get('ms_per_token')} first_call_s="
+                      f"{r.get('first_call_s')} x_floor={r.get('x_floor')} speedup={r.get('speedup_vs_eager')}",
+                      json.dumps(r)[:300], flush=True)
+
+
+def _finish(case: dict) -> None:
+    """The ratios of a (model, kernels) case from what it has measured so far."""
+    st, dy = case.get("static", {}), case.get("dynamic", {})
+    floor, own = st.get("graph_floor", {}).get("ms_per_token"), st.get("generate_own", {}).get("ms_per_token")
+    if floor and own:
+        case["static_floor_ms_per_token"] = floor + own
+        for r in st.values():
+            if "ms_per_token" in r:
+                r["x_floor"] = round(r["ms_per_token"] / (floor + own), 3)
+    eager = dy.get("eager", {}).get("ms_per_token")
+    if eager:
+        for r in dy.values():
+            if "ms_per_token" in r:
+                r["speedup_vs_eager"] = round(eager / r["ms_per_token"], 2)
+
+
+def _write(results: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

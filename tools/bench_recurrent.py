@@ -209,6 +209,7 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=2, help="decodes after the checked one, before timing")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--variants", default="")
+    p.add_argument("--budget-s", type=int, default=300, help="per variant process")
     p.add_argument("--profile", default="trident_compile,trident_backend",
                    help="variants whose host time is profiled (CUDA)")
     p.add_argument("--tiny", action="store_true")
@@ -233,21 +234,29 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--variant", v, "--layers", str(args.layers), "--dim", str(args.dim),
                "--steps", str(args.steps), "--check", str(args.check), "--reps", str(args.reps), "--warm", str(args.warm), "--profile", args.profile, "--device",
                args.device] + (["--tiny"] if args.tiny else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s)
             results["variants"][v] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except subprocess.TimeoutExpired:
+            results["variants"][v] = {"error": f"over the budget of {args.budget_s} s"}
         except Exception:  # noqa: BLE001 - a failed variant is reported, the others still run
             results["variants"][v] = {"error": proc.stderr[-1500:]}
-        print(v, json.dumps(results["variants"][v])[:400], flush=True)
+        _write(results, args.out)  # after every variant: a cut run keeps what it measured
+        r = results["variants"][v]
+        # the numbers first: a log cut to its width still shows them
+        print(v, f"ms_per_step={r.get('ms_per_step')} x_floor={r.get('x_floor')} check={r.get('check')}",
+              json.dumps(r)[:300], flush=True)
+
+
+def _write(results: dict, out: str) -> None:
     floor = results["variants"].get("graph_floor", {}).get("ms_per_step")
     if floor:
         for r in results["variants"].values():
             if "ms_per_step" in r:
                 r["x_floor"] = round(r["ms_per_step"] / floor, 3)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
         json.dump(results, f, indent=1)
-
 
 if __name__ == "__main__":
     main()

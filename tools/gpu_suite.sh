@@ -4,7 +4,7 @@
 # Writes logs and JSON under $OUT (or ./out). Benchmarks run before the tests so that a crash
 # in a test cannot cost the measurements.
 #   env: BENCH_DECODE/BENCH_GEMM/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/BENCH_DYNAMIC/BENCH_GENERATE/BENCH_RECURRENT/RUN_TESTS/
-#        SANITIZE (1/0), GEN_MODELS, GEN_KERNELS, GEN_CACHES, GEN_VARIANTS, GEN_BUDGET_S, GEN_PROFILE, GEN_HOST_PROFILE, DECODE_MODELS,
+#        SANITIZE (1/0), RECUR_VARIANTS, RECUR_BUDGET_S (per variant), GEN_MODELS, GEN_KERNELS, GEN_CACHES, GEN_VARIANTS, GEN_BUDGET_S, GEN_PROFILE, GEN_HOST_PROFILE, DECODE_MODELS,
 #        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS, BENCH_BATCHES, BATCH_BUDGET_S, BATCH_STEPS,
 #        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
 #        HF_PROFILE (variants whose device time per kernel bench_hf records),
@@ -73,7 +73,7 @@ if [[ "${BENCH_GENERATE:-0}" == 1 ]]; then  # issue 22: HF generate() through ev
     --budget-s "${GEN_BUDGET_S:-200}" --profile "${GEN_PROFILE:-}" --host-profile "${GEN_HOST_PROFILE:-}" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_generate.log" | cut -c1-330
 fi
 if [[ "${BENCH_RECURRENT:-0}" == 1 ]]; then  # issue 22: a recurrent model keeping state as libraries do
-  python3 tools/bench_recurrent.py --out "$OUT/bench_recurrent.json" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" \
+  python3 tools/bench_recurrent.py --out "$OUT/bench_recurrent.json" --budget-s "${RECUR_BUDGET_S:-300}" --variants "${RECUR_VARIANTS:-}" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" \
     | tee "$OUT/bench_recurrent.log" | cut -c1-330
 fi
 if [[ "${RUN_TESTS:-1}" == 1 ]]; then
