@@ -42,10 +42,10 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__, t
 if [[ "${BENCH_DECODE:-1}" == 1 ]]; then
   python3 tools/bench_decode.py --out "$OUT/bench_decode.json" --budget-s "${DECODE_BUDGET_S:-360}" \
     --models "${DECODE_MODELS:-llama,qwen}" --batches "${DECODE_BATCHES:-1,8}" --variants "${DECODE_VARIANTS:-}" 2>&1 \
-    | grep -v "^W1" | tee "$OUT/bench_decode.log" | grep -v "^  \|^kind\|^typed\|^boxed\|^launch\|^view\|^alloc\|^constant\|^gemm\|^host\|^call"
+    | grep --line-buffered -v "^W1" | tee "$OUT/bench_decode.log" | grep -v "^  \|^kind\|^typed\|^boxed\|^launch\|^view\|^alloc\|^constant\|^gemm\|^host\|^call"
 fi
 if [[ "${BENCH_GEMM:-1}" == 1 ]]; then
-  timeout 120 python3 tools/bench_gemm.py --out "$OUT/bench_gemm.json" 2>&1 | grep -v "^W1" > "$OUT/bench_gemm.log"; tail -3 "$OUT/bench_gemm.log" | cut -c1-300
+  timeout 120 python3 tools/bench_gemm.py --out "$OUT/bench_gemm.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench_gemm.log"; tail -3 "$OUT/bench_gemm.log" | cut -c1-300
 fi
 if [[ "${BENCH_STAGING:-0}" == 1 ]]; then
   python3 tools/bench_staging.py --out "$OUT/bench_staging.json" 2>&1 | tee "$OUT/bench_staging.log" | tail -10
@@ -56,24 +56,24 @@ fi
 if [[ "${BENCH_HF:-0}" == 1 ]]; then
   python3 tools/bench_hf.py --out "$OUT/bench_hf.json" --models "${HF_MODELS:-llama,qwen2}" \
     --kernels "${HF_KERNELS:-plain,liger}" --variants "${HF_VARIANTS:-}" --case-budget-s "${HF_CASE_BUDGET_S:-250}" --profile "${HF_PROFILE:-}" 2>&1 \
-    | grep -v "^W1\|Warning\|warn\|^ \|^$\|originates\|Backend impl" | tee "$OUT/bench_hf.log" | grep -v "ms_per_token_samples" | cut -c1-400
+    | grep --line-buffered -v "^W1\|Warning\|warn\|^ \|^$\|originates\|Backend impl" | tee "$OUT/bench_hf.log" | grep -v "ms_per_token_samples" | cut -c1-400
 fi
 if [[ "${BENCH_DYNAMIC:-0}" == 1 ]]; then  # issue 11: prefills of random lengths (tools/bench_dynamic.py)
   python3 tools/bench_dynamic.py --out "$OUT/bench_dynamic.json" --kernels "${DYN_KERNELS:-liger}" \
     --budget-s "${DYN_BUDGET_S:-75}" --calls "${DYN_CALLS:-32}" 2>&1 \
-    | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_dynamic.log" | cut -c1-400 | tail -20
+    | grep --line-buffered -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_dynamic.log" | cut -c1-400 | tail -20
 fi
 if [[ "${BENCH_BATCHES:-0}" == 1 ]]; then  # issue 11: decode with the batch changing (tools/bench_batches.py)
   python3 tools/bench_batches.py --out "$OUT/bench_batches.json" --budget-s "${BATCH_BUDGET_S:-40}" \
-    --steps "${BATCH_STEPS:-64}" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_batches.log" | cut -c1-400 | tail -12
+    --steps "${BATCH_STEPS:-64}" 2>&1 | grep --line-buffered -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_batches.log" | cut -c1-400 | tail -12
 fi
 if [[ "${BENCH_GENERATE:-0}" == 1 ]]; then  # issue 22: HF generate() through every door (tools/bench_generate.py)
   python3 tools/bench_generate.py --out "$OUT/bench_generate.json" --models "${GEN_MODELS:-llama}" \
     --kernels "${GEN_KERNELS:-liger,plain}" --caches "${GEN_CACHES:-static,dynamic}" --variants "${GEN_VARIANTS:-}" \
-    --budget-s "${GEN_BUDGET_S:-200}" --profile "${GEN_PROFILE:-}" --host-profile "${GEN_HOST_PROFILE:-}" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_generate.log" | cut -c1-330
+    --budget-s "${GEN_BUDGET_S:-200}" --profile "${GEN_PROFILE:-}" --host-profile "${GEN_HOST_PROFILE:-}" 2>&1 | grep --line-buffered -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_generate.log" | cut -c1-330
 fi
 if [[ "${BENCH_RECURRENT:-0}" == 1 ]]; then  # issue 22: a recurrent model keeping state as libraries do
-  python3 tools/bench_recurrent.py --out "$OUT/bench_recurrent.json" --budget-s "${RECUR_BUDGET_S:-300}" --variants "${RECUR_VARIANTS:-}" 2>&1 | grep -v "^W1\|Warning\|warn\|^ \|^$" \
+  python3 tools/bench_recurrent.py --out "$OUT/bench_recurrent.json" --budget-s "${RECUR_BUDGET_S:-300}" --variants "${RECUR_VARIANTS:-}" 2>&1 | grep --line-buffered -v "^W1\|Warning\|warn\|^ \|^$" \
     | tee "$OUT/bench_recurrent.log" | cut -c1-330
 fi
 if [[ "${RUN_TESTS:-1}" == 1 ]]; then
