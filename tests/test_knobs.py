@@ -43,6 +43,7 @@ BOOLS = {
 }
 DEVICE_MODES = {
     "triton_copies": knobs.triton_copies,
+    "decode_attention": knobs.decode_attention,
     "gemm_epilogues": knobs.gemm_epilogues,
     "graphs": knobs.graphs,
 }
