@@ -20,6 +20,7 @@ SOURCES = [
     "trident/csrc/aten_fast.cpp",
     "trident/csrc/cublas_lt.cpp",
     "trident/csrc/graph_replay.cpp",
+    "trident/csrc/region_call.cpp",
 ]
 
 setup(

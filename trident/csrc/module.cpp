@@ -15,6 +15,7 @@
 #include "cuda_driver.h"
 #include "cublas_lt.h"
 #include "graph_replay.h"
+#include "region_call.h"
 #include "scm_runtime.h"
 
 namespace py = pybind11;
@@ -371,6 +372,8 @@ TORCH_LIBRARY_IMPL(trident, CUDA, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  trident::add_profile_counter("graph", "graph replay (staging copies, cuGraphLaunch, output copies)",
+                               &trident::graphs::replay_counter());
   m.def("create_region", &trident::create_region);
   // Note [One host program per specialization]: appends one specialization's compiled program.
   m.def("add_host", [](int64_t id, int64_t host, int64_t select) {

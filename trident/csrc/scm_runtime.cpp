@@ -15,7 +15,6 @@
 #include <cstring>
 
 #include "cuda_driver.h"
-#include "graph_replay.h"
 
 namespace py = pybind11;
 
@@ -78,22 +77,6 @@ ProfCounter& view_prof() { return service_prof(Service::kView); }
 ProfCounter& host_prof() { return service_prof(Service::kHost); }
 ProfCounter& call_prof() { return service_prof(Service::kCall); }
 
-// Times the enclosing scope into `counter` when profiling is on (Note [Host-time profile]).
-class ProfScope {
- public:
-  explicit ProfScope(ProfCounter& counter)
-      : counter_(g_profiling.load(std::memory_order_relaxed) ? &counter : nullptr) {
-    if (counter_) t0_ = std::chrono::steady_clock::now();
-  }
-  ~ProfScope() {
-    if (counter_)
-      counter_->add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
-  }
-
- private:
-  ProfCounter* counter_;
-  std::chrono::steady_clock::time_point t0_;
-};
 
 constexpr int64_t kAllocFailed = -1;
 
@@ -629,6 +612,26 @@ int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx)
 
 std::atomic<bool> g_profiling{false};
 
+ProfCounter& native_call_counter() { return call_prof(); }
+
+namespace {
+
+struct ExtraCounter {
+  std::string kind, name;
+  ProfCounter* counter;
+};
+
+std::vector<ExtraCounter>& extra_counters() {
+  static auto* v = new std::vector<ExtraCounter>();  // never destroyed (see above)
+  return *v;
+}
+
+}  // namespace
+
+void add_profile_counter(std::string kind, std::string name, ProfCounter* counter) {
+  extra_counters().push_back({std::move(kind), std::move(name), counter});
+}
+
 std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_report() {
   std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> out;
   auto add = [&](const char* kind, const std::string& name, const ProfCounter& c) {
@@ -638,7 +641,7 @@ std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_repo
   add("host", "host program (all services included)", host_prof());
   add("alloc", "allocation", alloc_prof());
   add("view", "native view", view_prof());
-  add("graph", "graph replay (staging copies, cuGraphLaunch, output copies)", graphs::replay_counter());
+  for (const ExtraCounter& c : extra_counters()) add(c.kind.c_str(), c.name, *c.counter);
   {
     std::lock_guard<std::mutex> lock(kernels().mutex);
     for (const auto& k : kernels().items) add("launch", k->name, k->prof);
@@ -655,7 +658,7 @@ void profile_reset() {
   call_prof().reset();
   alloc_prof().reset();
   view_prof().reset();
-  graphs::replay_counter().reset();
+  for (const ExtraCounter& c : extra_counters()) c.counter->reset();
   {
     std::lock_guard<std::mutex> lock(kernels().mutex);
     for (const auto& k : kernels().items) k->prof.reset();
@@ -723,12 +726,9 @@ std::shared_ptr<Region> get_region(int64_t id) {
 // private pools freed), and the registry's reference goes, with it the specializations, host
 // programs and miss handler. A call in flight holds its own reference. Slots are not reused:
 // the id of a released region names nothing.
-void release_region(int64_t id) {
+std::shared_ptr<Region> unregister_region(int64_t id) {
   TRIDENT_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(), "trident: no SCM region with id ", id);
-  std::shared_ptr<Region> r = std::atomic_exchange(&regions().items[id], std::shared_ptr<Region>());
-  if (!r) return;
-  if (r->graphs) graphs::release(*r);
-  r->miss_handler = pybind11::none();  // Python objects go now, with the GIL held
+  return std::atomic_exchange(&regions().items[id], std::shared_ptr<Region>());
 }
 
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().add(std::move(kernel)); }
@@ -804,8 +804,7 @@ static void check_storage(const Region& r, const std::vector<at::Tensor>& inputs
   }
 }
 
-static void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
-                    c10::OptionalDeviceGuard& guard) {
+void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx, c10::OptionalDeviceGuard& guard) {
   check_storage(r, inputs);  // Note [Inputs with too little storage]
   const int64_t stride = r.facts_stride();
   tls_facts.assign(inputs.size() * stride, 0);
@@ -858,8 +857,6 @@ int64_t probe_region(int64_t region_id, const std::vector<at::Tensor>& inputs) {
   return select_specialization(*r, ctx);
 }
 
-namespace {
-
 // The host program on prepared inputs, with the miss path; the region's outputs.
 // `count`: a user's call (hits and misses counted), not a graph's recording or emulated replay.
 std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
@@ -897,8 +894,6 @@ std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::ve
   return outputs;
 }
 
-}  // namespace
-
 std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Tensor> inputs) {
   auto rp = get_region(region_id);
   Region& r = *rp;
@@ -909,8 +904,6 @@ std::vector<at::Tensor> run_region_native(int64_t region_id, std::vector<at::Ten
   prepare(r, inputs, ctx, guard);
   return run_prepared(r, region_id, inputs, ctx, guard, /*count=*/false);
 }
-
-namespace {
 
 void check_disjoint_inputs(const Region& r, const std::vector<at::Tensor>& inputs) {
   for (size_t k = 0; k < r.disjoint.size(); ++k) {
@@ -923,31 +916,6 @@ void check_disjoint_inputs(const Region& r, const std::vector<at::Tensor>& input
     // the message is the DisjointInputs guard's failure() (trident/scm/guards.py)
     TRIDENT_CHECK(a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0, "trident: region '", r.name, "': ", r.disjoint_what[k]);
   }
-}
-
-}  // namespace
-
-std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs) {
-  ProfScope prof(call_prof());  // the whole native call: facts, host program, freeing the value table
-  auto rp = get_region(region_id);
-  Region& r = *rp;
-  TRIDENT_CHECK(static_cast<int64_t>(inputs.size()) == r.num_inputs, "trident: region '", r.name,
-              "' expected ", r.num_inputs, " tensor inputs, got ", inputs.size());
-  if (!r.disjoint.empty()) check_disjoint_inputs(r, inputs);
-  HostCtx ctx;
-  c10::OptionalDeviceGuard guard;
-  prepare(r, inputs, ctx, guard);
-  const bool graphs_on = r.graphs && r.graphs->enabled;
-  std::vector<at::Tensor> outputs;
-  std::vector<bool> repin;
-  if (graphs_on && graphs::try_replay(r, inputs, ctx, outputs, repin)) {
-    r.hits.fetch_add(1, std::memory_order_relaxed);
-    if (!repin.empty()) graphs::record_pinned(r, inputs, ctx, repin);  // Note [Pinning what stopped moving]
-    return outputs;
-  }
-  outputs = run_prepared(r, region_id, inputs, ctx, guard, /*count=*/true);
-  if (graphs_on) graphs::observe(r, inputs, ctx);  // ctx.facts are still those of `inputs`
-  return outputs;
 }
 
 }  // namespace trident

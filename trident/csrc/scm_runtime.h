@@ -16,6 +16,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 #include <cstdint>
 #include <memory>
@@ -111,9 +112,31 @@ struct ProfCounter {
   }
 };
 extern std::atomic<bool> g_profiling;
+
+// Times the enclosing scope into `counter` when profiling is on (Note [Host-time profile]).
+class ProfScope {
+ public:
+  explicit ProfScope(ProfCounter& counter)
+      : counter_(g_profiling.load(std::memory_order_relaxed) ? &counter : nullptr) {
+    if (counter_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ProfScope() {
+    if (counter_)
+      counter_->add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
+  }
+
+ private:
+  ProfCounter* counter_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 // (kind, name, calls, ns) for every entry with calls, then resets nothing.
 std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> profile_report();
 void profile_reset();
+// A counter of a layer above this one (graph replay), reported and reset with the others.
+void add_profile_counter(std::string kind, std::string name, ProfCounter* counter);
+// The whole native call's counter (facts, host program, teardown): region_call.cpp times it.
+ProfCounter& native_call_counter();
 
 struct KernelEntry {
   std::string name;
@@ -328,7 +351,9 @@ std::pair<std::vector<int64_t>, int64_t> arena_placement(const std::vector<Arena
 int64_t register_region(std::shared_ptr<Region> region);
 std::shared_ptr<Region> get_region(int64_t id);
 // Note [Released regions]: drops the registry's reference (GIL held); later calls of the id fail.
-void release_region(int64_t id);
+// Removes a region from the registry (Note [Released regions]); the caller releases what it holds
+// (region_call.cpp `release_region`). Null when it was released already.
+std::shared_ptr<Region> unregister_region(int64_t id);
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);
@@ -339,9 +364,17 @@ const KernelEntry& kernel_entry(int64_t index);
 // The kernel's CUfunction on CUDA device `device`, loading its cubin on first use.
 void* kernel_function(int64_t index, int64_t device, std::string* error);
 
-// Runs the region's host program on `inputs`; on a miss calls the Python miss handler once
-// and retries. Throws c10::Error with an explained message on failure.
-std::vector<at::Tensor> run_region(int64_t region_id, std::vector<at::Tensor> inputs);
+// The facts of `inputs` (Note [Host ABI]) and the call's context: storage checked (Note [Inputs
+// with too little storage]), device and stream of the first CUDA input.
+void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx, c10::OptionalDeviceGuard& guard);
+
+// The host program on prepared inputs, with the miss path; the region's outputs. `count`: a
+// user's call (hits and misses counted), not a graph's recording or emulated replay.
+std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::vector<at::Tensor>& inputs, HostCtx& ctx,
+                                     c10::OptionalDeviceGuard& guard, bool count);
+
+// Inputs the region writes that must not overlap inputs it reads (the DisjointInputs guard).
+void check_disjoint_inputs(const Region& r, const std::vector<at::Tensor>& inputs);
 
 // The ordinary path of run_region: the host program (and the miss path), never a graph replay
 // or recording. Recording captures it; emulated replays (CPU) rerun it.
