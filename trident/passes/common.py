@@ -209,3 +209,40 @@ def launch_kwargs(node: torch.fx.Node) -> dict:
     _, options = resolve_kernel(kernel_side_table.get_kernel(node.kwargs["kernel_idx"]))
     constants = kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])
     return {**(options or {}), **constants, **node.kwargs["kwargs"]}
+
+
+def node_val(x):
+    """The traced value of a node (its meta "val"); None for anything else."""
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+
+
+def bound_args(node: torch.fx.Node) -> dict:
+    """An ATen node's arguments by schema name, defaults filled in."""
+    schema = node.target._schema
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def emit_launch(gm: torch.fx.GraphModule, kernel, grid, kwargs: dict) -> torch.fx.Node:
+    """A launch of one of Trident's own kernels (trident/kernels/) at the graph's insertion point:
+    `kernel[grid](**kwargs)`, tensors and constexprs alike in kwargs."""
+    node = gm.graph.call_function(
+        triton_kernel_wrapper_mutation,
+        (),
+        {
+            "kernel_idx": kernel_side_table.add_kernel(kernel),
+            "constant_args_idx": kernel_side_table.add_constant_args({}),
+            "grid": [grid],
+            "tma_descriptor_metadata": {},
+            "kwargs": kwargs,
+        },
+    )
+    node.meta["val"] = None
+    return node

@@ -30,7 +30,6 @@ import math
 import operator
 
 import torch
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import knobs
@@ -43,6 +42,7 @@ from ..kernels.attention import (
     dot_precision,
     workspace_elements,
 )
+from .common import bound_args, emit_launch, node_val
 
 aten = torch.ops.aten
 
@@ -58,23 +58,6 @@ _SDPA = {
 }
 
 _VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
-
-
-def _val(x):
-    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-
-
-def _bind(node: torch.fx.Node) -> dict:
-    schema = node.target._schema
-    bound = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args):
-            bound[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-    return bound
 
 
 def _known(a, b) -> bool:
@@ -96,7 +79,7 @@ def _full_slice(x) -> bool:
     """A slice that keeps every element (what `t[:, :, None]` traces to)."""
     if not (isinstance(x, torch.fx.Node) and x.target == aten.slice.Tensor):
         return False
-    v, sv = _val(x), _val(x.args[0])
+    v, sv = node_val(x), node_val(x.args[0])
     return (v is not None and sv is not None and v.dim() == sv.dim()
             and all(_known(a, b) for a, b in zip(v.shape, sv.shape)))
 
@@ -125,7 +108,7 @@ def _unrepeated(node: torch.fx.Node):
             unsqueezed = True
         else:
             break
-    c, e = _val(x), _val(expand)
+    c, e = node_val(x), node_val(expand)
     if not unsqueezed or c is None or e is None or c.dim() != 4 or e.dim() != 5 or type(e.shape[2]) is not int:
         return none
     return x, e.shape[2], chain
@@ -158,27 +141,11 @@ def _mask_strides(mask: torch.Tensor, lq: int):
     return out
 
 
-def _launch(gm, kernel, grid, kwargs) -> torch.fx.Node:
-    node = gm.graph.call_function(
-        triton_kernel_wrapper_mutation,
-        (),
-        {
-            "kernel_idx": kernel_side_table.add_kernel(kernel),
-            "constant_args_idx": kernel_side_table.add_constant_args({}),
-            "grid": [grid],
-            "tma_descriptor_metadata": {},
-            "kwargs": kwargs,
-        },
-    )
-    node.meta["val"] = None
-    return node
-
-
 def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     mask_name = _SDPA[node.target]
-    a = _bind(node)
+    a = bound_args(node)
     q_node = a["query"]
-    q = _val(q_node)
+    q = node_val(q_node)
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or (mode != "all" and q.device.type != "cuda"):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -192,7 +159,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         return False
     k_node, gk, k_chain = _unrepeated(a["key"])
     v_node, gv, v_chain = _unrepeated(a["value"])
-    k, v = _val(k_node), _val(v_node)
+    k, v = node_val(k_node), node_val(v_node)
     if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.dim() != 4 or v.dim() != 4:
         return False
     if k.dtype != q.dtype or v.dtype != q.dtype or k.device != q.device or v.device != q.device:
@@ -210,7 +177,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     if not (_contiguous(k) and _contiguous(v)):
         return False
     mask_node = a.get(mask_name) if mask_name else None
-    mask = _val(mask_node)
+    mask = node_val(mask_node)
     strides = [0, 0, 0]
     if mask_node is not None:
         if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
@@ -228,10 +195,10 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         if any(u.args[1] != 0 and u.users for u in node.users):
             return False
         outs = [u for u in node.users if u.args[1] == 0]
-        out_val = _val(outs[0]) if outs else None
+        out_val = node_val(outs[0]) if outs else None
     else:
         outs = [node]
-        out_val = _val(node)
+        out_val = node_val(node)
     if not isinstance(out_val, torch.Tensor) or any(type(s) is not int for s in out_val.stride()):
         return False
     S = k.shape[2]
@@ -252,7 +219,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         ws.meta["val"] = _fake_like(q, ws_val)
         bm, bd = block_m(G * LQ), 1 << (D - 1).bit_length()
         consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=SPLITS)
-        _launch(gm, decode_attention_split_kernel, (B * hkv, SPLITS, 1), {
+        emit_launch(gm, decode_attention_split_kernel, (B * hkv, SPLITS, 1), {
             "q_ptr": q_node, "k_ptr": k_node, "v_ptr": v_node,
             "mask_ptr": mask_node if mask_node is not None else q_node, "ws_ptr": ws,
             "S": s_arg, "scale": scale,
@@ -262,7 +229,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
             "PRECISION": dot_precision(q.dtype),
         })
-        _launch(gm, decode_attention_combine_kernel, (B * hkv, 1, 1), {
+        emit_launch(gm, decode_attention_combine_kernel, (B * hkv, 1, 1), {
             "ws_ptr": ws, "out_ptr": out,
             "so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2), **consts,
         })

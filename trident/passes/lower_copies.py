@@ -66,13 +66,13 @@ from __future__ import annotations
 import math
 
 import torch
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import knobs
 from ..layout import dense, max_offset, non_overlapping
 from ..layout import contiguous as contiguous_layout
 from ..kernels.copy import index_copy_kernel, strided_copy_kernel
+from .common import bound_args, emit_launch, node_val
 
 aten = torch.ops.aten
 
@@ -97,10 +97,6 @@ _DTYPES = {
 }
 # ATen's CUDA index_copy_ has no float8 kernel: eager raises, so the pass leaves it.
 _INDEX_COPY_DTYPES = _DTYPES - {torch.float8_e4m3fn, torch.float8_e5m2}
-
-
-def _val(x):
-    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
 
 
 def _static_tensor(t) -> bool:
@@ -153,34 +149,9 @@ def _block(numel: int) -> int:
 
 
 def _launch(gm, kernel, grid, kwargs) -> torch.fx.Node:
-    node = gm.graph.call_function(
-        triton_kernel_wrapper_mutation,
-        (),
-        {
-            "kernel_idx": kernel_side_table.add_kernel(kernel),
-            "constant_args_idx": kernel_side_table.add_constant_args({}),
-            "grid": [grid],
-            "tma_descriptor_metadata": {},
-            "kwargs": kwargs,
-        },
-    )
-    node.meta["val"] = None
+    node = emit_launch(gm, kernel, grid, kwargs)
     node.meta[LOWERED_COPY] = True  # trident/passes/fuse_copy_launches.py merges only these
     return node
-
-
-def _bind(node: torch.fx.Node) -> dict:
-    """The node's arguments by schema name, defaults filled in."""
-    schema = node.target._schema
-    bound = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args):
-            bound[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-    return bound
 
 
 def _storage(t: torch.Tensor):
@@ -288,8 +259,8 @@ def _emit_clone(gm, src_node: torch.fx.Node, out: torch.Tensor, memory_format):
 def _lower_clone(gm, node: torch.fx.Node, mode: str) -> bool:
     src = node.args[0]
     memory_format = node.kwargs.get("memory_format", node.args[1] if len(node.args) > 1 else None)
-    out = _val(node)
-    if not _clone_layout_ok(_val(src), out, memory_format) or not _device_allowed(out, mode):
+    out = node_val(node)
+    if not _clone_layout_ok(node_val(src), out, memory_format) or not _device_allowed(out, mode):
         return False
     with gm.graph.inserting_before(node):
         alloc = _emit_clone(gm, src, out, memory_format)
@@ -313,11 +284,11 @@ def _input_storages(gm) -> set:
 
 def _lower_copy_(gm, node: torch.fx.Node, mode: str) -> bool:
     """copy_(dst, src): one strided copy; src broadcasts to dst through stride-0 dims."""
-    a = _bind(node)
+    a = bound_args(node)
     dst_node, src_node = a.get("self"), a.get("src")
     if not (isinstance(dst_node, torch.fx.Node) and isinstance(src_node, torch.fx.Node)):
         return False
-    dst, src = _val(dst_node), _val(src_node)
+    dst, src = node_val(dst_node), node_val(src_node)
     if not (_static_tensor(dst) and _static_tensor(src)) or not _device_allowed(dst, mode):
         return False
     if src.dtype != dst.dtype or src.device != dst.device or dst.numel() == 0:
@@ -344,11 +315,11 @@ def _lower_copy_(gm, node: torch.fx.Node, mode: str) -> bool:
 def _lower_scatter(gm, node: torch.fx.Node, mode: str, view_op, view_arg_names) -> bool:
     """slice_scatter / select_scatter: the clone of self, then src copied into the view
     `view_op(result, *view args)` of the result (ATen's own steps)."""
-    a = _bind(node)
+    a = bound_args(node)
     self_node, src_node = a.get("self"), a.get("src")
     if not (isinstance(self_node, torch.fx.Node) and isinstance(src_node, torch.fx.Node)):
         return False
-    self_, src, out = _val(self_node), _val(src_node), _val(node)
+    self_, src, out = node_val(self_node), node_val(src_node), node_val(node)
     if not _fresh_like_ok(self_, out) or not _device_allowed(out, mode):
         return False
     if not _static_tensor(src) or src.dtype != out.dtype or src.device != out.device or src.numel() == 0:
@@ -491,29 +462,29 @@ def _emit_rows(gm, dst, index, source, plan) -> None:
 
 def _index_copy_operands(node):
     """(self, index, source nodes, plan function of self's layout), or None."""
-    a = _bind(node)
+    a = bound_args(node)
     self_node, index, source = a.get("self"), a.get("index"), a.get("source")
     if not all(isinstance(x, torch.fx.Node) for x in (self_node, index, source)):
         return None
-    dim, index_val, source_val = a.get("dim"), _val(index), _val(source)
+    dim, index_val, source_val = a.get("dim"), node_val(index), node_val(source)
     return self_node, index, source, lambda dst: _index_copy_plan(dst, dim, index_val, source_val)
 
 
 def _index_put_operands(node):
     """(self, the index node, values nodes, plan function of self's layout), or None."""
-    a = _bind(node)
+    a = bound_args(node)
     self_node, indices, values = a.get("self"), a.get("indices"), a.get("values")
     if not (isinstance(self_node, torch.fx.Node) and isinstance(values, torch.fx.Node)):
         return None
     if not isinstance(indices, (list, tuple)) or not all(i is None or isinstance(i, torch.fx.Node) for i in indices):
         return None
-    index_vals = [None if i is None else _val(i) for i in indices]
+    index_vals = [None if i is None else node_val(i) for i in indices]
     if any(i is not None and not isinstance(v, torch.Tensor) for i, v in zip(indices, index_vals)):
         return None
     given = [i for i in indices if i is not None]
     if len(given) != 1:
         return None
-    values_val, accumulate = _val(values), a.get("accumulate")
+    values_val, accumulate = node_val(values), a.get("accumulate")
     return self_node, given[0], values, lambda dst: _index_put_plan(dst, index_vals, values_val, accumulate)
 
 
@@ -526,7 +497,7 @@ def _lower_rows_(operands):
         if ops is None:
             return False
         self_node, index, source, plan_for = ops
-        dst = _val(self_node)
+        dst = node_val(self_node)
         plan = plan_for(dst)
         if plan is None or not _device_allowed(dst, mode):
             return False
@@ -548,11 +519,11 @@ def _lower_rows(operands):
         if ops is None:
             return False
         self_node, index, source, plan_for = ops
-        out = _val(node)
-        if not _fresh_like_ok(_val(self_node), out) or not _device_allowed(out, mode):
+        out = node_val(node)
+        if not _fresh_like_ok(node_val(self_node), out) or not _device_allowed(out, mode):
             return False
         plan = plan_for(out)
-        if plan is None or _copy_plan(_val(self_node), out) is None:
+        if plan is None or _copy_plan(node_val(self_node), out) is None:
             return False
         with gm.graph.inserting_before(node):
             alloc = _emit_clone(gm, self_node, out, torch.preserve_format)
