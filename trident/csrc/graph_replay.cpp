@@ -293,7 +293,8 @@ Held lent_held(const Entry& e, const std::vector<at::Tensor>& inputs) {
     const auto& w = e.lent[g];
     if (!w || w->expired()) continue;
     auto strong = w->lock();
-    if (!strong || !e.lent_carried[g]) return Held::kOther;
+    if (!strong) continue;  // released since expired() was asked
+    if (!e.lent_carried[g]) return Held::kOther;
     const c10::StorageImpl* impl = strong.get();
     bool input = false;
     for (const at::Tensor& t : inputs)
