@@ -113,43 +113,47 @@ def walk(roots: list) -> Walk:
     passed]). An object met twice is walked once (the second place is a leaf holding it).
     (Every call of a trident.compile'd function walks its arguments: written for speed.)"""
     out = Walk()
-    leaves, nodes = out.leaves, out.nodes
     seen: dict[int, Any] = {}
-    leaf_types = _LEAF_TYPES
+    for r, obj in enumerate(roots):
+        _visit(out, seen, r, (), obj, 0)
+    return out
 
-    def visit(r, steps, obj, depth):
-        if depth >= MAX_DEPTH or id(obj) in seen:
+
+# Note [No cycles on the call path]: a module-level function, not a closure that calls itself. A
+# recursive closure is a reference cycle (the function, its cell, the lists it fills): the
+# walk's leaves -- the caller's tensors -- then lived until Python's cyclic collector ran, and a
+# CUDA graph whose lent state such a leaf held could not replay (found on the H200: each graph of
+# a rotating pair replayed once, then saw its state "held by another").
+def _visit(out: Walk, seen: dict, r: int, steps: tuple, obj, depth: int) -> None:
+    leaves = out.leaves
+    if depth >= MAX_DEPTH or id(obj) in seen:
+        leaves.append((r, steps, obj))
+        return
+    if isinstance(obj, (list, tuple)):
+        kind, items = "item", enumerate(obj)
+        keys = len(obj) if type(obj) is list else tuple(range(len(obj)))
+    elif isinstance(obj, dict):
+        if not all(isinstance(k, (str, int)) for k in obj):
             leaves.append((r, steps, obj))
             return
-        if isinstance(obj, (list, tuple)):
-            kind, items = "item", enumerate(obj)
-            keys = len(obj) if type(obj) is list else tuple(range(len(obj)))
-        elif isinstance(obj, dict):
-            if not all(isinstance(k, (str, int)) for k in obj):
-                leaves.append((r, steps, obj))
-                return
-            kind, items, keys = "key", obj.items(), tuple(obj)
+        kind, items, keys = "key", obj.items(), tuple(obj)
+    else:
+        d = getattr(obj, "__dict__", None)
+        if d is None or not isinstance(d, dict):
+            leaves.append((r, steps, obj))
+            return
+        kind, items, keys = "attr", d.items(), tuple(d)
+    seen[id(obj)] = obj
+    out.nodes.append((r, steps, obj, type(obj), keys))
+    for k, value in items:
+        if len(leaves) >= MAX_LEAVES:
+            out.truncated = True
+            return
+        at = steps + ((kind, k),)
+        if isinstance(value, _LEAF_TYPES):
+            leaves.append((r, at, value))
         else:
-            d = getattr(obj, "__dict__", None)
-            if d is None or not isinstance(d, dict):
-                leaves.append((r, steps, obj))
-                return
-            kind, items, keys = "attr", d.items(), tuple(d)
-        seen[id(obj)] = obj
-        nodes.append((r, steps, obj, type(obj), keys))
-        for k, value in items:
-            if len(leaves) >= MAX_LEAVES:
-                out.truncated = True
-                return
-            at = steps + ((kind, k),)
-            if isinstance(value, leaf_types):
-                leaves.append((r, at, value))
-            else:
-                visit(r, at, value, depth + 1)
-
-    for r, obj in enumerate(roots):
-        visit(r, (), obj, 0)
-    return out
+            _visit(out, seen, r, at, value, depth + 1)
 
 
 def get_path(root, steps):
