@@ -62,7 +62,7 @@ from .. import logs
 from ..capture.trace import _roots, capture
 from ..errors import CaptureError, GuardError, TridentError
 from ..optimize import lend_carried, optimize
-from . import state
+from . import fast_walk, state
 from .cache import CaptureCache, ServedByCache, retry_static
 
 _VALUE_TYPES = (int, float, bool, str, type(None))
@@ -174,6 +174,17 @@ class _Call:
             )
         self.structure = structure
 
+    @classmethod
+    def checked(cls, args, kwargs, like: "_Call", leaves: list, tensors: list, ints: tuple) -> "_Call":
+        """A call a generated structure check found to have `like`'s structure (Note [Generated
+        structure checks]); it has no walk (a miss path that needs one walks again)."""
+        call = cls.__new__(cls)
+        call.args, call.kwargs, call.spec, call.n_args = args, kwargs, like.spec, like.n_args
+        call.root_pos, call.roots, call.walk = like.root_pos, [leaves[i] for i in like.root_pos], None
+        call.leaves, call.tensor_pos, call.int_pos = leaves, like.tensor_pos, like.int_pos
+        call.tensors, call.ints, call.structure = tensors, ints, like.structure
+        return call
+
     def key(self) -> tuple:
         """The exact signature: the structure, every tensor's facts, every int's value."""
         return (self.structure, signature(self.tensors), self.ints)
@@ -192,6 +203,23 @@ class _Outputs:
     n_user: int  # the graph's first n_user outputs are the result's tensors; the rest feed `writes`
     writes: list  # state.Write
     dynamic_ints: tuple  # positions among the call's ints passed as symbolic sizes
+
+
+CHECKS = 4  # generated structure checks per function (Note [Generated structure checks])
+
+
+class _Check:
+    """A generated structure check, the call it was made from (whose structure it vouches for,
+    the objects of that call not kept), and the captures of the structure as last looked up."""
+
+    __slots__ = ("fn", "source", "like", "looked_up")
+
+    def __init__(self, fn, source: str, call: "_Call"):
+        self.fn, self.source = fn, source
+        like = self.like = _Call.__new__(_Call)  # the layout of the call, not its objects
+        like.spec, like.n_args, like.root_pos, like.structure = call.spec, call.n_args, call.root_pos, call.structure
+        like.tensor_pos, like.int_pos = call.tensor_pos, call.int_pos
+        self.looked_up = (None, ())  # (the _guarded table, the structure's entries in it)
 
 
 @dataclass
@@ -224,6 +252,8 @@ class CompiledFunction(ServedByCache):
         self._guarded: dict[tuple, list] = {}
         self._seen: set = set()  # signatures called once (eagerly)
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
+        self._checks: tuple = ()  # _Check per structure that served a call, most recent first
+        self._check_tried: set = set()  # structures a check was made (or refused) for
         self._generation = _generation[0]
         functools.update_wrapper(self, fn, updated=())
 
@@ -233,15 +263,45 @@ class CompiledFunction(ServedByCache):
     def __call__(self, *args, **kwargs):
         if self._generation != _generation[0]:  # a parameter or buffer was (re)assigned somewhere
             self.reset()
-        call = _Call(args, kwargs, self.dynamic)
+        call = None
+        for check in self._checks:  # Note [Generated structure checks]
+            got = check.fn(args, kwargs)
+            if got is not None:
+                call = _Call.checked(args, kwargs, check.like, *got)
+                guarded = self._guarded
+                table, entries = check.looked_up
+                if table is not guarded:  # the captures changed (the table is replaced, never mutated)
+                    entries = guarded.get(call.structure, ())
+                    check.looked_up = (guarded, entries)
+                break
+        else:
+            call = _Call(args, kwargs, self.dynamic)
+            entries = self._guarded.get(call.structure, ())
         # The hit path: tensors checked by native guards only (torch's own TensorGuards, those
         # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys; for a symbolic
         # capture dtype, device and rank, the SCM's guards check the sizes).
         ints = call.ints
-        for e in self._guarded.get(call.structure, ()):
+        for e in entries:
             if tuple(ints[i] for i in e.int_positions) == e.int_values and e.guards.check(*call.tensors):
+                if call.walk is not None and call.structure not in self._check_tried:
+                    self._add_check(call)
                 return self._run(e.opt, e.key, call, e.info)
+        if call.walk is None:  # the miss path reads the walk
+            call = _Call(args, kwargs, self.dynamic)
         return self._miss(call)
+
+    def _add_check(self, call: _Call) -> None:
+        """Note [Generated structure checks]: a structure that served a call gets its check, the
+        most recent first, at most CHECKS of them."""
+        with self.cache.lock:
+            if call.structure in self._check_tried:
+                return
+            self._check_tried.add(call.structure)
+            fn, source = fast_walk.make_checker(call, self.dynamic, _leaf_names(self.fn, call.args, call.kwargs))
+            if fn is None:
+                logs.misses.debug("trident.compile(%s): no generated structure check: %s", self._name, source)
+                return
+            self._checks = (_Check(fn, source, call), *self._checks)[:CHECKS]
 
     def reset(self) -> None:
         """Forget every capture (the next calls capture again), as after a parameter is assigned."""
@@ -251,6 +311,7 @@ class CompiledFunction(ServedByCache):
                           self._family_ints, self._family_dynamic, self._family_layouts):
                 table.clear()
             self._seen = set()
+            self._checks, self._check_tried = (), set()
             self._generation = _generation[0]
 
     def _miss(self, call: _Call):
@@ -365,6 +426,8 @@ class CompiledFunction(ServedByCache):
         try:
             results = opt(*call.tensors, *map(state.carrier, ints))
         except GuardError as e:
+            if call.walk is None:  # came through a generated check: the capture below reads the walk
+                call = _Call(call.args, call.kwargs, self.dynamic)
             # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
             # compared). When the capture raised before anything ran, this call gets a static
             # capture of its own (Note [Symbolic sizes]).

@@ -1,0 +1,232 @@
+"""Generated structure checks (Note [Generated structure checks]): the golden of one, its verdicts
+against the generic walk's over many changed calls, and the hit path of trident.compile through it."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import expecttest
+import pytest
+import torch
+
+import trident
+from tests.recurrent_model import RecurrentModel, decode
+from trident.frontends import compile as fc
+from trident.frontends import fast_walk, state
+
+
+class Layer:
+    def __init__(self, n):
+        self.state = {"h": torch.zeros(2, n), "steps": 0}
+        self.window = [torch.ones(n), None]
+
+
+class Cache:
+    def __init__(self, layers=2, n=3):
+        self.layers = [Layer(n) for _ in range(layers)]
+        self.seen = 5
+        self.dtype = torch.float32
+
+
+def _call(*args, dynamic=None, **kwargs):
+    return fc._Call(args, kwargs, dynamic)
+
+
+class TestGolden(expecttest.TestCase):
+    def test_source(self):
+        call = _call(torch.ones(4), Cache(), 3, scale=0.5)
+        fn, src = fast_walk.make_checker(call, None, ["x", "cache", "n", "scale"])
+        assert fn is not None, src
+        self.assertExpectedInline(src, """\
+# c1 = the class builtins.float
+# c2 = 0.5
+# c3 = the class tests.frontends.test_fast_walk.Cache
+# c4 = the class builtins.list
+# c5 = the class tests.frontends.test_fast_walk.Layer
+# c6 = the class builtins.dict
+# c7 = the class torch.dtype
+# c8 = torch.float32
+def check(args, kwargs):
+    try:
+        if len(args) != 3 or len(kwargs) != 1: return None
+        v0 = args[0]  # x
+        v1 = args[1]  # cache
+        v2 = args[2]  # n
+        v3 = kwargs['scale']  # scale
+        if not isinstance(v0, Tensor): return None
+        if type(v2) is not int: return None
+        if type(v3) is not c1 or v3 != c2: return None
+        if type(v1) is not c3: return None
+        v4 = v1.__dict__  # cache.__dict__
+        if type(v4) is not dict or len(v4) != 3: return None
+        v5 = v4['layers']  # cache.layers
+        if type(v5) is not c4 or len(v5) != 2: return None
+        v6 = v5[0]  # cache.layers[0]
+        if type(v6) is not c5: return None
+        v7 = v6.__dict__  # cache.layers[0].__dict__
+        if type(v7) is not dict or len(v7) != 2: return None
+        v8 = v7['state']  # cache.layers[0].state
+        if type(v8) is not c6 or len(v8) != 2: return None
+        v9 = v8['h']  # cache.layers[0].state['h']
+        if not isinstance(v9, Tensor): return None
+        v10 = v8['steps']  # cache.layers[0].state['steps']
+        if type(v10) is not int: return None
+        v11 = v7['window']  # cache.layers[0].window
+        if type(v11) is not c4 or len(v11) != 2: return None
+        v12 = v11[0]  # cache.layers[0].window[0]
+        if not isinstance(v12, Tensor): return None
+        v13 = v11[1]  # cache.layers[0].window[1]
+        if v13 is not None: return None
+        v14 = v5[1]  # cache.layers[1]
+        if type(v14) is not c5: return None
+        v15 = v14.__dict__  # cache.layers[1].__dict__
+        if type(v15) is not dict or len(v15) != 2: return None
+        v16 = v15['state']  # cache.layers[1].state
+        if type(v16) is not c6 or len(v16) != 2: return None
+        v17 = v16['h']  # cache.layers[1].state['h']
+        if not isinstance(v17, Tensor): return None
+        v18 = v16['steps']  # cache.layers[1].state['steps']
+        if type(v18) is not int: return None
+        v19 = v15['window']  # cache.layers[1].window
+        if type(v19) is not c4 or len(v19) != 2: return None
+        v20 = v19[0]  # cache.layers[1].window[0]
+        if not isinstance(v20, Tensor): return None
+        v21 = v19[1]  # cache.layers[1].window[1]
+        if v21 is not None: return None
+        v22 = v4['seen']  # cache.seen
+        if type(v22) is not int: return None
+        v23 = v4['dtype']  # cache.dtype
+        if type(v23) is not c7 or v23 != c8: return None
+        if len({id(v1), id(v5), id(v6), id(v8), id(v11), id(v14), id(v16), id(v19)}) != 8: return None
+        v24 = v0.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
+        if len(v24) != 1 or v24[0] < 2: return None
+        v25 = v9.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
+        if len(v25) != 2 or v25[0] < 2 or v25[1] < 2: return None
+        v26 = v12.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
+        if len(v26) != 1 or v26[0] < 2: return None
+        v27 = v17.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
+        if len(v27) != 2 or v27[0] < 2 or v27[1] < 2: return None
+        v28 = v20.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
+        if len(v28) != 1 or v28[0] < 2: return None
+        if v2 < 2: return None
+        if v10 != 0: return None
+        if v18 != 0: return None
+        if v22 < 2: return None
+        return [v0, v1, v2, v3, v9, v10, v12, v13, v17, v18, v20, v21, v22, v23], [v0, v9, v12, v17, v20], (v2, v10, v18, v22, )
+    except (KeyError, IndexError, AttributeError, TypeError):
+        return None
+""")
+
+
+# Changes to a call, each a function of (args, kwargs) -> (args, kwargs) on a deep copy.
+def _change(rng, args, kwargs):
+    x, cache, n = args
+    layer = rng.choice(cache.layers)
+    what = rng.randrange(16)
+    if what == 0:
+        layer.state["h"] = torch.zeros(2, rng.choice([1, 3, 5]))  # a new tensor, maybe a new size class
+    elif what == 1:
+        layer.state["steps"] = rng.choice([0, 1, 2, 7])  # an int: its size class
+    elif what == 2:
+        layer.state["extra"] = 1  # a new key
+    elif what == 3:
+        del layer.state["steps"]
+    elif what == 4:
+        layer.window.append(None)
+    elif what == 5:
+        layer.window[1] = torch.ones(1)  # None -> a tensor
+    elif what == 6:
+        layer.state["h"] = [torch.zeros(2, 3)]  # a tensor -> a list
+    elif what == 7:
+        cache.layers[1] = cache.layers[0]  # one object met twice
+    elif what == 8:
+        cache.seen = True  # an int -> a bool
+    elif what == 9:
+        cache.dtype = torch.float16
+    elif what == 10:
+        kwargs = {**kwargs, "scale": 0.25}
+    elif what == 11:
+        args = (x, cache, rng.choice([0, 1, 2, 9]))
+    elif what == 12:
+        cache.layers = tuple(cache.layers)  # a list -> a tuple
+    elif what == 13:
+        layer.window = list(layer.window)  # an equal list, a new object: same structure
+    elif what == 14:
+        cache.__dict__["note"] = "x"  # a new attribute
+    else:
+        args = (torch.ones(rng.choice([1, 4]), 2), cache, n)  # a rank or size class
+    return args, kwargs
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_verdicts_equal_the_generic_walks(dynamic):
+    """Over 400 calls changed at random from a recorded one: the check accepts exactly the calls
+    whose generic structure equals the recorded one (an object met twice excepted: it may
+    refuse those), and then returns the generic walk's leaves, tensors and ints."""
+    rng = random.Random(0)
+    base = ((torch.ones(4), Cache(), 3), {"scale": 0.5})
+    like = fc._Call(*base, dynamic)
+    fn, src = fast_walk.make_checker(like, dynamic)
+    assert fn is not None, src
+    accepted = refused = 0
+    for _ in range(400):
+        args, kwargs = copy.deepcopy(base)
+        for _ in range(rng.randrange(1, 3)):
+            args, kwargs = _change(rng, args, kwargs)
+        generic = fc._Call(args, kwargs, dynamic)
+        got = fn(args, kwargs)
+        if got is None:
+            refused += 1
+            aliased = len({id(o) for _, _, o, _, _ in generic.walk.nodes}) < len(generic.walk.nodes) or any(
+                state.walkable(v) for _, _, v in generic.walk.leaves)
+            assert generic.structure != like.structure or aliased
+            continue
+        accepted += 1
+        assert generic.structure == like.structure
+        leaves, tensors, ints = got
+        assert all(a is b for a, b in zip(leaves, generic.leaves)) and len(leaves) == len(generic.leaves)
+        assert all(a is b for a, b in zip(tensors, generic.tensors)) and ints == generic.ints
+    assert accepted > 40 and refused > 100, (accepted, refused)
+
+
+def test_key_order_is_read_by_key():
+    """A dict whose keys come in another order: the generic walk calls it another structure; the
+    check reads every leaf by its key, so the leaves it returns are those at the recorded paths."""
+    like = _call(Cache())
+    fn, _ = fast_walk.make_checker(like, None)
+    cache = Cache()
+    cache.layers[0].state = {"steps": 0, "h": torch.zeros(2, 3)}
+    leaves, _, _ = fn((cache,), {})
+    for (r, steps, _), leaf in zip(like.walk.leaves, leaves[1:]):
+        assert state.get_path(cache, steps) is leaf
+
+
+def test_what_it_does_not_express():
+    cut = _call({"a": [torch.ones(1)] * (state.MAX_LEAVES + 1)})
+    assert fast_walk.make_checker(cut, None)[0] is None
+    nested = _call([torch.ones(1), Cache()])  # an argument pytree flattens
+    assert fast_walk.make_checker(nested, None) == (None, "an argument that pytree flattens (a list, tuple, dict "
+                                                          "or registered node)")
+    nan = Cache()
+    nan.scale = float("nan")
+    assert fast_walk.make_checker(_call(nan), None)[0] is None
+
+
+def test_steady_calls_do_not_walk(monkeypatch):
+    """trident.compile of a recurrent model whose cache replaces its state every step: after the
+    structure served a call, steady calls go through its generated check, walking nothing, and
+    the decode equals eager's."""
+    torch.manual_seed(0)
+    model = RecurrentModel(dim=16, layers=3).eval()
+    want, _ = decode(model, 16, 24)
+    compiled = trident.compile(model)
+    walks = []
+    real = state.walk
+    monkeypatch.setattr(state, "walk", lambda roots: walks.append(1) or real(roots))
+    got, _ = decode(compiled, 16, 24)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert len(compiled._compiled._checks) >= 1
+    # the eager calls, the captures, the first hit of each structure walk; the rest do not
+    assert len(walks) <= 8, len(walks)
