@@ -4,6 +4,8 @@ interpreter behind the native launch path) and on CUDA tensors on the device mac
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -73,6 +75,42 @@ def test_an_operator_failing_in_a_region_says_what_eager_says(device):
         assert "aten::addmm" in text and got.value.operator == "aten::addmm"
         assert isinstance(got.value, RuntimeError) and isinstance(got.value.__cause__, RuntimeError)
     torch.testing.assert_close(opt(x), f(x))
+
+
+def test_a_specialization_whose_first_run_failed_is_retired_and_never_persisted(device, tmp_path):
+    """Note [A specialization proves itself]: the fp16 call's specialization fails on its first
+    run; it is retired (explain says why), never written to TRIDENT_CACHE_DIR, and the next fp16
+    call plans again instead of selecting it; the fp32 specialization, proven, is persisted."""
+    from trident import knobs
+    from trident.optimize import _regions
+
+    lin = torch.nn.Linear(8, 8).to(device)
+
+    def f(x):
+        return K.axpy(lin(x), x)
+
+    x = torch.randn(2, 8, device=device)
+    with knobs.scope(cache_dir=str(tmp_path / "plans")):
+        opt = trident.optimize(trident.capture(f, x))
+        (rt,) = _regions(opt)
+
+        def records():
+            folder = rt._plans.folder
+            return sorted(n for n in os.listdir(folder) if n.endswith(".json")) if os.path.isdir(folder) else []
+
+        assert records() == []  # nothing has run yet
+        torch.testing.assert_close(opt(x), f(x))
+        assert records() == ["spec0.json"]
+        for k in (1, 2):
+            with pytest.raises(trident.OperatorError):
+                opt(x.half())
+            assert sorted(rt.retired) == list(range(1, k + 1)) and rt.stats()["misses"] == k
+        assert "aten::addmm" in rt.retired[1]
+        assert records() == ["spec0.json"]
+        text = trident.explain(opt)
+        assert "specialization 1: retired, its first run failed" in text, text
+        torch.testing.assert_close(opt(x), f(x))  # specialization 0 still serves
+        assert rt.stats()["misses"] == 2
 
 
 def test_an_input_whose_storage_was_freed_is_refused_before_anything_runs(device):

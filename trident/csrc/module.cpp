@@ -383,10 +383,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto table = old ? std::make_unique<trident::HostTable>(*old) : std::make_unique<trident::HostTable>();
     table->select.push_back(reinterpret_cast<trident::HostFn>(select));
     table->host.push_back(reinterpret_cast<trident::HostFn>(host));
+    table->proven.push_back(std::make_shared<std::atomic<uint8_t>>(0));
     r->hosts.store(table.get(), std::memory_order_release);
     r->host_tables.push_back(std::move(table));
     return static_cast<int64_t>(r->host_tables.back()->host.size());
   });
+  // Note [A specialization proves itself]: a retired specialization keeps its index and never matches.
+  m.def("retire_host", [](int64_t id, int64_t index) {
+    auto r = trident::get_region(id);
+    std::lock_guard<std::mutex> lock(r->host_mutex);
+    const trident::HostTable* old = r->hosts.load(std::memory_order_acquire);
+    TRIDENT_CHECK(old && index >= 0 && index < static_cast<int64_t>(old->host.size()), "trident: region '", r->name,
+                  "' has no specialization ", index);
+    auto table = std::make_unique<trident::HostTable>(*old);
+    table->select[index] = &trident::never_matches;
+    table->host[index] = &trident::never_matches;
+    r->hosts.store(table.get(), std::memory_order_release);
+    r->host_tables.push_back(std::move(table));
+  });
+  m.def("set_first_run_handler", [](int64_t id, py::object handler) { trident::get_region(id)->first_run_handler = std::move(handler); });
   m.def("region_stats", [](int64_t id) {
     auto r = trident::get_region(id);
     return py::make_tuple(r->hits.load(), r->misses.load(), r->last_spec.load());

@@ -34,6 +34,7 @@ void release_region(int64_t id) {
   if (!r) return;
   if (r->graphs) graphs::release(*r);
   r->miss_handler = pybind11::none();  // Python objects go now, with the GIL held
+  r->first_run_handler = pybind11::none();
 }
 
 }  // namespace trident

@@ -593,6 +593,12 @@ RuntimeTable kRuntimeTable{&rt_alloc, &rt_launch,  &rt_aten,      &rt_value_ptr,
 
 thread_local std::vector<int64_t> tls_facts;
 
+}  // namespace
+
+void never_matches(void**) {}  // the result stays -1
+
+namespace {
+
 int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx) {
   const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
   if (!hosts) return -1;  // nothing compiled yet: the first call is a miss
@@ -601,11 +607,37 @@ int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx)
   int64_t result = -1;
   void* args[3] = {&table, &ctx_ptr, &result};
   ProfScope prof(host_prof());
-  for (HostFn host : hosts->host) {  // in order: the first specialization whose guards hold
-    host(args);
-    if (result != -1) return result;
+  const size_t n = hosts->host.size();
+  for (size_t i = 0; i < n; ++i) {  // in order: the first specialization whose guards hold
+    hosts->host[i](args);
+    if (result != -1) {
+      ctx.ran = static_cast<int64_t>(i);
+      return result;
+    }
   }
   return -1;
+}
+
+// Note [A specialization proves itself]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A specialization is planned from facts; whether its operators accept the inputs (an fp16
+// input to an fp32 weight's mm) is known when it first runs. The first run of each one that
+// returns -- an ordinary call, a miss, a graph's recording -- tells the region's Python side
+// (GIL taken, once per specialization): one that succeeded is written to the persistent cache
+// then (never before); one that failed is retired (its host and select functions replaced by
+// never_matches, its index kept) and the error reaches the caller, so the next call misses and
+// plans again instead of selecting what failed. The check on the hit path is one relaxed load.
+void first_run(Region& r, int64_t region_id, int64_t index, bool ok, const std::string& error) {
+  py::gil_scoped_acquire gil;
+  const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
+  if (!hosts || index >= static_cast<int64_t>(hosts->proven.size()) || hosts->proven[index]->exchange(1)) return;
+  if (!r.first_run_handler || r.first_run_handler.is_none()) return;
+  try {
+    r.first_run_handler(region_id, index, ok ? py::object(py::none()) : py::object(py::str(error)));
+  } catch (py::error_already_set& e) {
+    // the call's own outcome stands; a failing listener is a bug reported without hiding it
+    PyErr_WarnEx(PyExc_RuntimeWarning, (std::string("trident: first-run handler failed: ") + e.what()).c_str(), 1);
+  }
 }
 
 }  // namespace
@@ -885,6 +917,11 @@ std::vector<at::Tensor> run_prepared(Region& r, int64_t region_id, const std::ve
                 "this is a bug in Trident's guards, please report it with trident.explain(gm)");
   } else if (result >= 0 && count) {
     r.hits.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (ctx.ran >= 0) {  // Note [A specialization proves itself]
+    const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
+    if (ctx.ran < static_cast<int64_t>(hosts->proven.size()) && !hosts->proven[ctx.ran]->load(std::memory_order_relaxed))
+      first_run(r, region_id, ctx.ran, result >= 0, ctx.error);
   }
   TRIDENT_CHECK(result >= 0, "trident: region '", r.name, "' failed: ", ctx.error);
   r.last_spec.store(result, std::memory_order_relaxed);

@@ -289,6 +289,7 @@ struct HostCtx {
   void* stream = nullptr;
   int64_t device_index = -1;
   std::string error;
+  int64_t ran = -1;  // the specialization whose host program returned (run_host)
 };
 
 using HostFn = void (*)(void**);
@@ -300,7 +301,13 @@ using HostFn = void (*)(void**);
 struct HostTable {
   std::vector<HostFn> select;  // per specialization: its index when its guards hold, else -1
   std::vector<HostFn> host;    // per specialization: its guards, then its plan; -1 when they fail
+  // Note [A specialization proves itself]: per specialization, set once a run of it returned
+  // (shared by every table published after it was added).
+  std::vector<std::shared_ptr<std::atomic<uint8_t>>> proven;
 };
+
+// A host or select function that never matches (a retired specialization keeps its index).
+void never_matches(void** args);
 
 struct Region {
   int64_t id = -1;
@@ -310,6 +317,9 @@ struct Region {
   int64_t num_values = 0;
   std::vector<int64_t> output_slots;  // result k of the op = value slot output_slots[k]
   pybind11::object miss_handler;  // callable(region_id, inputs) -> None; adds a specialization
+  // callable(region_id, index, error: str | None) -> None: the first run of a specialization
+  // returned (Note [A specialization proves itself]); None: no one listens
+  pybind11::object first_run_handler;
   std::atomic<const HostTable*> hosts{nullptr};  // Note [One host program per specialization]
   std::vector<std::unique_ptr<HostTable>> host_tables;  // every table published (a reader may hold an old one)
   std::mutex host_mutex;

@@ -124,6 +124,9 @@ def explain(gm) -> str:
             lines.extend(f"  size guard {describe(g, names)} (every call)" for g in rt.program.size_guards)
         program_guards = set(map(id, rt.program.size_guards))
         for spec in rt.scm.specializations:
+            if spec.index in rt.retired:  # Note [A specialization proves itself]
+                lines.append(f"  specialization {spec.index}: retired, its first run failed: {rt.retired[spec.index]}")
+                continue
             lines.append(f"  specialization {spec.index}:")
             exprs = rt.program.input_exprs if rt.program.symbolic else None
             lines.extend(f"    guard {format_guard(g, exprs[g.input] if exprs else ())}" for g in spec.guards)

@@ -137,6 +137,9 @@ class SCMRuntime:
             [o.index for o in program.outputs],
             self._on_miss,
         )
+        # Note [A specialization proves itself] (csrc/scm_runtime.cpp): index -> why it was retired
+        self.retired: dict[int, str] = {}
+        native.C.set_first_run_handler(self.region_id, self._on_first_run)
         self.tables = RegionTables(self.region_id, program.name)  # the region's native entries
         _REGISTRY[self.region_id] = self
         self.guards = disjoint_input_guards(program)  # the region's native call guards
@@ -180,9 +183,22 @@ class SCMRuntime:
             self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(f.device for f in facts)
         )
         triton_s = triton_compile_seconds() - triton0
-        spec = self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
-        self._persist(spec)
-        return spec
+        # written to the persistent cache after its first run succeeded (_on_first_run)
+        return self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+
+    def _on_first_run(self, region_id: int, index: int, error: Optional[str]) -> None:
+        """Note [A specialization proves itself]: the first run of specialization `index` returned;
+        `error` is None when it succeeded. A success is persisted (unless it came from the
+        cache); a failure is retired natively and never persisted."""
+        with self._lock:
+            if error is None:
+                if not self.build_costs[index].get("restored"):
+                    self._persist(self.scm.specializations[index])
+                return
+            native.C.retire_host(self.region_id, index)
+            self.retired[index] = error.splitlines()[0] if error else "its first run failed"
+            logs.misses.debug("%s: specialization %d retired: its first run failed: %s", self.program.name, index,
+                              self.retired[index])
 
     def _persist(self, spec: Specialization) -> None:
         """Note [Persistent plans]: writes `spec`'s record and its host program's library."""
@@ -195,7 +211,7 @@ class SCMRuntime:
         except SerializationError as e:
             logs.misses.debug("%s: specialization %d not persisted: %s", self.program.name, spec.index, e)
             return
-        binary = self.binaries[-1]
+        binary = self.binaries[spec.index]
         native_record = self._plans.store_native(spec.index, binary.engine) if hasattr(binary, "engine") else None
         if native_record is not None:
             native_record["handles"] = _handles(self.host_plans[spec.index])
