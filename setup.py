@@ -24,13 +24,9 @@ SOURCES = [
 ]
 
 setup(
-    name="trident-scm",
-    version="0.1.0",
-    description="Specialization Cache Modules: native host programs for PyTorch graphs of Triton kernels",
+    # name, version, dependencies and the Dynamo backend entry point: pyproject.toml
     packages=find_packages(include=["trident", "trident.*"]),
     py_modules=["trident_scm_backend"],
-    # torch.compile(backend="trident") without `import trident` (Dynamo's plugin mechanism)
-    entry_points={"torch_dynamo_backends": ["trident = trident_scm_backend:backend"]},
     package_data={"trident": ["csrc/*.h", "csrc/*.cpp"]},
     ext_modules=[
         CppExtension(
@@ -42,6 +38,4 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.10",
-    install_requires=["torch>=2.11", "triton>=3.6", "torch-mlir", "tqdm"],
 )

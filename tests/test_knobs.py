@@ -347,3 +347,10 @@ def test_monkeypatched_environment_is_read_at_use(monkeypatch):
     monkeypatch.setenv("TRIDENT_GRAPH_LIMIT", "17")
     with pytest.raises(ValueError, match=r"TRIDENT_GRAPH_LIMIT='17': expected an integer in 0\.\.16"):
         knobs.graph_limit()
+
+
+def test_the_settings_page_is_knobs_py():
+    """docs/settings.md lists every knob as knobs.py defines it (regenerate: python tools/settings_doc.py)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "settings.md")
+    with open(path) as f:
+        assert f.read() == knobs.settings_markdown(), "docs/settings.md is stale: run python tools/settings_doc.py"

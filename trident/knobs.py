@@ -394,6 +394,27 @@ _KNOBS = {
 }
 
 
+def settings_markdown() -> str:
+    """docs/settings.md: every TRIDENT_* setting, its default, what it does and what it accepts
+    (`python tools/settings_doc.py` writes it; tests/test_knobs.py checks the file)."""
+    lines = [
+        "# Settings",
+        "",
+        "Every `TRIDENT_*` environment variable Trident reads, generated from `trident/knobs.py`",
+        "(`python tools/settings_doc.py`; a test checks this page against it). Each is read",
+        "when it is used, so `trident.knobs.scope(name=value)` changes one for a block of code. A value",
+        "that does not parse raises `trident.KnobError` naming the variable, the value and what is",
+        "expected; on/off settings accept " + Bool().expected() + ".",
+        "",
+        "| variable | default | what it does | accepts |",
+        "|---|---|---|---|",
+    ]
+    for knob in sorted(_KNOBS.values(), key=lambda k: k.env):
+        cells = [f"`{knob.env}`", f"`{knob.default}`" if knob.default else "''", knob.doc, knob.type.expected()]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def get(name: str) -> str:
     """A knob's raw value by name (its environment variable, else its default): what plan keys
     record (trident/runtime/persistent.py)."""

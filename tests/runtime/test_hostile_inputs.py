@@ -8,6 +8,8 @@ import random
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import trident
 from tests import kernels as K
@@ -114,6 +116,39 @@ def test_bfloat16_mixed_with_other_dtypes_on_the_cpu_path(dx, dy):
         torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=5e-2)
     else:  # float -> int stores truncate toward zero; bf16 rounding of y can move a value across an integer
         assert (got.double() - want.double()).abs().max() <= 1
+
+
+@triton.jit
+def _twice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, v + v, mask=mask)
+
+
+def _twice(x):
+    out = torch.empty_like(x)
+    _twice_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+    return out
+
+
+def test_bfloat16_kernels_on_the_cpu_path_are_warned_about_once():
+    """Triton 3.6's interpreter does bfloat16 arithmetic on the values' bit patterns (a bf16
+    axpy gives garbage, as under TRITON_INTERPRET=1): a kernel taking bf16 tensors on the CPU
+    is named in one RuntimeWarning; float32 ones are not warned about."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trident.optimize(trident.capture(_twice, torch.randn(N)))(torch.randn(N))
+    assert not [w for w in seen if "bfloat16" in str(w.message)]
+    x = torch.randn(N, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match=r"Triton kernel '_twice_kernel' takes bfloat16 tensors .* float32"):
+        trident.optimize(trident.capture(_twice, x))(x)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trident.optimize(trident.capture(_twice, x + 1))(x + 1)
+    assert not [w for w in seen if "bfloat16" in str(w.message)]
 
 
 def _perturb(rng: random.Random, t: torch.Tensor) -> torch.Tensor:

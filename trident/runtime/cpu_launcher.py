@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -262,9 +263,31 @@ def _run_grid(jit_fn, interpreted, grid: tuple[int, int, int], args: dict) -> No
                     run_program(**args)
 
 
+_warned_bf16: set = set()
+
+
+def _warn_bfloat16(jit_fn, param_types: Sequence[str]) -> None:
+    """Triton 3.6's interpreter keeps bfloat16 values as their 16-bit patterns and does its
+    arithmetic, sums, minima and maxima on those integers (only casts to and from float32 are
+    right, and Trident fixes the other casts): a kernel reading or writing bfloat16 gives wrong
+    numbers on the CPU (NaNs, garbage) as it does under TRITON_INTERPRET=1. Said once per kernel."""
+    name = getattr(jit_fn, "__name__", str(jit_fn))
+    if name in _warned_bf16 or not any(t.lstrip("*") == "bf16" for t in param_types):
+        return
+    _warned_bf16.add(name)
+    warnings.warn(
+        f"Triton kernel '{name}' takes bfloat16 tensors and runs on the CPU through Triton's interpreter, which "
+        "computes bfloat16 arithmetic on the values' bit patterns: its results can be wrong (NaNs, garbage). Use "
+        "float32 tensors on the CPU, or run on a CUDA device (see docs/troubleshooting.md).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
 def make_cpu_runner(
     jit_fn, param_names: Sequence[str], param_types: Sequence[str], constexprs: dict[str, Any]
 ) -> Callable[[tuple[int, int, int], list], None]:
+    _warn_bfloat16(jit_fn, param_types)
     interpreted = interp.InterpretedFunction(jit_fn.fn)
     declared = {p.name for p in jit_fn.params if p.is_constexpr}
     const_args = {k: (tl.constexpr(v) if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
