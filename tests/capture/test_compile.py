@@ -96,6 +96,8 @@ def test_explain_and_cache_info_of_a_compiled_function():
     assert text.startswith(
         "1 capture(s); 1 call(s) ran eagerly\nthe latest eager calls (1), why each ran eagerly:\n"
         "  the first call of this function: it runs eagerly, state made on a first call then exists\n"
+        "structure checks: 1 generated (the hit path checks the argument structure with them instead of walking the "
+        "arguments; TRIDENT_LOG=misses says why a structure got none)\n"
         "capture 0:\n1 region(s)"
     )
     (info,) = trident.cache_info(compiled).values()

@@ -228,5 +228,6 @@ def test_steady_calls_do_not_walk(monkeypatch):
     for a, b in zip(want, got):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     assert len(compiled._compiled._checks) >= 1
+    assert f"structure checks: {len(compiled._compiled._checks)} generated" in trident.explain(compiled)
     # the eager calls, the captures, the first hit of each structure walk; the rest do not
     assert len(walks) <= 8, len(walks)

@@ -101,6 +101,12 @@ def explain(gm) -> str:
             if log:  # trident.compile: why each of the latest eager calls ran eagerly
                 head.append(f"the latest eager calls ({len(log)}), why each ran eagerly:")
                 head.extend(f"  {why}" for why in log)
+            checks = getattr(gm, "_checks", None)
+            if checks is not None:  # trident.compile (Note [Generated structure checks])
+                head.append(
+                    f"structure checks: {len(checks)} generated (the hit path checks the argument structure with "
+                    "them instead of walking the arguments; TRIDENT_LOG=misses says why a structure got none)"
+                )
         return "\n".join(head + [f"{label}:\n{explain(opt)}" for label, opt in captures]) + "\n"
     lines = []
     regions = _regions(gm)
