@@ -39,57 +39,59 @@ class TestGolden(expecttest.TestCase):
         fn, src = fast_walk.make_checker(call, None, ["x", "cache", "n", "scale"])
         assert fn is not None, src
         self.assertExpectedInline(src, """\
-# c1 = the class builtins.float
-# c2 = 0.5
-# c3 = the class tests.frontends.test_fast_walk.Cache
-# c4 = the class builtins.list
-# c5 = the class tests.frontends.test_fast_walk.Layer
-# c6 = the class builtins.dict
-# c7 = the class torch.dtype
-# c8 = torch.float32
+# c1 = the class builtins.tuple
+# c2 = the class builtins.float
+# c3 = 0.5
+# c4 = the class tests.frontends.test_fast_walk.Cache
+# c5 = the class builtins.list
+# c6 = the class tests.frontends.test_fast_walk.Layer
+# c7 = the class builtins.dict
+# c8 = the class torch.dtype
+# c9 = torch.float32
 def check(args, kwargs):
     try:
-        if len(args) != 3 or len(kwargs) != 1: return None
+        if type(args) is not c1 or len(args) != 3: return None
+        if type(kwargs) is not dict or len(kwargs) != 1: return None
         v0 = args[0]  # x
         v1 = args[1]  # cache
         v2 = args[2]  # n
         v3 = kwargs['scale']  # scale
         if not isinstance(v0, Tensor): return None
         if type(v2) is not int: return None
-        if type(v3) is not c1 or v3 != c2: return None
-        if type(v1) is not c3: return None
+        if type(v3) is not c2 or v3 != c3: return None
+        if type(v1) is not c4: return None
         v4 = v1.__dict__  # cache.__dict__
         if type(v4) is not dict or len(v4) != 3: return None
         v5 = v4['layers']  # cache.layers
-        if type(v5) is not c4 or len(v5) != 2: return None
+        if type(v5) is not c5 or len(v5) != 2: return None
         v6 = v5[0]  # cache.layers[0]
-        if type(v6) is not c5: return None
+        if type(v6) is not c6: return None
         v7 = v6.__dict__  # cache.layers[0].__dict__
         if type(v7) is not dict or len(v7) != 2: return None
         v8 = v7['state']  # cache.layers[0].state
-        if type(v8) is not c6 or len(v8) != 2: return None
+        if type(v8) is not c7 or len(v8) != 2: return None
         v9 = v8['h']  # cache.layers[0].state['h']
         if not isinstance(v9, Tensor): return None
         v10 = v8['steps']  # cache.layers[0].state['steps']
         if type(v10) is not int: return None
         v11 = v7['window']  # cache.layers[0].window
-        if type(v11) is not c4 or len(v11) != 2: return None
+        if type(v11) is not c5 or len(v11) != 2: return None
         v12 = v11[0]  # cache.layers[0].window[0]
         if not isinstance(v12, Tensor): return None
         v13 = v11[1]  # cache.layers[0].window[1]
         if v13 is not None: return None
         v14 = v5[1]  # cache.layers[1]
-        if type(v14) is not c5: return None
+        if type(v14) is not c6: return None
         v15 = v14.__dict__  # cache.layers[1].__dict__
         if type(v15) is not dict or len(v15) != 2: return None
         v16 = v15['state']  # cache.layers[1].state
-        if type(v16) is not c6 or len(v16) != 2: return None
+        if type(v16) is not c7 or len(v16) != 2: return None
         v17 = v16['h']  # cache.layers[1].state['h']
         if not isinstance(v17, Tensor): return None
         v18 = v16['steps']  # cache.layers[1].state['steps']
         if type(v18) is not int: return None
         v19 = v15['window']  # cache.layers[1].window
-        if type(v19) is not c4 or len(v19) != 2: return None
+        if type(v19) is not c5 or len(v19) != 2: return None
         v20 = v19[0]  # cache.layers[1].window[0]
         if not isinstance(v20, Tensor): return None
         v21 = v19[1]  # cache.layers[1].window[1]
@@ -97,7 +99,7 @@ def check(args, kwargs):
         v22 = v4['seen']  # cache.seen
         if type(v22) is not int: return None
         v23 = v4['dtype']  # cache.dtype
-        if type(v23) is not c7 or v23 != c8: return None
+        if type(v23) is not c8 or v23 != c9: return None
         if len({id(v1), id(v5), id(v6), id(v8), id(v11), id(v14), id(v16), id(v19)}) != 8: return None
         v24 = v0.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
         if len(v24) != 1 or v24[0] < 2: return None
@@ -203,11 +205,15 @@ def test_key_order_is_read_by_key():
 
 
 def test_what_it_does_not_express():
-    cut = _call({"a": [torch.ones(1)] * (state.MAX_LEAVES + 1)})
+    big = Cache()
+    big.many = [torch.ones(1)] * (state.MAX_LEAVES + 1)  # walked: the walk stops at MAX_LEAVES
+    cut = _call(big)
     assert fast_walk.make_checker(cut, None)[0] is None
-    nested = _call([torch.ones(1), Cache()])  # an argument pytree flattens
-    assert fast_walk.make_checker(nested, None) == (None, "an argument that pytree flattens (a list, tuple, dict "
-                                                          "or registered node)")
+    import collections
+
+    ordered = _call(collections.OrderedDict(h=torch.ones(1)))  # a pytree node other than tuple/list/dict
+    assert fast_walk.make_checker(ordered, None) == (
+        None, "an argument pytree flattens as a OrderedDict (only tuples, lists and dicts are checked)")
     nan = Cache()
     nan.scale = float("nan")
     assert fast_walk.make_checker(_call(nan), None)[0] is None
@@ -231,3 +237,40 @@ def test_steady_calls_do_not_walk(monkeypatch):
     assert f"structure checks: {len(compiled._compiled._checks)} generated" in trident.explain(compiled)
     # the eager calls, the captures, the first hit of each structure walk; the rest do not
     assert len(walks) <= 8, len(walks)
+
+
+def test_the_structure_that_served_last_is_tried_first():
+    """Two structures in turn (a state dict with one key, then two): each gets its check, and
+    the one that served the latest call is tried first (a failing check costs a walk's time)."""
+    from tests import kernels as K
+
+    def f(x, state):
+        return K.axpy(x, state["h"])
+
+    compiled = trident.compile(f)
+    x = torch.randn(64)
+    one, two = {"h": torch.randn(64)}, {"h": torch.randn(64), "note": 1}
+    for _ in range(4):
+        for s in (one, two):
+            torch.testing.assert_close(compiled(x, s), K.axpy_ref(x, s["h"]))
+    assert len(compiled._checks) == 2  # dict arguments: pytree's containers are checked too
+    assert compiled._checks[0].fn((x, two), {}) is not None
+    compiled(x, one)
+    assert compiled._checks[0].fn((x, one), {}) is not None and compiled._checks[0].fn((x, two), {}) is None
+
+
+def test_containers_among_the_arguments():
+    """Lists, tuples and dicts pytree flattens among the arguments are checked by type, length
+    and keys, and their leaves fetched by index and key."""
+    like = _call([torch.ones(2), (3, Cache())], {"k": torch.zeros(2)}, flag=True)
+    fn, src = fast_walk.make_checker(like, None)
+    assert fn is not None, src
+    args = ([torch.ones(5), (4, Cache())], {"k": torch.zeros(3)})
+    leaves, tensors, ints = fn(args, {"flag": True})
+    generic = fc._Call(args, {"flag": True}, None)
+    assert generic.structure == like.structure and all(a is b for a, b in zip(leaves, generic.leaves))
+    assert ints == generic.ints and len(tensors) == len(generic.tensors)
+    for changed in [([torch.ones(5)], {"k": torch.zeros(3)}), ([torch.ones(5), [4, Cache()]], {"k": torch.zeros(3)}),
+                    ([torch.ones(5), (4, Cache())], {"j": torch.zeros(3)})]:
+        assert fn(changed, {"flag": True}) is None
+        assert fc._Call(changed, {"flag": True}, None).structure != like.structure

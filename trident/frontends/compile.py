@@ -273,6 +273,8 @@ class CompiledFunction(ServedByCache):
                 if table is not guarded:  # the captures changed (the table is replaced, never mutated)
                     entries = guarded.get(call.structure, ())
                     check.looked_up = (guarded, entries)
+                if check is not self._checks[0]:  # the structure that served last is tried first
+                    self._promote(check)
                 break
         else:
             call = _Call(args, kwargs, self.dynamic)
@@ -289,6 +291,11 @@ class CompiledFunction(ServedByCache):
         if call.walk is None:  # the miss path reads the walk
             call = _Call(args, kwargs, self.dynamic)
         return self._miss(call)
+
+    def _promote(self, check: "_Check") -> None:
+        with self.cache.lock:
+            if check in self._checks:
+                self._checks = (check, *(c for c in self._checks if c is not check))
 
     def _add_check(self, call: _Call) -> None:
         """Note [Generated structure checks]: a structure that served a call gets its check, the

@@ -22,8 +22,9 @@ the same object as the one it met then -- so a call it refuses is served all the
 the generic walk.
 
 A few checkers per function (the structures that served calls most recently), tried in order;
-a structure the generator cannot express (a walk cut at MAX_LEAVES, arguments pytree nests, a
-dict whose keys are not str/int at a leaf, a NaN value) keeps the generic path.
+a structure the generator cannot express (a walk cut at MAX_LEAVES, an argument pytree flattens
+as another node than a tuple, list or dict, a dict whose keys are not str/int at a leaf, a NaN
+value) keeps the generic path.
 """
 
 from __future__ import annotations
@@ -135,6 +136,34 @@ class _Writer:
                 self.visit(child, root, r, at, value, depth + 1)
 
 
+def _children(spec) -> list:
+    """A TreeSpec's children (`children()` from torch 2.13; `children_specs` before)."""
+    children = getattr(spec, "children", None)
+    return list(children()) if callable(children) else list(spec.children_specs)
+
+
+def _containers(w: _Writer, spec, expr: str, leaves: list) -> None:
+    """Checks that `expr` flattens as `spec` did (tuples, lists and dicts: pytree's own nodes
+    among the arguments) and appends the expressions of its leaves, in pytree's order."""
+    if spec.is_leaf():
+        leaves.append(expr)
+        return
+    kind = spec.type
+    if kind in (tuple, list):
+        w.fail_if(f"type({expr}) is not {w.const(kind)} or len({expr}) != {spec.num_children}")
+        children = [f"{expr}[{i}]" for i in range(spec.num_children)]
+    elif kind is dict:
+        keys = list(spec.context)
+        if not all(isinstance(k, (str, int)) for k in keys):
+            raise Unexpressible("an argument dict whose keys are not all str or int")
+        w.fail_if(f"type({expr}) is not dict or len({expr}) != {len(keys)}")
+        children = [f"{expr}[{k!r}]" for k in keys]
+    else:
+        raise Unexpressible(f"an argument pytree flattens as a {kind.__name__} (only tuples, lists and dicts are checked)")
+    for child, child_spec in zip(children, _children(spec)):
+        _containers(w, child_spec, child, leaves)
+
+
 def _size_class(var: str, n: int) -> str:
     return f"{var} != {n}" if n < 2 else f"{var} < 2"
 
@@ -159,15 +188,16 @@ def make_checker(call, dynamic, call_names=None) -> tuple[Optional[Callable], st
 def _make(call, dynamic, call_names) -> tuple[Callable, str]:
     if call.walk.truncated:
         raise Unexpressible("a walk cut at MAX_LEAVES")
-    args, kwargs = call.args, call.kwargs
-    if call.n_args != len(args) + len(kwargs) or not all(
-            pytree.tree_structure(a).is_leaf() for a in (*args, *kwargs.values())):
-        raise Unexpressible("an argument that pytree flattens (a list, tuple, dict or registered node)")
     w = _Writer()
-    w.fail_if(f"len(args) != {len(args)} or len(kwargs) != {len(kwargs)}")
-    names = list(call_names) if call_names is not None else [f"args[{i}]" for i in range(len(args))] + list(kwargs)
-    arg_vars = [w.var(f"args[{i}]", names[i]) for i in range(len(args))] + [
-        w.var(f"kwargs[{k!r}]", names[len(args) + j]) for j, k in enumerate(kwargs)]
+    # the pytree leaves of (args, kwargs), through the containers pytree flattens there
+    arg_exprs: list[str] = []
+    args_spec, kwargs_spec = _children(call.spec)
+    _containers(w, args_spec, "args", arg_exprs)
+    _containers(w, kwargs_spec, "kwargs", arg_exprs)
+    if len(arg_exprs) != call.n_args:
+        raise Unexpressible("the arguments' pytree structure does not retrace the recorded one")  # a bug
+    names = list(call_names) if call_names is not None else [f"leaf {i}" for i in range(call.n_args)]
+    arg_vars = [w.var(expr, names[i]) for i, expr in enumerate(arg_exprs)]
     arg_leaves = call.leaves[: call.n_args]
     roots = set(call.root_pos)
     for i, (var, a) in enumerate(zip(arg_vars, arg_leaves)):
