@@ -274,3 +274,23 @@ def test_containers_among_the_arguments():
                     ([torch.ones(5), (4, Cache())], {"j": torch.zeros(3)})]:
         assert fn(changed, {"flag": True}) is None
         assert fc._Call(changed, {"flag": True}, None).structure != like.structure
+
+
+def test_at_most_checks_structures_and_an_evicted_one_comes_back():
+    """Five structures in turn: CHECKS (4) checks are kept, the oldest dropped; a dropped
+    structure that serves again gets its check again."""
+    from tests import kernels as K
+
+    def f(x, state):
+        return K.axpy(x, state["h"])
+
+    compiled = trident.compile(f)
+    x = torch.randn(64)
+    states = [{"h": torch.randn(64), **{f"k{j}": j for j in range(i)}} for i in range(5)]
+    for s in states:
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x, s), K.axpy_ref(x, s["h"]))
+    assert len(compiled._checks) == fc.CHECKS == 4
+    assert all(c.fn((x, states[0]), {}) is None for c in compiled._checks)  # the first one was dropped
+    compiled(x, states[0])
+    assert compiled._checks[0].fn((x, states[0]), {}) is not None and len(compiled._checks) == 4

@@ -264,7 +264,8 @@ class CompiledFunction(ServedByCache):
         if self._generation != _generation[0]:  # a parameter or buffer was (re)assigned somewhere
             self.reset()
         call = None
-        for check in self._checks:  # Note [Generated structure checks]
+        checks = self._checks  # replaced, never mutated: one snapshot for this call
+        for check in checks:  # Note [Generated structure checks]
             got = check.fn(args, kwargs)
             if got is not None:
                 call = _Call.checked(args, kwargs, check.like, *got)
@@ -273,7 +274,7 @@ class CompiledFunction(ServedByCache):
                 if table is not guarded:  # the captures changed (the table is replaced, never mutated)
                     entries = guarded.get(call.structure, ())
                     check.looked_up = (guarded, entries)
-                if check is not self._checks[0]:  # the structure that served last is tried first
+                if check is not checks[0]:  # the structure that served last is tried first
                     self._promote(check)
                 break
         else:
@@ -308,7 +309,10 @@ class CompiledFunction(ServedByCache):
             if fn is None:
                 logs.misses.debug("trident.compile(%s): no generated structure check: %s", self._name, source)
                 return
-            self._checks = (_Check(fn, source, call), *self._checks)[:CHECKS]
+            checks = (_Check(fn, source, call), *self._checks)
+            for dropped in checks[CHECKS:]:  # may get a check again once it serves again
+                self._check_tried.discard(dropped.like.structure)
+            self._checks = checks[:CHECKS]
 
     def reset(self) -> None:
         """Forget every capture (the next calls capture again), as after a parameter is assigned."""
