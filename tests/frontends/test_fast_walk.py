@@ -40,58 +40,61 @@ class TestGolden(expecttest.TestCase):
         assert fn is not None, src
         self.assertExpectedInline(src, """\
 # c1 = the class builtins.tuple
-# c2 = the class builtins.float
-# c3 = 0.5
-# c4 = the class tests.frontends.test_fast_walk.Cache
-# c5 = the class builtins.list
-# c6 = the class tests.frontends.test_fast_walk.Layer
-# c7 = the class builtins.dict
-# c8 = the class torch.dtype
-# c9 = torch.float32
+# c2 = ('scale',)
+# c3 = the class builtins.float
+# c4 = 0.5
+# c5 = the class tests.frontends.test_fast_walk.Cache
+# c6 = ('layers', 'seen', 'dtype')
+# c7 = the class builtins.list
+# c8 = the class tests.frontends.test_fast_walk.Layer
+# c9 = ('state', 'window')
+# c10 = ('h', 'steps')
+# c11 = the class torch.dtype
+# c12 = torch.float32
 def check(args, kwargs):
     try:
         if type(args) is not c1 or len(args) != 3: return None
-        if type(kwargs) is not dict or len(kwargs) != 1: return None
+        if type(kwargs) is not dict or tuple(kwargs) != c2: return None
         v0 = args[0]  # x
         v1 = args[1]  # cache
         v2 = args[2]  # n
         v3 = kwargs['scale']  # scale
         if not isinstance(v0, Tensor): return None
         if type(v2) is not int: return None
-        if type(v3) is not c2 or v3 != c3: return None
-        if type(v1) is not c4: return None
+        if type(v3) is not c3 or v3 != c4: return None
+        if type(v1) is not c5: return None
         v4 = v1.__dict__  # cache.__dict__
-        if type(v4) is not dict or len(v4) != 3: return None
+        if type(v4) is not dict or tuple(v4) != c6: return None
         v5 = v4['layers']  # cache.layers
-        if type(v5) is not c5 or len(v5) != 2: return None
+        if type(v5) is not c7 or len(v5) != 2: return None
         v6 = v5[0]  # cache.layers[0]
-        if type(v6) is not c6: return None
+        if type(v6) is not c8: return None
         v7 = v6.__dict__  # cache.layers[0].__dict__
-        if type(v7) is not dict or len(v7) != 2: return None
+        if type(v7) is not dict or tuple(v7) != c9: return None
         v8 = v7['state']  # cache.layers[0].state
-        if type(v8) is not c7 or len(v8) != 2: return None
+        if type(v8) is not dict or tuple(v8) != c10: return None
         v9 = v8['h']  # cache.layers[0].state['h']
         if not isinstance(v9, Tensor): return None
         v10 = v8['steps']  # cache.layers[0].state['steps']
         if type(v10) is not int: return None
         v11 = v7['window']  # cache.layers[0].window
-        if type(v11) is not c5 or len(v11) != 2: return None
+        if type(v11) is not c7 or len(v11) != 2: return None
         v12 = v11[0]  # cache.layers[0].window[0]
         if not isinstance(v12, Tensor): return None
         v13 = v11[1]  # cache.layers[0].window[1]
         if v13 is not None: return None
         v14 = v5[1]  # cache.layers[1]
-        if type(v14) is not c6: return None
+        if type(v14) is not c8: return None
         v15 = v14.__dict__  # cache.layers[1].__dict__
-        if type(v15) is not dict or len(v15) != 2: return None
+        if type(v15) is not dict or tuple(v15) != c9: return None
         v16 = v15['state']  # cache.layers[1].state
-        if type(v16) is not c7 or len(v16) != 2: return None
+        if type(v16) is not dict or tuple(v16) != c10: return None
         v17 = v16['h']  # cache.layers[1].state['h']
         if not isinstance(v17, Tensor): return None
         v18 = v16['steps']  # cache.layers[1].state['steps']
         if type(v18) is not int: return None
         v19 = v15['window']  # cache.layers[1].window
-        if type(v19) is not c5 or len(v19) != 2: return None
+        if type(v19) is not c7 or len(v19) != 2: return None
         v20 = v19[0]  # cache.layers[1].window[0]
         if not isinstance(v20, Tensor): return None
         v21 = v19[1]  # cache.layers[1].window[1]
@@ -99,7 +102,7 @@ def check(args, kwargs):
         v22 = v4['seen']  # cache.seen
         if type(v22) is not int: return None
         v23 = v4['dtype']  # cache.dtype
-        if type(v23) is not c8 or v23 != c9: return None
+        if type(v23) is not c11 or v23 != c12: return None
         if len({id(v1), id(v5), id(v6), id(v8), id(v11), id(v14), id(v16), id(v19)}) != 8: return None
         v24 = v0.shape  # its sizes: 0, 1 or 2 and more, as the symbolic trace specialized them
         if len(v24) != 1 or v24[0] < 2: return None
@@ -192,16 +195,57 @@ def test_verdicts_equal_the_generic_walks(dynamic):
     assert accepted > 40 and refused > 100, (accepted, refused)
 
 
-def test_key_order_is_read_by_key():
-    """A dict whose keys come in another order: the generic walk calls it another structure; the
-    check reads every leaf by its key, so the leaves it returns are those at the recorded paths."""
-    like = _call(Cache())
+def test_keys_in_another_order_are_another_structure():
+    """A dict (or kwargs, or attributes) whose keys come in another order is another structure
+    for the generic walk (its leaves come in that order): the check refuses it too; a function
+    that reads the first value must not be served the capture of the other order."""
+    like = _call(Cache(), dynamic=None)
     fn, _ = fast_walk.make_checker(like, None)
     cache = Cache()
     cache.layers[0].state = {"steps": 0, "h": torch.zeros(2, 3)}
-    leaves, _, _ = fn((cache,), {})
-    for (r, steps, _), leaf in zip(like.walk.leaves, leaves[1:]):
-        assert state.get_path(cache, steps) is leaf
+    assert fn((cache,), {}) is None and fc._Call((cache,), {}, None).structure != like.structure
+    cache = Cache()
+    cache.__dict__ = {"seen": 5, "layers": cache.layers, "dtype": torch.float32}
+    assert fn((cache,), {}) is None
+    kw = _call(torch.ones(2), a=1, b=2.0)
+    kfn, _ = fast_walk.make_checker(kw, None)
+    assert kfn((torch.ones(2),), {"a": 1, "b": 2.0}) is not None and kfn((torch.ones(2),), {"b": 2.0, "a": 1}) is None
+
+    from tests import kernels as K
+
+    def first(x, d):
+        return K.axpy(x, next(iter(d.values())))
+
+    compiled = trident.compile(first)
+    x, a, b = torch.randn(64), torch.randn(64), torch.randn(64)
+    for _ in range(4):
+        compiled(x, {"a": a, "b": b})
+    torch.testing.assert_close(compiled(x, {"b": b, "a": a}), K.axpy_ref(x, b))
+
+
+def test_keys_that_are_not_literals_and_dicts_that_insert():
+    """Keys of other types than plain str/int (an IntEnum) are named constants of the check, never
+    source text; a defaultdict in the state is left to the generic walk (reading a key it lacks
+    would insert it)."""
+    import collections
+    import enum
+
+    class Kind(enum.IntEnum):
+        H = 0
+
+    holder = Cache()
+    holder.by_kind = {Kind.H: torch.ones(2)}
+    fn, src = fast_walk.make_checker(_call(holder), None)
+    code = [line.split("#")[0] for line in src.split("def check")[1].splitlines()]
+    assert fn is not None and not any("Kind" in line for line in code), src
+    other = Cache()
+    other.by_kind = {Kind.H: torch.ones(3)}
+    assert fn((other,), {}) is not None
+    other.by_kind = {0: torch.ones(3)}  # an int key equal to the enum: another structure for the walk?
+    assert (fn((other,), {}) is not None) == (fc._Call((other,), {}, None).structure == fc._Call((holder,), {}, None).structure)
+    dd = Cache()
+    dd.counts = collections.defaultdict(int, a=0)
+    assert fast_walk.make_checker(_call(dd), None)[0] is None
 
 
 def test_what_it_does_not_express():
@@ -276,9 +320,9 @@ def test_containers_among_the_arguments():
         assert fc._Call(changed, {"flag": True}, None).structure != like.structure
 
 
-def test_at_most_checks_structures_and_an_evicted_one_comes_back():
+def test_at_most_checks_structures():
     """Five structures in turn: CHECKS (4) checks are kept, the oldest dropped; a dropped
-    structure that serves again gets its check again."""
+    structure keeps the generic walk (a check remade on every call would cost more)."""
     from tests import kernels as K
 
     def f(x, state):
@@ -292,5 +336,6 @@ def test_at_most_checks_structures_and_an_evicted_one_comes_back():
             torch.testing.assert_close(compiled(x, s), K.axpy_ref(x, s["h"]))
     assert len(compiled._checks) == fc.CHECKS == 4
     assert all(c.fn((x, states[0]), {}) is None for c in compiled._checks)  # the first one was dropped
-    compiled(x, states[0])
-    assert compiled._checks[0].fn((x, states[0]), {}) is not None and len(compiled._checks) == 4
+    for _ in range(3):  # it keeps the generic walk: no check made (and dropped) on every call
+        torch.testing.assert_close(compiled(x, states[0]), K.axpy_ref(x, states[0]["h"]))
+    assert all(c.fn((x, states[0]), {}) is None for c in compiled._checks) and len(compiled._checks) == 4

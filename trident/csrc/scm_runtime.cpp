@@ -623,10 +623,12 @@ int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx)
 // A specialization is planned from facts; whether its operators accept the inputs (an fp16
 // input to an fp32 weight's mm) is known when it first runs. The first run of each one that
 // returns -- an ordinary call, a miss, a graph's recording -- tells the region's Python side
-// (GIL taken, once per specialization): one that succeeded is written to the persistent cache
-// then (never before); one that failed is retired (its host and select functions replaced by
-// never_matches, its index kept) and the error reaches the caller, so the next call misses and
-// plans again instead of selecting what failed. The check on the hit path is one relaxed load.
+// (GIL taken, once per specialization): one that failed is retired (its host and select
+// functions replaced by never_matches, its index kept; its persistent record removed) and the
+// error reaches the caller, so the next call misses and plans again instead of selecting what
+// failed -- once per input facts: a specialization planned again for facts whose first one
+// failed is kept, so a call that fails as eager fails costs no planning after the first. The
+// check on the hit path is one relaxed load.
 void first_run(Region& r, int64_t region_id, int64_t index, bool ok, const std::string& error) {
   py::gil_scoped_acquire gil;
   const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
@@ -636,7 +638,9 @@ void first_run(Region& r, int64_t region_id, int64_t index, bool ok, const std::
     r.first_run_handler(region_id, index, ok ? py::object(py::none()) : py::object(py::str(error)));
   } catch (py::error_already_set& e) {
     // the call's own outcome stands; a failing listener is a bug reported without hiding it
-    PyErr_WarnEx(PyExc_RuntimeWarning, (std::string("trident: first-run handler failed: ") + e.what()).c_str(), 1);
+    // (with warnings as errors the warning itself raises: the call's outcome still stands)
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, (std::string("trident: first-run handler failed: ") + e.what()).c_str(), 1) < 0)
+      PyErr_Clear();
   }
 }
 

@@ -293,15 +293,25 @@ class CompiledFunction(ServedByCache):
             call = _Call(args, kwargs, self.dynamic)
         return self._miss(call)
 
+    # The hit path never waits for the capture cache's lock (another thread may hold it for a
+    # whole capture): reordering or adding a check is skipped when it is taken, and tried again
+    # at a later hit.
     def _promote(self, check: "_Check") -> None:
-        with self.cache.lock:
+        if not self.cache.lock.acquire(blocking=False):
+            return
+        try:
             if check in self._checks:
                 self._checks = (check, *(c for c in self._checks if c is not check))
+        finally:
+            self.cache.lock.release()
 
     def _add_check(self, call: _Call) -> None:
         """Note [Generated structure checks]: a structure that served a call gets its check, the
-        most recent first, at most CHECKS of them."""
-        with self.cache.lock:
+        most recent first, at most CHECKS of them (a structure dropped past it keeps the generic
+        walk: regenerating on every call would cost more than the walk)."""
+        if not self.cache.lock.acquire(blocking=False):
+            return
+        try:
             if call.structure in self._check_tried:
                 return
             self._check_tried.add(call.structure)
@@ -309,18 +319,18 @@ class CompiledFunction(ServedByCache):
             if fn is None:
                 logs.misses.debug("trident.compile(%s): no generated structure check: %s", self._name, source)
                 return
-            checks = (_Check(fn, source, call), *self._checks)
-            for dropped in checks[CHECKS:]:  # may get a check again once it serves again
-                self._check_tried.discard(dropped.like.structure)
-            self._checks = checks[:CHECKS]
+            self._checks = (_Check(fn, source, call), *self._checks)[:CHECKS]
+        finally:
+            self.cache.lock.release()
 
     def reset(self) -> None:
         """Forget every capture (the next calls capture again), as after a parameter is assigned."""
         with self.cache.lock:
             self.cache.clear()
-            for table in (self._outputs, self._guarded, self._structures, self._symbolic_failed,
+            for table in (self._outputs, self._structures, self._symbolic_failed,
                           self._family_ints, self._family_dynamic, self._family_layouts):
                 table.clear()
+            self._guarded = {}  # replaced, never mutated: a check's looked_up entries go stale with it
             self._seen = set()
             self._checks, self._check_tried = (), set()
             self._generation = _generation[0]

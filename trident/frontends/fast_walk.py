@@ -11,7 +11,8 @@ classes, a tuple of tuples hashed): a tenth of a decode step's device time on an
 Once a structure has served a call, `make_checker` writes a Python function for it: straight-line
 code that fetches every leaf from the arguments by its path (`args[1].__dict__['layers'][3]
 .__dict__['keys']`), and checks on the way exactly what makes the generic walk give the same
-structure: the exact class of every walked object, its length or its key set, every value leaf's
+structure: the exact class of every walked object, its length or its keys in their order (the
+walk's order is the leaves' order, and an absent key is never read), every value leaf's
 type and value, every identity leaf by `is`, the class of every leaf a walk does not enter (a
 tensor, an int, a walked object met again: the same object as then), that no two walked objects
 are one (the walk would make the second a leaf), and with symbolic captures each size and int's
@@ -19,12 +20,15 @@ class (0, 1, 2 or more). It returns the call's leaves, tensors and ints in the w
 at the first difference, and the call takes the generic path (which may then find another
 structure). The check is stricter than the key in one place only -- an object met twice must be
 the same object as the one it met then -- so a call it refuses is served all the same, through
-the generic walk.
+the generic walk. Keys that are not plain str or int literals are named constants of the check,
+never pasted into its source.
 
-A few checkers per function (the structures that served calls most recently), tried in order;
-a structure the generator cannot express (a walk cut at MAX_LEAVES, an argument pytree flattens
-as another node than a tuple, list or dict, a dict whose keys are not str/int at a leaf, a NaN
-value) keeps the generic path.
+At most CHECKS checkers per function, the one that served last tried first; a structure dropped
+past that bound keeps the generic path (regenerating on every call would cost more than it
+saves). A structure the generator cannot express (a walk cut at MAX_LEAVES, an argument pytree
+flattens as another node than a tuple, list or dict, a dict subclass or a container indexing its
+own way in the state, a dict whose keys are not str/int at a leaf, a NaN value) keeps the generic
+path.
 """
 
 from __future__ import annotations
@@ -59,17 +63,21 @@ class _Writer:
     def var(self, expr: str, path: str) -> str:
         name = f"v{self.count}"
         self.count += 1
-        self.lines.append(f"{name} = {expr}  # {path}")
+        self.lines.append(f"{name} = {expr}  # " + path.replace("\n", "\\n").replace("\r", "\\r"))
         return name
 
     def const(self, obj) -> str:
         for name, value in self.env.items():  # one name per object or value (a class, a device)
-            if value is obj or (isinstance(obj, state.VALUE_TYPES) and type(value) is type(obj) and value == obj):
+            if value is obj or (_plain(obj) and type(value) is type(obj) and value == obj):
                 return name
         name = f"c{len(self.env)}"
         self.env[name] = obj
-        self.consts.append(f"# {name} = {_describe(obj)}")
+        self.consts.append(f"# {name} = " + _describe(obj).replace("\n", "\\n").replace("\r", "\\r"))
         return name
+
+    def key(self, k) -> str:
+        """A dict key in the source: a literal for a plain str or int, else a named constant."""
+        return repr(k) if type(k) in (str, int) else self.const(k)
 
     def fail_if(self, cond: str) -> None:
         self.lines.append(f"if {cond}: return None")
@@ -103,13 +111,20 @@ class _Writer:
             self.places.append((r, steps))
             return
         if isinstance(obj, (list, tuple)):
+            base = list if isinstance(obj, list) else tuple
+            if type(obj).__getitem__ is not base.__getitem__ or type(obj).__iter__ is not base.__iter__:
+                raise Unexpressible(f"a {type(obj).__name__} that indexes or iterates its own way")
             kind, items = "item", [(i, f"{var}[{i}]", v) for i, v in enumerate(obj)]
             self.fail_if(f"type({var}) is not {self.const(type(obj))} or len({var}) != {len(obj)}")
         elif isinstance(obj, dict):
+            if type(obj) is not dict:
+                raise Unexpressible(f"a {type(obj).__name__} (a dict subclass) in the state")
             if not all(isinstance(k, (str, int)) for k in obj):
                 raise Unexpressible("a dict whose keys are not all str or int")
-            kind, items = "key", [(k, f"{var}[{k!r}]", v) for k, v in obj.items()]
-            self.fail_if(f"type({var}) is not {self.const(type(obj))} or len({var}) != {len(obj)}")
+            kind, items = "key", [(k, f"{var}[{self.key(k)}]", v) for k, v in obj.items()]
+            # its keys in their order: the walk's order is the leaves' order (and reading a key
+            # that is absent is never tried)
+            self.fail_if(f"type({var}) is not dict or tuple({var}) != {self.const(tuple(obj))}")
         else:
             d = getattr(obj, "__dict__", None)
             if d is None or not isinstance(d, dict):
@@ -119,8 +134,8 @@ class _Writer:
                 return
             self.fail_if(f"type({var}) is not {self.const(type(obj))}")
             dvar = self.var(f"{var}.__dict__", state.path_text(root, steps) + ".__dict__")
-            self.fail_if(f"type({dvar}) is not dict or len({dvar}) != {len(d)}")
-            kind, items = "attr", [(k, f"{dvar}[{k!r}]", v) for k, v in d.items()]
+            self.fail_if(f"type({dvar}) is not dict or tuple({dvar}) != {self.const(tuple(d))}")
+            kind, items = "attr", [(k, f"{dvar}[{self.key(k)}]", v) for k, v in d.items()]
         self.seen[id(obj)] = var
         self.nodes.append(var)
         for k, expr, value in items:
@@ -156,8 +171,8 @@ def _containers(w: _Writer, spec, expr: str, leaves: list) -> None:
         keys = list(spec.context)
         if not all(isinstance(k, (str, int)) for k in keys):
             raise Unexpressible("an argument dict whose keys are not all str or int")
-        w.fail_if(f"type({expr}) is not dict or len({expr}) != {len(keys)}")
-        children = [f"{expr}[{k!r}]" for k in keys]
+        w.fail_if(f"type({expr}) is not dict or tuple({expr}) != {w.const(tuple(keys))}")  # pytree keeps their order
+        children = [f"{expr}[{w.key(k)}]" for k in keys]
     else:
         raise Unexpressible(f"an argument pytree flattens as a {kind.__name__} (only tuples, lists and dicts are checked)")
     for child, child_spec in zip(children, _children(spec)):
@@ -166,6 +181,13 @@ def _containers(w: _Writer, spec, expr: str, leaves: list) -> None:
 
 def _size_class(var: str, n: int) -> str:
     return f"{var} != {n}" if n < 2 else f"{var} < 2"
+
+
+def _plain(obj) -> bool:
+    """A value compared by equality, whose equal constants may share one name (a device, a key tuple)."""
+    if type(obj) is tuple:
+        return all(type(k) in (str, int) for k in obj)
+    return isinstance(obj, state.VALUE_TYPES)
 
 
 def _describe(obj) -> str:

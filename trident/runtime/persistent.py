@@ -3,8 +3,8 @@
 Note [Persistent plans]
 ~~~~~~~~~~~~~~~~~~~~~~~
 With TRIDENT_CACHE_DIR set, every specialization a region builds is written there as its closed
-record (Note [A closed plan]) once its first run succeeded (Note [A specialization proves itself]:
-one whose first run failed is retired, never written) and a later process that optimizes the same region restores them
+record (Note [A closed plan]) when it is built (Note [A specialization proves itself]: the record
+of one whose first run failed is removed again; restoring stops at that gap) and a later process that optimizes the same region restores them
 instead of planning: no value propagation, no autotuner benchmarks, and Triton's kernels from
 Triton's own on-disk cache (its compile finds them; nothing is compiled again). The host
 program of each specialization is kept too, as a shared library (the ExecutionEngine's object

@@ -139,6 +139,8 @@ class SCMRuntime:
         )
         # Note [A specialization proves itself] (csrc/scm_runtime.cpp): index -> why it was retired
         self.retired: dict[int, str] = {}
+        self._planned_for: dict[int, tuple] = {}  # index -> the input facts a miss planned it for
+        self._retired_facts: set = set()
         native.C.set_first_run_handler(self.region_id, self._on_first_run)
         self.tables = RegionTables(self.region_id, program.name)  # the region's native entries
         _REGISTRY[self.region_id] = self
@@ -183,20 +185,28 @@ class SCMRuntime:
             self.program, facts, residues, len(self.scm.specializations), compile_kernels=self._compile_kernels(f.device for f in facts)
         )
         triton_s = triton_compile_seconds() - triton0
-        # written to the persistent cache after its first run succeeded (_on_first_run)
-        return self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+        spec = self.install_specialization(spec, {"plan_s": time.perf_counter() - t0 - triton_s, "triton_s": triton_s})
+        self._persist(spec)  # removed again if its first run fails (_on_first_run)
+        return spec
 
     def _on_first_run(self, region_id: int, index: int, error: Optional[str]) -> None:
-        """Note [A specialization proves itself]: the first run of specialization `index` returned;
-        `error` is None when it succeeded. A success is persisted (unless it came from the
-        cache); a failure is retired natively and never persisted."""
+        """Note [A specialization proves itself]: the first run of specialization `index` failed
+        (`error`; None: it succeeded, nothing to do). It is retired natively and its persistent
+        record removed -- except when a specialization planned for the same input facts was
+        retired before: planning is deterministic, so this one is kept and the calls it serves
+        fail at once, as eager fails, instead of planning again on every call."""
+        if error is None:
+            return
         with self._lock:
-            if error is None:
-                if not self.build_costs[index].get("restored"):
-                    self._persist(self.scm.specializations[index])
+            facts = self._planned_for.get(index)
+            if facts is not None and facts in self._retired_facts:
                 return
             native.C.retire_host(self.region_id, index)
             self.retired[index] = error.splitlines()[0] if error else "its first run failed"
+            if facts is not None:
+                self._retired_facts.add(facts)
+            if self._plans is not None:
+                self._plans.reject(index, f"its first run failed: {self.retired[index]}")
             logs.misses.debug("%s: specialization %d retired: its first run failed: %s", self.program.name, index,
                               self.retired[index])
 
@@ -211,7 +221,7 @@ class SCMRuntime:
         except SerializationError as e:
             logs.misses.debug("%s: specialization %d not persisted: %s", self.program.name, spec.index, e)
             return
-        binary = self.binaries[spec.index]
+        binary = self.binaries[-1]  # persisted right after its host program was installed
         native_record = self._plans.store_native(spec.index, binary.engine) if hasattr(binary, "engine") else None
         if native_record is not None:
             native_record["handles"] = _handles(self.host_plans[spec.index])
@@ -414,6 +424,7 @@ class SCMRuntime:
             t0 = time.perf_counter()
             try:
                 spec = self.add_specialization(facts, residues)
+                self._planned_for[spec.index] = (tuple(map(repr, facts)), tuple(residues))
                 logs.misses.debug(
                     "%s: miss (%s): compiled specialization %d in %.2f s",
                     self.program.name, self.last_miss_reason, spec.index, time.perf_counter() - t0,
