@@ -320,6 +320,7 @@ def main() -> None:
             for cache, name in jobs:
                 cmd = [sys.executable, __file__, "--one", f"{kind},{kernels},{cache},{name}", "--device", args.device]
                 cmd += (["--tiny"] if args.tiny else []) + ["--profile", args.profile, "--host-profile", args.host_profile]
+                began = time.perf_counter()
                 try:
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s)
                     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -327,6 +328,7 @@ def main() -> None:
                     r = {"error": f"over the budget of {args.budget_s} s"}
                 except Exception:  # noqa: BLE001 - a failed variant is reported, the others still run
                     r = {"error": proc.stderr[-1500:]}
+                r["wall_s"] = round(time.perf_counter() - began, 1)  # the whole process: plans device calls
                 case.setdefault(cache, {})[name] = r
                 _finish(case)
                 _write(results, args.out)  # after every variant: a cut run keeps what it measured
