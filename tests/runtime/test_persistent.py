@@ -51,6 +51,12 @@ def _files(folder):
     return {os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs}
 
 
+def _first_records(root):
+    """Per region folder, the record of its specialization 0 (Note [Records named by what they serve])."""
+    records = [p for p in _files(root) if os.path.basename(p).startswith("spec-") and p.endswith(".json")]
+    return sorted(p for p in records if json.load(open(p))["payload"]["index"] == 0)
+
+
 @pytest.fixture
 def dirs(tmp_path):
     return {"TRIDENT_CACHE_DIR": str(tmp_path / "plans" / "trident"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
@@ -69,6 +75,10 @@ def test_second_process_restores_every_specialization(dirs):
     assert [r["restored"] for r in first["regions"]] == [[False, False], [False]]  # built: decode 2, tuned 1
     root = dirs["TRIDENT_CACHE_DIR"]
     assert os.stat(root).st_mode & 0o777 == 0o700
+    for folder, _, names in os.walk(root):  # folders 0700, files (records, libraries, analyses) 0600
+        assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+        for name in names:
+            assert os.stat(os.path.join(folder, name)).st_mode & 0o777 == 0o600, name
     triton_files = _files(dirs["TRITON_CACHE_DIR"])
     second, _ = _run(dirs)
     assert [r["restored"] for r in second["regions"]] == [[True, True], [True]]
@@ -100,7 +110,7 @@ def test_kernels_gone_from_tritons_cache_are_compiled_again(dirs):
 @pytest.mark.parametrize("damage", ["truncated", "not_utf8", "corrupt", "foreign", "library"])
 def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
     first, _ = _run(dirs)
-    entries = sorted(p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith("spec0.json"))
+    entries = _first_records(dirs["TRIDENT_CACHE_DIR"])
     assert len(entries) == 2  # one folder per region
     if damage == "library":  # the host programs' shared libraries, not the plans
         for path in sorted(p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith(".so")):
@@ -135,38 +145,44 @@ def test_damaged_entries_are_rejected_and_rebuilt(dirs, damage):
             f.write(text)
     second, stderr = _run(dirs)
     assert stderr.count("rejected") == 2, stderr[-3000:]
-    assert [r["restored"][0] for r in second["regions"]] == [False, False]  # rebuilt
+    # each region's specialization 0 is rebuilt; the decode region's other record, intact, is
+    # restored in its place (Note [Records named by what they serve]: a rejected record is skipped)
+    assert [r["restored"] for r in second["regions"]] == [[True, False], [False]]
     assert second["sums"] == first["sums"]
     third, stderr = _run(dirs)  # the rebuilt entries were written anew
     assert "rejected" not in stderr
     assert [r["restored"] for r in third["regions"]] == [[True, True], [True]]
 
 
-@pytest.mark.parametrize("attack", ["moved", "forged", "open_root", "symlink"])
+@pytest.mark.parametrize("attack", ["moved", "forged", "renamed", "open_root", "symlink"])
 def test_entries_others_could_plant_are_never_restored(dirs, attack):
     """Note [Open once, check the descriptor] (issue 23): an entry of another region copied into a
     region's folder is foreign (the key it was filed under is in the entry and its hash); a record
     whose guards name another layout is refused, hash or not; nothing is read from a cache whose
     root anyone may write, nor through a symbolic link. Each is built again; results equal."""
-    from trident.runtime.persistent import _digest
+    from trident.runtime.persistent import PlanCache, _digest
 
     first, _ = _run(dirs)
     root = dirs["TRIDENT_CACHE_DIR"]
-    decode_entry, tuned_entry = sorted((p for p in _files(root) if p.endswith("spec0.json")),
+    decode_entry, tuned_entry = sorted(_first_records(root),
                                        key=lambda p: len(json.load(open(p))["payload"]["guards"]))[::-1]
     expect = "rejected"
     if attack == "moved":  # the decode region's valid entry over the other region's one
         with open(tuned_entry, "w") as f:
             f.write(open(decode_entry).read())
         expect = "filed under another region's key"
-    elif attack == "forged":  # smaller guards, hash recomputed with the right key
+    elif attack == "forged":  # smaller guards, hash recomputed with the right key, named as they say
         entry = json.load(open(tuned_entry))
         entry["payload"]["guards"][0]["facts"]["sizes"] = [8]
         entry["payload"]["guards"][0]["facts"]["strides"] = [1]
         entry["sha256"] = _digest(entry["payload"], entry.get("native"), entry["key"])
-        with open(tuned_entry, "w") as f:
+        os.remove(tuned_entry)
+        with open(os.path.join(os.path.dirname(tuned_entry), PlanCache.record_name(entry["payload"])), "w") as f:
             json.dump(entry, f)
         expect = "not the captured layout"
+    elif attack == "renamed":  # a valid entry of the region under another specialization's name
+        os.replace(tuned_entry, os.path.join(os.path.dirname(tuned_entry), "spec-" + "0" * 24 + ".json"))
+        expect = "filed under another specialization's name"
     elif attack == "open_root":
         os.chmod(root, 0o777)
         expect = "not private to this user"
@@ -233,3 +249,58 @@ def test_symbolic_region_warm_starts(dirs):
     assert second["restored"] == [True, True] and second["native_restored"] == [True, True]
     assert second["misses"] == 0 and second["sums"] == first["sums"]
     assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files
+
+
+CHILD_WRITER = r"""
+import json, sys, torch
+import trident
+from tests import kernels as K
+from trident.optimize import _regions
+
+torch.manual_seed(0)
+x, y = torch.randn(1000), torch.randn(1000)
+opt = trident.optimize(trident.capture(K.axpy, x, y))
+# a view whose data_ptr % 16 is 4, and half precision: two more specializations
+calls = {"aligned": (x, y), "shift4": (torch.randn(1001)[1:], y), "half": (x.half(), y.half())}
+sums = {name: float(opt(*calls[name]).double().sum()) for name in sys.argv[1].split(",")}
+(rt,) = _regions(opt)
+print(json.dumps({"sums": sums, "restored": [bool(c.get("restored")) for c in rt.build_costs],
+                  "misses": rt.stats()["misses"]}))
+"""
+
+
+def test_writers_starting_cold_keep_each_others_records(dirs):
+    """Note [Records named by what they serve]: two processes start on one cold folder and each
+    plans its own specialization 1 (a misaligned view; half precision), the first renaming its files
+    in last. With records named by index the first's spec1 replaced the second's. Every record
+    is kept, once: a third process restores all three specializations and serves every call
+    with no miss; writers of the same specialization (0, both) write one file."""
+    import shutil
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **dirs)
+    env.pop("TRIDENT_LOG", None)
+    root = dirs["TRIDENT_CACHE_DIR"]
+
+    def run(calls):
+        proc = subprocess.run([sys.executable, "-c", CHILD_WRITER, calls], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def records():
+        return sorted(p for p in _files(root) if os.path.basename(p).startswith("spec-"))
+
+    first = run("shift4")
+    folder = os.path.dirname(records()[0])
+    late = folder + ".late"  # the first writer's files, renamed in after the second has started cold
+    shutil.move(folder, late)
+    second = run("half")
+    assert first["restored"] == second["restored"] == [False, False]  # both cold: 0 captured, 1 the call's
+    for name in os.listdir(late):
+        os.replace(os.path.join(late, name), os.path.join(folder, name))
+    assert len(records()) == 3
+    third = run("aligned,shift4,half")
+    assert third["restored"] == [True, True, True] and third["misses"] == 0
+    assert [third["sums"][k] for k in ("shift4", "half")] == [first["sums"]["shift4"], second["sums"]["half"]]
+    run("half,aligned")
+    assert len(records()) == 3  # nothing duplicated

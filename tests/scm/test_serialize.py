@@ -126,6 +126,31 @@ def test_records_that_do_not_fit_are_refused():
         specialization_from_data(rt.program, forged, compile_kernels=False)
 
 
+def test_a_recorded_kernel_hash_naming_another_specialization_is_not_used(caplog):
+    """issue 23: a record names its compiled kernel by Triton's hash; one naming another
+    specialization of the same kernel (here: compiled for a misaligned x) is checked against the
+    launch's key through its TTIR signature and refused, with a log line, and Triton compiles
+    the launch's own kernel instead."""
+    import logging
+
+    from trident.scm.refs import _compiled
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    opt = trident.optimize(trident.capture(K.axpy, x, y))
+    (rt,) = _regions(opt)
+    opt(torch.randn(1001)[1:], y)  # plans specialization 1: x misaligned
+    own, other = (s.launches[0].binary for s in rt.scm.specializations[:2])
+    assert own != other and _compiled[own].name == _compiled[other].name  # two specializations of one kernel
+    data = specialization_to_data(rt.program, rt.scm.specializations[0])
+    forged = json.loads(json.dumps(data))
+    forged["launches"][0]["kernel_hash"] = other
+    with caplog.at_level(logging.WARNING, logger="trident.misses"):
+        back = specialization_from_data(rt.program, forged, compile_kernels=True)
+    assert back.launches[0].binary == own, "the forged kernel was used"
+    assert "is not its specialization: its parameter x_ptr is not assumed 16-divisible" in caplog.text, caplog.text
+    assert specialization_from_data(rt.program, data, compile_kernels=True).launches[0].binary == own
+
+
 def test_dump_dir_holds_each_specialization_record(tmp_path):
     from trident import knobs
 

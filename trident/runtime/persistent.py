@@ -20,16 +20,33 @@ native table indices it baked in; otherwise, or without a linker, it is built ag
     capability of each CUDA device the inputs are on. One folder per key; `spec<k>.json` per
     specialization.
   * An entry is {"versions", "key" (the region key it was filed under), "sha256" of its payload,
-    native record and key, "payload"}; it is written to a temporary file and renamed (readers
-    never see half a file). Folders are created 0700.
+    native record and key, "payload"}, in `spec-<serves>.json`, named by a digest of what the
+    specialization serves (its input guards and size guards): processes that plan the same
+    specialization write the same file, those that plan others write other files, so writers
+    racing on a cold folder never lose or duplicate a record (Note [Records named by what they
+    serve]). It is written to a temporary file and renamed (readers never see half a file).
+    Folders are created 0700; an existing cache root is used when it belongs to this user and
+    nobody else may write it (its mode is the user's).
   * On load an entry whose JSON does not parse (truncated), whose hash does not match (corrupt)
     or whose versions differ (foreign) is rejected with a line on the `trident.misses` logger
     and removed, as is one filed under another key; entries and libraries are read only when
     they and every folder up to the cache root belong to this user and nobody else may write
     them, through one descriptor (Note [Open once, check the descriptor]); a restored
     specialization must serve the layouts its region serves (its guards pass the region's own
-    layout guards); otherwise the specialization is built again and written anew. Restoring
-    stops at the first entry missing or rejected (indices are the selection order).
+    layout guards); otherwise the specialization is built again and written anew. Every valid
+    entry is restored, in the order its writer selected them (the index recorded in it, then
+    the file's age); a rejected one is skipped, not the ones after it.
+
+Note [Records named by what they serve]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Records used to be named by specialization index (spec0.json, spec1.json, ...). Two processes
+starting cold on one folder each built their own specialization 0 -- for different shapes, say
+-- and the second rename replaced the first's record (lost), while its specialization 1 could be
+the other's 0 (duplicated). The index is only a selection order, and guards are sound in any
+order, so the name is now a digest of what a specialization serves, and the index is a sort key
+inside it. The host library baked the native table indices of the process that wrote it: one
+restored at another position does not bind the same indices (`handles` in its record) and is
+built again and written anew.
 """
 
 from __future__ import annotations
@@ -46,7 +63,7 @@ from typing import Any, Optional
 import torch
 
 from .. import knobs, logs
-from ..disk_cache import make_private_dirs, open_private, private_chain, read_private
+from ..disk_cache import make_private_dirs, open_private, private_chain
 from ..scm.printer import format_facts, format_program
 from ..scm.serialize import FORMAT
 
@@ -142,21 +159,56 @@ class PlanCache:
             return None
         return PlanCache(root, region_key(scm), scm.program.name, (f.device for f in scm.program.captured_inputs))
 
-    def _path(self, index: int) -> str:
-        return os.path.join(self.folder, f"spec{index}.json")
+    def _path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
 
-    def load(self, index: int) -> "Optional[tuple[dict, Optional[dict]]]":
-        """(plan payload, native record or None) of specialization `index`, or None (absent or
-        rejected: removed)."""
-        path = self._path(index)
-        if not os.path.lexists(path):
-            return None
+    @staticmethod
+    def record_name(payload: dict) -> str:
+        """Note [Records named by what they serve]: the file of a specialization's record."""
+        serves = json.dumps([payload.get("guards"), payload.get("size_guards")], sort_keys=True)
+        return f"spec-{hashlib.sha256(serves.encode()).hexdigest()[:24]}.json"
+
+    def entries(self) -> "list[tuple[str, dict, Optional[dict]]]":
+        """(name, plan payload, native record or None) of every valid record of the region, in
+        the order its writers selected them (Note [Records named by what they serve]); rejected
+        ones are removed and skipped."""
+        try:
+            names = [n for n in os.listdir(self.folder) if n.startswith("spec-") and n.endswith(".json")]
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            _log.warning("%s: persistent plans in %s not read (%s); building them again", self.name, self.folder, e)
+            return []
+        if not names:
+            return []
         if not private_chain(self.folder, 2):  # Note [Open once, check the descriptor]
-            _log.warning("%s: persistent plan %s not read: its folder (or one above it, up to the cache root) is "
-                         "not private to this user; building it again", self.name, path)
+            _log.warning("%s: persistent plans in %s not read: the folder (or one above it, up to the cache root) is "
+                         "not private to this user; building them again", self.name, self.folder)
+            return []
+        found = []
+        for name in sorted(names):
+            loaded = self._load(name)
+            if loaded is not None:
+                payload, native_record, written = loaded
+                index = payload.get("index")
+                found.append((index if isinstance(index, int) else 1 << 62, written, name, payload, native_record))
+        found.sort(key=lambda e: e[:3])
+        return [(name, payload, native_record) for _, _, name, payload, native_record in found]
+
+    def _load(self, name: str) -> "Optional[tuple[dict, Optional[dict], int]]":
+        """(plan payload, native record or None, modification time in ns) of record `name`, or
+        None (absent or rejected: removed); the folder's chain was checked by `entries`."""
+        path = self._path(name)
+        if os.sep in name or not os.path.lexists(path):
             return None
         try:
-            raw = read_private(path)
+            fd = open_private(path)  # Note [Open once, check the descriptor]
+            try:
+                written = os.fstat(fd).st_mtime_ns
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    raw = f.read()
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -173,12 +225,14 @@ class PlanCache:
                 why = "filed under another region's key"
             elif entry.get("sha256") != _digest(entry["payload"], entry.get("native"), self.key):
                 why = "its hash does not match its content (corrupt)"
+            elif not isinstance(entry["payload"], dict) or self.record_name(entry["payload"]) != name:
+                why = "filed under another specialization's name"
         except ValueError as e:  # UnicodeDecodeError included
             why = f"not valid JSON (truncated?): {e}"
         if why is not None:
-            self.reject(index, why)
+            self.reject(name, why)
             return None
-        return entry["payload"], entry.get("native")
+        return entry["payload"], entry.get("native"), written
 
     def load_native(self, native: dict) -> "Optional[tuple[Any, int, int]]":
         """(library, host address, select address) of a cached host program, hash-checked
@@ -229,7 +283,7 @@ class PlanCache:
             return None, None, None
         return lib, host, select
 
-    def store_native(self, index: int, engine) -> Optional[dict]:
+    def store_native(self, engine) -> Optional[dict]:
         """Writes the host program an ExecutionEngine compiled as a shared library (its object
         file linked with `ld -shared`); the record to keep in the entry, or None where that is
         not possible here (no linker: the host program is then rebuilt on a warm start)."""
@@ -238,9 +292,9 @@ class PlanCache:
             return None
         try:
             make_private_dirs(self.folder)
-            fd, obj = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".o")
+            fd, obj = tempfile.mkstemp(dir=self.folder, prefix=".host.", suffix=".o")
             os.close(fd)
-            fd, lib = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".so")
+            fd, lib = tempfile.mkstemp(dir=self.folder, prefix=".host.", suffix=".so")
             os.close(fd)
             try:
                 engine.dump_to_object_file(obj)
@@ -248,9 +302,10 @@ class PlanCache:
                 if done.returncode != 0:
                     _log.debug("%s: ld failed on a host program: %s", self.name, done.stderr[-500:])
                     return None
+                os.chmod(lib, 0o600)  # ld gives its output 0755 less the umask; files here are 0600
                 with open(lib, "rb") as f:
                     digest = hashlib.sha256(f.read()).hexdigest()
-                name = f"spec{index}.{digest[:16]}.so"
+                name = f"host.{digest[:24]}.so"  # by content: writers of one program write one file
                 os.replace(lib, os.path.join(self.folder, name))
             finally:
                 for leftover in (obj, lib):
@@ -261,23 +316,31 @@ class PlanCache:
             return None
         return {"file": name, "sha256": digest}
 
-    def reject(self, index: int, why: str) -> None:
-        _log.warning("%s: persistent plan %s rejected: %s; building it again", self.name, self._path(index), why)
+    def reject(self, name: str, why: str) -> None:
+        _log.warning("%s: persistent plan %s rejected: %s; building it again", self.name, self._path(name), why)
         try:
-            os.remove(self._path(index))
+            os.remove(self._path(name))
         except OSError:
             pass
 
-    def store(self, index: int, payload: dict, native: Optional[dict] = None) -> None:
+    def store(self, payload: dict, native: Optional[dict] = None) -> str:
+        """Writes a specialization's record; its name (Note [Records named by what they serve])."""
+        name = self.record_name(payload)
         try:
             make_private_dirs(self.folder)
             entry = {"versions": self.versions, "key": self.key, "sha256": _digest(payload, native, self.key),
                      "payload": payload, "native": native}
-            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".spec{index}.", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(entry, f)
-            os.replace(tmp, self._path(index))
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".spec.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(entry, f)
+                os.replace(tmp, self._path(name))
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
         except OSError as e:  # a read-only or full disk costs the cache, never the call
-            _log.warning("%s: could not write persistent plan %s: %s", self.name, self._path(index), e)
+            _log.warning("%s: could not write persistent plan %s: %s", self.name, self._path(name), e)
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("%s: persistent plan %s written", self.name, self._path(index))
+            _log.debug("%s: persistent plan %s written", self.name, self._path(name))
+        return name

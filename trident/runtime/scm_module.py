@@ -126,6 +126,7 @@ class SCMRuntime:
         self.size_mlirs: list[str] = []  # the size programs in torch dialect, of the symbolic specializations
         self._torch_module = None  # the region in torch dialect, imported once
         self._plans = PlanCache.for_region(self.scm)  # Note [Persistent plans]; None when off
+        self._records: dict[int, str] = {}  # specialization index -> its record's name in self._plans
         self.host_mlirs: list[str] = []  # per specialization: its host program
         self.host_plans: list[HostPlan] = []  # per specialization: its step table (Note [Host plans])
         self._lock = threading.Lock()
@@ -205,8 +206,8 @@ class SCMRuntime:
             self.retired[index] = error.splitlines()[0] if error else "its first run failed"
             if facts is not None:
                 self._retired_facts.add(facts)
-            if self._plans is not None:
-                self._plans.reject(index, f"its first run failed: {self.retired[index]}")
+            if self._plans is not None and index in self._records:
+                self._plans.reject(self._records.pop(index), f"its first run failed: {self.retired[index]}")
             logs.misses.debug("%s: specialization %d retired: its first run failed: %s", self.program.name, index,
                               self.retired[index])
 
@@ -222,34 +223,36 @@ class SCMRuntime:
             logs.misses.debug("%s: specialization %d not persisted: %s", self.program.name, spec.index, e)
             return
         binary = self.binaries[-1]  # persisted right after its host program was installed
-        native_record = self._plans.store_native(spec.index, binary.engine) if hasattr(binary, "engine") else None
+        native_record = self._plans.store_native(binary.engine) if hasattr(binary, "engine") else None
         if native_record is not None:
             native_record["handles"] = _handles(self.host_plans[spec.index])
-        self._plans.store(spec.index, payload, native_record)
+        self._records[spec.index] = self._plans.store(payload, native_record)
 
     def restore_cached(self) -> int:
-        """Restores the specializations TRIDENT_CACHE_DIR holds for this region, in order, up to
-        the first absent or rejected one (Note [Persistent plans]); how many were restored."""
+        """Restores the specializations TRIDENT_CACHE_DIR holds for this region, in the order
+        their writers selected them; a record that does not fit is removed and skipped (Note
+        [Persistent plans]); how many were restored."""
         if self._plans is None:
             return 0
-        while True:
+        try:
+            entries = self._plans.entries()
+        except Exception as e:  # never fatal: the specializations are built instead
+            logs.misses.warning("%s: persistent plans unreadable (%s); building them again", self.program.name, e)
+            return 0
+        restored = 0
+        for name, data, native_record in entries:
             index = len(self.scm.specializations)
-            try:
-                loaded = self._plans.load(index)
-            except Exception as e:  # never fatal: the specialization is built instead
-                logs.misses.warning("%s: persistent plan %d unreadable (%s); building it again", self.program.name, index, e)
-                return index
-            if loaded is None:
-                return index
-            data, native_record = loaded
-            try:
-                spec = self.restore_specialization(data, native_record)
+            try:  # Note [Records named by what they serve]: the index is the position it gets here
+                spec = self.restore_specialization({**data, "index": index}, native_record)
             except Exception as e:  # a record that does not fit is rebuilt, never fatal
-                self._plans.reject(index, f"{type(e).__name__}: {e}")
-                return index
+                self._plans.reject(name, f"{type(e).__name__}: {e}")
+                continue
+            restored += 1
+            self._records[spec.index] = name
             self.build_costs[-1]["restored"] = True
             if not self.build_costs[-1].get("native_restored"):
                 self._persist(spec)  # its host program was built again: keep that one
+        return restored
 
     def restore_specialization(self, data: dict, native_record: Optional[dict] = None) -> Specialization:
         """Installs the specialization a record describes (Note [A closed plan]): its plan as

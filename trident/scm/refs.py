@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +162,39 @@ def triton_environment() -> str:
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     return hashlib.sha256(repr(sorted(get_cache_invalidating_env_vars().items())).encode()).hexdigest()[:16]
+
+
+# Triton's scalar type names (its key) -> the element types its TTIR prints (unsigned are signless there)
+_TTIR_TYPES = {"fp64": "f64", "fp32": "f32", "fp16": "f16", "bf16": "bf16", "i1": "i1", "i8": "i8", "i16": "i16",
+               "i32": "i32", "i64": "i64", "u1": "i1", "u8": "i8", "u16": "i16", "u32": "i32", "u64": "i64"}
+_TTIR_ARG = re.compile(r"%([A-Za-z_][\w]*): (!tt\.ptr<[^>]*>|\w+)((?: \{[^}]*\})?)")
+
+
+def signature_mismatch(compiled, params) -> "str | None":
+    """Why `compiled`, read from Triton's cache by the hash a record names, is not the kernel of
+    the launch Triton's key describes (None: it is). `params`: (name, (type, attribute)) per
+    parameter, Triton's key. Its TTIR signature must keep exactly the key's non-constexpr
+    parameters, in order and by name, each a pointer or a scalar of the key's element type, with
+    the 16-divisibility the key gives it (Note [Records named by what they serve] trusts a record
+    only as far as it can be checked)."""
+    ttir = compiled.asm.get("ttir") if getattr(compiled, "asm", None) else None
+    head = f"tt.func public @{compiled.name}("
+    line = next((ln for ln in ttir.splitlines() if head in ln), None) if isinstance(ttir, str) else None
+    if line is None:
+        return "Triton's cache holds no TTIR signature for it"
+    got = [(m[1], m[2], "tt.divisibility = 16 " in m[3]) for m in _TTIR_ARG.finditer(line.split(head, 1)[1])]
+    want = [(name, ty, attr == "D") for name, (ty, attr) in params if ty != "constexpr"]
+    if [g[0] for g in got] != [w[0] for w in want]:
+        return f"its parameters are {[g[0] for g in got]}, the launch passes {[w[0] for w in want]}"
+    for (name, got_ty, got_div), (_, ty, div) in zip(got, want):
+        pointer = isinstance(ty, str) and ty.startswith("*")
+        element = _TTIR_TYPES.get(ty[1:] if pointer else ty) if isinstance(ty, str) else None
+        expect = f"!tt.ptr<{element}>" if pointer and element else element
+        if pointer != got_ty.startswith("!tt.ptr<") or (expect is not None and got_ty != expect):
+            return f"its parameter {name} is {got_ty}, the launch passes {ty}"
+        if got_div != div:
+            return f"its parameter {name} is {'' if got_div else 'not '}assumed 16-divisible, unlike the launch's"
+    return None
 
 
 def load_compiled(key: str, name: str):

@@ -32,7 +32,7 @@ from ..layout import span
 from . import sizes as S
 from . import tuning
 from .guards import IntegerKey, SizeRelation
-from .refs import load_compiled, register_compiled
+from .refs import load_compiled, register_compiled, signature_mismatch
 from ..errors import UnsupportedError
 from .ir import (
     DEFAULT,
@@ -288,6 +288,12 @@ def plan_launch(
         compiled = None
         if compile_kernel and binary is not None:
             compiled = load_compiled(*binary)
+            why = None if compiled is None else signature_mismatch(
+                compiled, list(zip([p.name for p in kernel.params], specialization)))
+            if why is not None:  # a record names a kernel that is not this launch's: Triton compiles it
+                logs.misses.warning("launch of %s: the kernel its record names (Triton hash %s) is not its "
+                                    "specialization: %s; compiling it", step.kernel_name, binary[0], why)
+                compiled = None
         if compile_kernel and compiled is None:
             compiled = kernel.warmup(grid=step.grid, **call_args)
         _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
