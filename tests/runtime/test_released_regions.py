@@ -65,3 +65,75 @@ def test_dynamo_reset_releases_the_backends_regions():
     torch._dynamo.reset()
     del g
     assert _live() == start
+
+
+def _glued(x, y):
+    """Operator calls, a view and Triton launches: an entry in each native table."""
+    h = torch.sin(x).view(2, -1).t().contiguous().view(-1)
+    return two_kernels(h, y) + 1
+
+
+def test_released_regions_give_their_native_table_slots_back():
+    """Note [Recycled table slots]: optimized graphs of ever new shapes made and dropped (a
+    server replacing captures) stop growing the native tables: the slots of destroyed regions
+    are recycled, graphs built on recycled slots compute what eager computes, and a live graph's
+    entries are never taken from it."""
+    from trident.runtime import native
+
+    kept_x, kept_y = torch.randn(98), torch.randn(98)
+    kept = trident.optimize(trident.capture(_glued, kept_x, kept_y))
+    usage = []
+    for n in range(200, 260, 2):
+        x, y = torch.randn(n), torch.randn(n)
+        opt = trident.optimize(trident.capture(_glued, x, y))
+        shifted = torch.randn(n + 1)[1:]  # a second specialization
+        for a in (x, shifted):
+            torch.testing.assert_close(opt(a, y), _glued(a, y))
+        del opt
+        gc.collect()
+        usage.append({k: v["slots"] for k, v in native.table_usage().items()})
+    # without recycling every table grows with each new shape (7 aten, 2 alloc ... entries each)
+    assert usage[-1] == usage[10], (usage[10], usage[-1])  # (kernels: one per Triton key, both seen by then)
+    assert all(usage[-1][t] > 0 for t in ("kernel", "alloc", "aten", "view", "plan")), usage[-1]
+    torch.testing.assert_close(kept(kept_x, kept_y), _glued(kept_x, kept_y))
+
+
+def test_recycling_while_other_threads_plan_and_call():
+    """Note [Recycled table slots] under threads: graphs are made, called and dropped on three
+    threads (each drop frees slots the next registration on any thread may take) while a fourth
+    keeps calling a live graph; every result equals eager's."""
+    import threading
+
+    kept_x, kept_y = torch.randn(98), torch.randn(98)
+    kept = trident.optimize(trident.capture(_glued, kept_x, kept_y))
+    want = _glued(kept_x, kept_y)
+    errors, stop = [], threading.Event()
+
+    def churn(base):
+        try:
+            for n in range(base, base + 24, 2):
+                x, y = torch.randn(n), torch.randn(n)
+                opt = trident.optimize(trident.capture(_glued, x, y))
+                torch.testing.assert_close(opt(x, y), _glued(x, y))
+                del opt
+                gc.collect()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def call():
+        try:
+            while not stop.is_set():
+                torch.testing.assert_close(kept(kept_x, kept_y), want)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(b,)) for b in (300, 400, 500)]
+    caller = threading.Thread(target=call)
+    caller.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    caller.join()
+    assert not errors, errors

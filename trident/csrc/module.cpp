@@ -55,7 +55,9 @@ int64_t create_region(const std::string& name, int64_t num_inputs, int64_t max_r
   r->output_slots = std::move(output_slots);
   r->miss_handler = std::move(miss_handler);
   r->graphs = std::make_shared<graphs::State>();
-  return register_region(r);
+  const int64_t id = register_region(r);
+  track_region(r);  // Note [Recycled table slots]
+  return id;
 }
 
 int64_t add_kernel(const std::string& name, py::bytes cubin, int64_t num_warps, int64_t num_ctas,
@@ -555,6 +557,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     s.lend.assign(lend.begin(), lend.end());
   });
   m.def("release_region", &trident::release_region);  // Note [Released regions]
+  // Note [Recycled table slots]: tables by number: kernel, alloc, aten, view, plan
+  m.def("dead_bindings", &trident::dead_bindings);
+  m.def("live_bindings", &trident::live_bindings);
+  m.def("recycle_entry", &trident::recycle_entry);
+  m.def("table_usage", &trident::table_usage);
   m.def("add_graph", &trident::graphs::add_entry);
   m.def("graph_stats", &trident::graphs::stats);
   m.def("run_native", [](int64_t region, std::vector<at::Tensor> inputs) {

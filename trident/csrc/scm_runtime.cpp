@@ -21,23 +21,60 @@ namespace py = pybind11;
 namespace trident {
 namespace {
 
-// Tables never shrink, and their capacity is reserved up front, so the hit path can index
-// them without a lock while a miss on another thread appends. They are never destroyed either:
-// at exit, Python and the CUDA driver may already be gone, and entries hold Python callables
-// and device tensors (cached constants).
+// Tables never move, and their capacity is reserved up front, so the hit path can index them
+// without a lock while a miss on another thread appends. They are never destroyed either: at
+// exit, Python and the CUDA driver may already be gone, and entries hold Python callables and
+// device tensors (cached constants).
+//
+// Note [Recycled table slots]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A released region's entries (Note [Released regions]) would otherwise stay for the process: a
+// server that keeps replacing captures (new shapes under a capture bound, dropped modules) filled
+// the 65536 slots of a table and then could plan nothing. So slots are recycled, in two steps:
+//   1. when a Region object is destroyed -- after its release AND after the last call that held
+//      it returned, so nothing runs it any more -- its destructor lists every entry it bound as
+//      a candidate (`dead_bindings`, no GIL needed: integers under a mutex);
+//   2. Python drains the candidates at a safe point, under the lock every registration and
+//      binding takes (trident/runtime/native.py `recycle_entries`), and recycles those no living
+//      region binds (`live_bindings` covers released regions a call still holds), dropping them
+//      from its de-duplication maps first, so nothing can bind them again.
+// A recycled slot is overwritten by the next `add` of its table, which the registering Python
+// call makes with the GIL held: the old entry's Python objects and tensors go then. Region ids are
+// never recycled (the id of a released region names nothing).
 constexpr size_t kTableCapacity = 1 << 16;
 
 template <typename T>
 struct Table {
   std::mutex mutex;
   std::vector<T> items;
+  std::vector<int64_t> free;     // Note [Recycled table slots]: slots to overwrite
+  std::vector<uint8_t> is_free;  // per slot: listed in `free`
   Table() { items.reserve(kTableCapacity); }
   int64_t add(T item) {
     std::lock_guard<std::mutex> lock(mutex);
+    if (!free.empty()) {
+      const int64_t slot = free.back();
+      free.pop_back();
+      is_free[slot] = 0;
+      items[slot] = std::move(item);  // the recycled entry is destroyed here (GIL held by the caller)
+      return slot;
+    }
     TRIDENT_CHECK(items.size() < kTableCapacity, "trident: runtime table is full (", kTableCapacity,
                 " entries); this process created too many SCM specializations");
     items.push_back(std::move(item));
+    is_free.push_back(0);
     return static_cast<int64_t>(items.size() - 1);
+  }
+  void recycle(int64_t slot) {
+    std::lock_guard<std::mutex> lock(mutex);
+    TRIDENT_CHECK(slot >= 0 && static_cast<size_t>(slot) < items.size(), "trident: no table entry ", slot);
+    if (is_free[slot]) return;
+    is_free[slot] = 1;
+    free.push_back(slot);
+  }
+  std::pair<int64_t, int64_t> usage() {  // (slots used, of which free)
+    std::lock_guard<std::mutex> lock(mutex);
+    return {static_cast<int64_t>(items.size()), static_cast<int64_t>(free.size())};
   }
 };
 
@@ -765,6 +802,88 @@ std::shared_ptr<Region> get_region(int64_t id) {
 std::shared_ptr<Region> unregister_region(int64_t id) {
   TRIDENT_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(), "trident: no SCM region with id ", id);
   return std::atomic_exchange(&regions().items[id], std::shared_ptr<Region>());
+}
+
+namespace {
+// Note [Recycled table slots]: every Region object alive (registered, or released and still held
+// by a call), and the entries of destroyed ones, candidates for recycling.
+struct Bindings {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<Region>> alive;
+  std::vector<std::pair<int64_t, int64_t>> dead;  // (table, entry)
+};
+Bindings& bindings() {
+  static auto* b = new Bindings();  // never destroyed: see the tables
+  return *b;
+}
+const std::vector<int64_t>* handles_of(const Region& r, int64_t table) {
+  switch (table) {
+    case kTableKernel: return &r.kernel_handles;
+    case kTableAlloc: return &r.alloc_handles;
+    case kTableAten: return &r.aten_handles;
+    case kTableView: return &r.view_handles;
+    case kTablePlan: return &r.plan_handles;
+    default: return nullptr;
+  }
+}
+}  // namespace
+
+void track_region(const std::shared_ptr<Region>& region) {
+  auto& b = bindings();
+  std::lock_guard<std::mutex> lock(b.mutex);
+  b.alive.push_back(region);
+}
+
+Region::~Region() {
+  auto& b = bindings();
+  std::lock_guard<std::mutex> lock(b.mutex);
+  for (int64_t t = 0; t < kTables; ++t)
+    for (int64_t h : *handles_of(*this, t)) b.dead.emplace_back(t, h);
+}
+
+std::vector<std::pair<int64_t, int64_t>> dead_bindings() {
+  auto& b = bindings();
+  std::lock_guard<std::mutex> lock(b.mutex);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.swap(b.dead);
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> live_bindings() {
+  std::vector<std::shared_ptr<Region>> alive;
+  {
+    auto& b = bindings();
+    std::lock_guard<std::mutex> lock(b.mutex);
+    std::vector<std::weak_ptr<Region>> kept;
+    for (auto& w : b.alive)
+      if (auto r = w.lock()) {
+        alive.push_back(std::move(r));
+        kept.push_back(w);
+      }
+    b.alive.swap(kept);
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (auto& r : alive) {
+    std::lock_guard<std::mutex> lock(r->bind_mutex);
+    for (int64_t t = 0; t < kTables; ++t)
+      for (int64_t h : *handles_of(*r, t)) out.emplace_back(t, h);
+  }
+  return out;  // the last references to destroyed regions go here, outside the mutex
+}
+
+void recycle_entry(int64_t table, int64_t entry) {
+  switch (table) {
+    case kTableKernel: kernels().recycle(entry); break;
+    case kTableAlloc: allocs().recycle(entry); break;
+    case kTableAten: atens().recycle(entry); break;
+    case kTableView: views().recycle(entry); break;
+    case kTablePlan: plans().recycle(entry); break;
+    default: TRIDENT_CHECK(false, "trident: no table ", table);
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> table_usage() {
+  return {kernels().usage(), allocs().usage(), atens().usage(), views().usage(), plans().usage()};
 }
 
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().add(std::move(kernel)); }

@@ -342,6 +342,7 @@ struct Region {
   // (written input, read input) whose bytes must not intersect, and what each pair is.
   std::vector<std::pair<int64_t, int64_t>> disjoint;
   std::vector<std::string> disjoint_what;
+  ~Region();  // Note [Recycled table slots]: lists what it bound as candidates for recycling
   Region() {
     view_handles.reserve(kMaxLocal);
     kernel_handles.reserve(kMaxLocal);
@@ -364,6 +365,15 @@ std::shared_ptr<Region> get_region(int64_t id);
 // Removes a region from the registry (Note [Released regions]); the caller releases what it holds
 // (region_call.cpp `release_region`). Null when it was released already.
 std::shared_ptr<Region> unregister_region(int64_t id);
+// Note [Recycled table slots]: the process-wide tables by number (as dead_bindings names them)
+enum : int64_t { kTableKernel = 0, kTableAlloc, kTableAten, kTableView, kTablePlan, kTables };
+void track_region(const std::shared_ptr<Region>& region);  // at creation
+// (table, entry) of every binding of the Region objects destroyed since the last call
+std::vector<std::pair<int64_t, int64_t>> dead_bindings();
+// (table, entry) of every binding of the Region objects alive (released ones a call holds included)
+std::vector<std::pair<int64_t, int64_t>> live_bindings();
+void recycle_entry(int64_t table, int64_t entry);  // the next add of that table overwrites it
+std::vector<std::pair<int64_t, int64_t>> table_usage();  // per table: (slots, of which free)
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);

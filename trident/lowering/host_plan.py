@@ -159,6 +159,13 @@ class RegionTables:
 
     def lower(self, scm: SCM, spec: Specialization) -> HostPlan:
         from ..runtime import native
+
+        with native.TABLES_LOCK:  # Note [Recycled table slots]: nothing is recycled while entries are bound
+            native.recycle_entries()
+            return self._lower(scm, spec)
+
+    def _lower(self, scm: SCM, spec: Specialization) -> HostPlan:
+        from ..runtime import native
         from ..runtime.native import aten_sizes
 
         bind = native.C.region_bind
@@ -180,7 +187,7 @@ class RegionTables:
                     tuple(f.strides), view.offset_delta, view.step.outputs[0], self.atens[name], layout_at)
             entry = _view_entries.get(args)  # entries are immutable: equal ones are shared
             if entry is None:
-                entry = _view_entries[args] = native.C.add_view(*args)
+                entry = native.shared(native.VIEW, _view_entries, args, native.C.add_view(*args))
             h.views[name] = bind(self.region_id, "view", entry)
         h.kernels = [bind(self.region_id, "kernel", native.register_launch(plan)) for plan in spec.launches]
         table = host_plan(scm, spec, h)

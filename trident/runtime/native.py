@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -18,6 +19,43 @@ C = _C
 @functools.lru_cache(maxsize=None)
 def scalar_type_code(dtype: torch.dtype) -> int:
     return C.encode_meta(torch.empty(0, dtype=dtype)) & 0xFF
+
+
+# Note [Recycled table slots] (csrc/scm_runtime.cpp): every registration and binding of native
+# entries happens under TABLES_LOCK (trident/lowering/host_plan.py RegionTables.lower), and so
+# does recycling, so no entry is bound while it is being recycled.
+TABLES_LOCK = threading.Lock()
+KERNEL, ALLOC, ATEN, VIEW, PLAN = range(5)  # the native tables, by number
+# (table, entry) -> (the de-duplication map that names it, its key there)
+_shared: dict[tuple[int, int], tuple[dict, tuple]] = {}
+
+
+def shared(table: int, entries: dict, key: tuple, handle: int) -> int:
+    """Records `handle` as `entries[key]`, an entry regions share (equal plans, one entry)."""
+    entries[key] = handle
+    _shared[(table, handle)] = (entries, key)
+    return handle
+
+
+def recycle_entries() -> int:
+    """Note [Recycled table slots]: recycles the entries of destroyed regions that no living region
+    binds; how many. Called with TABLES_LOCK held."""
+    dead = set(C.dead_bindings())
+    if not dead:
+        return 0
+    free = dead - set(C.live_bindings())
+    for table, handle in free:
+        entries, key = _shared.pop((table, handle), (None, None))
+        if entries is not None and entries.get(key) == handle:
+            del entries[key]
+        C.recycle_entry(table, handle)
+    return len(free)
+
+
+def table_usage() -> dict:
+    """Per native table: slots used and, of those, free for reuse (Note [Recycled table slots])."""
+    names = ("kernel", "alloc", "aten", "view", "plan")
+    return {name: {"slots": used, "free": free} for name, (used, free) in zip(names, C.table_usage())}
 
 
 _kernel_handles: dict[tuple, int] = {}
@@ -50,8 +88,7 @@ def register_launch(plan: LaunchPlan) -> int:
         types,
         runner,
     )
-    _kernel_handles[key] = handle
-    return handle
+    return shared(KERNEL, _kernel_handles, key, handle)
 
 
 _alloc_handles: dict[tuple, int] = {}
@@ -64,10 +101,10 @@ def register_alloc(plan: AllocPlan) -> int:
     key = (f, plan.step.zero, plan.step.slot, plan.arena_offset, plan.arena_bytes, plan.dynamic, plan.arena_slot)
     handle = _alloc_handles.get(key)
     if handle is None:
-        handle = _alloc_handles[key] = C.add_alloc(
+        handle = shared(ALLOC, _alloc_handles, key, C.add_alloc(
             list(f.sizes), list(f.strides), torch.empty(0, dtype=f.dtype), str(f.device), plan.step.zero,
             plan.step.slot, plan.arena_offset, plan.arena_bytes, plan.dynamic, plan.arena_slot,
-        )
+        ))
     return handle
 
 
