@@ -27,7 +27,9 @@ Per variant: generate() is called 4 times with the same prompt; `first_call_s` i
 call (compiles, captures), `ms_per_token` the median of calls 2-4 (wall time / 64 new tokens,
 synchronized); the tokens of every call are compared with eager's (bf16: where they part, the
 first differing step is reported). Target (issue 22): static <= 1.15 x (graph_floor +
-generate_own), below every torch.compile path; dynamic >= 4x faster than eager.
+generate_own), below every torch.compile path; dynamic >= 4x faster than eager. Issue 25: the
+case's `hbm_floor_ms_per_token` (weights and mean KV cache read once at the H200's peak
+bandwidth) and each variant's `hbm_fraction` of it.
 Each case runs in its own process; --device cpu --tiny runs a smoke test on a small config.
 """
 
@@ -266,6 +268,25 @@ def _regions_summary(opt) -> dict:
             "cuts": len(opt.meta.get("trident_cuts", ()))}
 
 
+HBM_BYTES_PER_S = 4.8e12  # H200 (HBM3e) peak
+
+
+def hbm_floor_ms(model, cfg) -> dict:
+    """Issue 25: the least time a decode token can take on this GPU at batch 1 -- every weight a
+    step multiplies with read once (the lm_head's too when tied to the embedding, whose lookup
+    reads one row), plus the KV cache at generate()'s mean context -- at peak HBM bandwidth."""
+    embed = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+    head = model.get_output_embeddings().weight
+    weights += head.numel() * head.element_size() if head is embed else 0
+    weights += embed.shape[1] * embed.element_size()  # the looked-up row
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * heads * head_dim * (PROMPT + NEW / 2) * embed.element_size()
+    return {"hbm_floor_ms_per_token": (weights + kv) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
+            "kv_bytes_mean": int(kv)}
+
+
 def run_floor(kind, kernels, args) -> dict:
     """The eager static-cache decode step replayed as one CUDA graph, per token."""
     dev = args.device
@@ -282,7 +303,8 @@ def run_floor(kind, kernels, args) -> dict:
             loop.steps(fwd, cache, tok, pos, NEW)
             _sync(dev)
             times.append((time.perf_counter() - t) / NEW * 1e3)
-    return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times]}
+    return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times],
+            **hbm_floor_ms(model, cfg)}
 
 
 def main() -> None:
@@ -347,6 +369,12 @@ def _finish(case: dict) -> None:
         for r in st.values():
             if "ms_per_token" in r:
                 r["x_floor"] = round(r["ms_per_token"] / (floor + own), 3)
+    hbm = st.get("graph_floor", {}).get("hbm_floor_ms_per_token")
+    if hbm:  # issue 25: the fraction of the HBM floor each variant reaches
+        case["hbm_floor_ms_per_token"] = hbm
+        for r in list(st.values()) + list(dy.values()):
+            if "ms_per_token" in r:
+                r["hbm_fraction"] = round(hbm / r["ms_per_token"], 3)
     eager = dy.get("eager", {}).get("ms_per_token")
     if eager:
         for r in dy.values():
