@@ -128,9 +128,9 @@ def test_records_that_do_not_fit_are_refused():
 
 def test_a_recorded_kernel_hash_naming_another_specialization_is_not_used(caplog):
     """issue 23: a record names its compiled kernel by Triton's hash; one naming another
-    specialization of the same kernel (here: compiled for a misaligned x) is checked against the
-    launch's key through its TTIR signature and refused, with a log line, and Triton compiles
-    the launch's own kernel instead."""
+    specialization of the same kernel (compiled for a misaligned x; another launch's, with its
+    own BLOCK and num_warps) or another kernel is checked against the launch (its name, source,
+    TTIR signature, num_warps) and refused, with a log line, and the launch's own kernel is used."""
     import logging
 
     from trident.scm.refs import _compiled
@@ -149,6 +149,24 @@ def test_a_recorded_kernel_hash_naming_another_specialization_is_not_used(caplog
     assert back.launches[0].binary == own, "the forged kernel was used"
     assert "is not its specialization: its parameter x_ptr is not assumed 16-divisible" in caplog.text, caplog.text
     assert specialization_from_data(rt.program, data, compile_kernels=True).launches[0].binary == own
+    # the same kernel at another launch of one region (its BLOCK and num_warps differ), and another kernel
+    opt = trident.optimize(trident.capture(K.two_kernels, x, y))
+    (rt,) = _regions(opt)
+    data = specialization_to_data(rt.program, rt.scm.specializations[0])
+    first, second = (p.binary for p in rt.scm.specializations[0].launches)
+    forged = json.loads(json.dumps(data))
+    forged["launches"][1]["kernel_hash"] = first
+    with caplog.at_level(logging.WARNING, logger="trident.misses"):
+        assert specialization_from_data(rt.program, forged, compile_kernels=True).launches[1].binary == second
+    assert "it runs 2 warps, the launch 4" in caplog.text, caplog.text
+    other = trident.optimize(trident.capture(K.tuned_scale, torch.randn(3000)))
+    (ort,) = _regions(other)
+    forged = json.loads(json.dumps(data))
+    forged["launches"][0]["kernel_hash"] = ort.scm.specializations[0].launches[0].binary
+    forged["launches"][0]["kernel"] = ort.scm.specializations[0].launches[0].compiled.name
+    with caplog.at_level(logging.WARNING, logger="trident.misses"):
+        assert specialization_from_data(rt.program, forged, compile_kernels=True).launches[0].binary == first
+    assert "it is kernel tuned_scale_kernel, the launch's is axpy_kernel" in caplog.text, caplog.text
 
 
 def test_dump_dir_holds_each_specialization_record(tmp_path):

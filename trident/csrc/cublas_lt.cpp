@@ -52,6 +52,8 @@ struct Api {
   Status (*pref_create)(Pref*);
   Status (*pref_set)(Pref, int, const void*, size_t);
   Status (*pref_destroy)(Pref);
+  Status (*desc_destroy)(Desc);
+  Status (*layout_destroy)(Layout);
   Status (*heuristic)(Handle, Desc, Layout, Layout, Layout, Layout, Pref, int, HeuristicResult*, int*);
   Status (*matmul)(Handle, Desc, const void*, const void*, Layout, const void*, Layout, const void*, const void*,
                    Layout, void*, Layout, const Algo*, void*, size_t, void*);
@@ -84,6 +86,8 @@ const Api& api() {
     sym(a.pref_create, "cublasLtMatmulPreferenceCreate");
     sym(a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
     sym(a.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    sym(a.desc_destroy, "cublasLtMatmulDescDestroy");
+    sym(a.layout_destroy, "cublasLtMatrixLayoutDestroy");
     sym(a.heuristic, "cublasLtMatmulAlgoGetHeuristic");
     sym(a.matmul, "cublasLtMatmul");
     a.status_name = reinterpret_cast<const char* (*)(Status)>(dlsym(h, "cublasLtGetStatusName"));
@@ -206,6 +210,20 @@ struct Plan {
 };
 
 bool available() { return api().ok; }
+
+// Note [Recycled table slots]: an operator entry recycled takes its plans with it.
+GemmCache::~GemmCache() {
+  for (auto& slot : plans) {
+    Plan* p = slot.exchange(nullptr);
+    if (!p) continue;
+    if (api().ok) {
+      if (p->desc) api().desc_destroy(p->desc);
+      for (Layout l : {p->la, p->lb, p->ld})
+        if (l) api().layout_destroy(l);
+    }
+    delete p;
+  }
+}
 
 namespace {
 

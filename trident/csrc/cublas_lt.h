@@ -30,6 +30,10 @@ namespace trident::blas {
 struct Plan;
 
 struct GemmCache {
+  GemmCache() = default;
+  GemmCache(const GemmCache&) = delete;
+  GemmCache& operator=(const GemmCache&) = delete;
+  ~GemmCache();  // destroys its plans (cublas_lt.cpp)
   static constexpr int kMaxPlans = 8;
   std::mutex mutex;
   std::array<std::atomic<Plan*>, kMaxPlans> plans{};

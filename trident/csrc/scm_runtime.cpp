@@ -37,10 +37,14 @@ namespace {
 //   2. Python drains the candidates at a safe point, under the lock every registration and
 //      binding takes (trident/runtime/native.py `recycle_entries`), and recycles those no living
 //      region binds (`live_bindings` covers released regions a call still holds), dropping them
-//      from its de-duplication maps first, so nothing can bind them again.
+//      from its de-duplication maps first, so nothing can bind them again; the CUDA devices are
+//      synchronized first (an operator's cached constant may be read on another stream than
+//      the one that allocated it).
 // A recycled slot is overwritten by the next `add` of its table, which the registering Python
-// call makes with the GIL held: the old entry's Python objects and tensors go then. Region ids are
-// never recycled (the id of a released region names nothing).
+// call makes with the GIL held: the old entry's Python objects, tensors and cuBLASLt plans go
+// then, after the table's mutex is released. Kernel entries are never recycled (one per compiled
+// kernel: they hold the CUDA modules loaded for it), nor region ids (the id of a released region
+// names nothing).
 constexpr size_t kTableCapacity = 1 << 16;
 
 template <typename T>
@@ -51,19 +55,25 @@ struct Table {
   std::vector<uint8_t> is_free;  // per slot: listed in `free`
   Table() { items.reserve(kTableCapacity); }
   int64_t add(T item) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!free.empty()) {
-      const int64_t slot = free.back();
-      free.pop_back();
-      is_free[slot] = 0;
-      items[slot] = std::move(item);  // the recycled entry is destroyed here (GIL held by the caller)
-      return slot;
+    T old{};  // a recycled entry, destroyed after the mutex is released (GIL held by the caller)
+    int64_t slot;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!free.empty()) {
+        slot = free.back();
+        free.pop_back();
+        is_free[slot] = 0;
+        std::swap(old, items[slot]);
+        items[slot] = std::move(item);
+      } else {
+        TRIDENT_CHECK(items.size() < kTableCapacity, "trident: runtime table is full (", kTableCapacity,
+                      " entries); this process created too many SCM specializations");
+        items.push_back(std::move(item));
+        is_free.push_back(0);
+        slot = static_cast<int64_t>(items.size() - 1);
+      }
     }
-    TRIDENT_CHECK(items.size() < kTableCapacity, "trident: runtime table is full (", kTableCapacity,
-                " entries); this process created too many SCM specializations");
-    items.push_back(std::move(item));
-    is_free.push_back(0);
-    return static_cast<int64_t>(items.size() - 1);
+    return slot;
   }
   void recycle(int64_t slot) {
     std::lock_guard<std::mutex> lock(mutex);

@@ -39,11 +39,17 @@ def shared(table: int, entries: dict, key: tuple, handle: int) -> int:
 
 def recycle_entries() -> int:
     """Note [Recycled table slots]: recycles the entries of destroyed regions that no living region
-    binds; how many. Called with TABLES_LOCK held."""
-    dead = set(C.dead_bindings())
+    binds; how many. Called with TABLES_LOCK held. Kernel entries are kept: one per compiled
+    kernel the process ever launched (as Triton keeps them), each holding the CUDA modules it
+    loaded. Entries may hold device constants a call made on another stream than the one that
+    allocated them: the devices are synchronized before their memory can go back."""
+    dead = {(t, h) for t, h in C.dead_bindings() if t != KERNEL}
     if not dead:
         return 0
     free = dead - set(C.live_bindings())
+    if free and torch.cuda.is_initialized():
+        for device in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(device)
     for table, handle in free:
         entries, key = _shared.pop((table, handle), (None, None))
         if entries is not None and entries.get(key) == handle:

@@ -170,30 +170,43 @@ _TTIR_TYPES = {"fp64": "f64", "fp32": "f32", "fp16": "f16", "bf16": "bf16", "i1"
 _TTIR_ARG = re.compile(r"%([A-Za-z_][\w]*): (!tt\.ptr<[^>]*>|\w+)((?: \{[^}]*\})?)")
 
 
-def signature_mismatch(compiled, params) -> "str | None":
+def signature_mismatch(compiled, fn, params, num_warps: "int | None" = None) -> "str | None":
     """Why `compiled`, read from Triton's cache by the hash a record names, is not the kernel of
-    the launch Triton's key describes (None: it is). `params`: (name, (type, attribute)) per
-    parameter, Triton's key. Its TTIR signature must keep exactly the key's non-constexpr
-    parameters, in order and by name, each a pointer or a scalar of the key's element type, with
-    the 16-divisibility the key gives it (Note [Records named by what they serve] trusts a record
-    only as far as it can be checked)."""
+    the launch of `fn` (the @triton.jit function) that Triton's key describes (None: it is).
+    `params`: (name, (type, attribute)) per parameter, Triton's key; `num_warps`: the launch's,
+    where it says. Checked from what the compiled kernel carries: its name and the source file
+    and line its TTIR locates it at are `fn`'s; its TTIR signature keeps exactly the key's
+    non-constexpr parameters, in order and by name, each a pointer or a scalar of the key's
+    element type (signless in TTIR), with the 16-divisibility the key gives it; its num_warps.
+    Not checkable there: constexpr values (folded into the code) -- those are trusted as the
+    record is (docs/persistent_cache.md)."""
     ttir = compiled.asm.get("ttir") if getattr(compiled, "asm", None) else None
+    name = getattr(fn, "__name__", None)
+    if compiled.name != name:
+        return f"it is kernel {compiled.name}, the launch's is {name}"
     head = f"tt.func public @{compiled.name}("
-    line = next((ln for ln in ttir.splitlines() if head in ln), None) if isinstance(ttir, str) else None
+    lines = ttir.splitlines() if isinstance(ttir, str) else []
+    line = next((ln for ln in lines if head in ln), None)
     if line is None:
         return "Triton's cache holds no TTIR signature for it"
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    where = re.search(r'^#loc\d* = loc\("(.*)":(\d+):\d+\)$', next((ln for ln in lines if ln.startswith("#loc")), ""))
+    if code is not None and (where is None or where[1] != code.co_filename):
+        return f"its source is {where[1] if where else 'not located'}, the launch's kernel is in {code.co_filename}"
     got = [(m[1], m[2], "tt.divisibility = 16 " in m[3]) for m in _TTIR_ARG.finditer(line.split(head, 1)[1])]
-    want = [(name, ty, attr == "D") for name, (ty, attr) in params if ty != "constexpr"]
+    want = [(pname, ty, attr == "D") for pname, (ty, attr) in params if ty != "constexpr"]
     if [g[0] for g in got] != [w[0] for w in want]:
         return f"its parameters are {[g[0] for g in got]}, the launch passes {[w[0] for w in want]}"
-    for (name, got_ty, got_div), (_, ty, div) in zip(got, want):
+    for (pname, got_ty, got_div), (_, ty, div) in zip(got, want):
         pointer = isinstance(ty, str) and ty.startswith("*")
         element = _TTIR_TYPES.get(ty[1:] if pointer else ty) if isinstance(ty, str) else None
         expect = f"!tt.ptr<{element}>" if pointer and element else element
         if pointer != got_ty.startswith("!tt.ptr<") or (expect is not None and got_ty != expect):
-            return f"its parameter {name} is {got_ty}, the launch passes {ty}"
+            return f"its parameter {pname} is {got_ty}, the launch passes {ty}"
         if got_div != div:
-            return f"its parameter {name} is {'' if got_div else 'not '}assumed 16-divisible, unlike the launch's"
+            return f"its parameter {pname} is {'' if got_div else 'not '}assumed 16-divisible, unlike the launch's"
+    if num_warps is not None and compiled.metadata.num_warps != num_warps:
+        return f"it runs {compiled.metadata.num_warps} warps, the launch {num_warps}"
     return None
 
 

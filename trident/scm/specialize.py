@@ -288,8 +288,10 @@ def plan_launch(
         compiled = None
         if compile_kernel and binary is not None:
             compiled = load_compiled(*binary)
+            warps = step.args.get("num_warps", 4)  # Triton's default on CUDA
             why = None if compiled is None else signature_mismatch(
-                compiled, list(zip([p.name for p in kernel.params], specialization)))
+                compiled, kernel, list(zip([p.name for p in kernel.params], specialization)),
+                warps if isinstance(warps, int) else None)
             if why is not None:  # a record names a kernel that is not this launch's: Triton compiles it
                 logs.misses.warning("launch of %s: the kernel its record names (Triton hash %s) is not its "
                                     "specialization: %s; compiling it", step.kernel_name, binary[0], why)
