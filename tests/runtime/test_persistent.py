@@ -304,3 +304,32 @@ def test_writers_starting_cold_keep_each_others_records(dirs):
     assert [third["sums"][k] for k in ("shift4", "half")] == [first["sums"]["shift4"], second["sums"]["half"]]
     run("half,aligned")
     assert len(records()) == 3  # nothing duplicated
+
+
+def test_host_libraries_no_record_names_are_removed(dirs):
+    """A record rewritten with a rebuilt host library leaves its old library behind: the next
+    write removes libraries no record names, except those written in the last minute (another
+    process may be about to name it); the named ones stay and still load."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **dirs)
+    env.pop("TRIDENT_LOG", None)
+
+    def run(calls):
+        proc = subprocess.run([sys.executable, "-c", CHILD_WRITER, calls], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    run("aligned")
+    (named,) = [p for p in _files(dirs["TRIDENT_CACHE_DIR"]) if p.endswith(".so")]
+    folder = os.path.dirname(named)
+    old, fresh = os.path.join(folder, "host." + "a" * 24 + ".so"), os.path.join(folder, "host." + "b" * 24 + ".so")
+    for path in (old, fresh):
+        with open(path, "wb") as f:
+            f.write(b"\x7fELF not named by any record")
+        os.chmod(path, 0o600)
+    os.utime(old, (1, 1))
+    assert run("shift4")["restored"] == [True, False]  # a miss writes a record
+    libraries = {os.path.basename(p) for p in _files(folder) if p.endswith(".so")}
+    assert os.path.basename(old) not in libraries and {os.path.basename(fresh), os.path.basename(named)} <= libraries
+    third = run("aligned,shift4")
+    assert third["restored"] == [True, True] and third["misses"] == 0

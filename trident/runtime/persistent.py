@@ -46,7 +46,8 @@ the other's 0 (duplicated). The index is only a selection order, and guards are 
 order, so the name is now a digest of what a specialization serves, and the index is a sort key
 inside it. The host library baked the native table indices of the process that wrote it: one
 restored at another position does not bind the same indices (`handles` in its record) and is
-built again and written anew.
+built again and written anew; the library no record names then is removed by a later write to the
+folder (`_drop_orphans`, once a minute old: another process may be about to name a fresh one).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Any, Optional
 
 import torch
@@ -323,6 +325,38 @@ class PlanCache:
         except OSError:
             pass
 
+    def _libraries(self) -> set:
+        """The host libraries the folder's records name."""
+        names = set()
+        for record in os.listdir(self.folder):
+            if record.startswith("spec-") and record.endswith(".json"):
+                try:
+                    with open(self._path(record), "rb") as f:
+                        native = json.loads(f.read().decode("utf-8")).get("native") or {}
+                    names.add(str(native.get("file", "")))
+                except (OSError, ValueError, AttributeError):
+                    continue
+        return names
+
+    def _drop_orphans(self, written: Optional[dict]) -> None:
+        """Removes host libraries no record names any more (a record rewritten with a rebuilt
+        library leaves its old one behind); `written`: the native record just stored, kept. One
+        written in the last minute is kept too: another process may be about to name it."""
+        try:
+            if not private_chain(self.folder, 2):
+                return
+            libraries = [n for n in os.listdir(self.folder) if n.startswith("host.") and n.endswith(".so")]
+            if not libraries:
+                return
+            named = self._libraries() | {str((written or {}).get("file", ""))}
+            now = time.time()
+            for lib in libraries:
+                path = self._path(lib)
+                if lib not in named and now - os.lstat(path).st_mtime > 60:
+                    os.remove(path)
+        except OSError as e:
+            _log.debug("%s: could not remove unused host libraries: %s", self.name, e)
+
     def store(self, payload: dict, native: Optional[dict] = None) -> str:
         """Writes a specialization's record; its name (Note [Records named by what they serve])."""
         name = self.record_name(payload)
@@ -341,6 +375,8 @@ class PlanCache:
                 raise
         except OSError as e:  # a read-only or full disk costs the cache, never the call
             _log.warning("%s: could not write persistent plan %s: %s", self.name, self._path(name), e)
+            return name
+        self._drop_orphans(native)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("%s: persistent plan %s written", self.name, self._path(name))
         return name
