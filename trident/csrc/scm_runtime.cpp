@@ -669,20 +669,25 @@ int64_t run_host(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx)
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A specialization is planned from facts; whether its operators accept the inputs (an fp16
 // input to an fp32 weight's mm) is known when it first runs. The first run of each one that
-// returns -- an ordinary call, a miss, a graph's recording -- tells the region's Python side
-// (GIL taken, once per specialization): one that failed is retired (its host and select
+// returns -- an ordinary call, a miss, a graph's recording -- is marked; one that failed tells
+// the region's Python side (GIL taken, once per specialization) and is retired (its host and select
 // functions replaced by never_matches, its index kept; its persistent record removed) and the
 // error reaches the caller, so the next call misses and plans again instead of selecting what
 // failed -- once per input facts: a specialization planned again for facts whose first one
 // failed is kept, so a call that fails as eager fails costs no planning after the first. The
 // check on the hit path is one relaxed load.
 void first_run(Region& r, int64_t region_id, int64_t index, bool ok, const std::string& error) {
-  py::gil_scoped_acquire gil;
   const HostTable* hosts = r.hosts.load(std::memory_order_acquire);
-  if (!hosts || index >= static_cast<int64_t>(hosts->proven.size()) || hosts->proven[index]->exchange(1)) return;
+  if (!hosts || index >= static_cast<int64_t>(hosts->proven.size())) return;
+  if (ok) {  // nothing to tell: the handler acts on failures only (no GIL taken)
+    hosts->proven[index]->store(1, std::memory_order_relaxed);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  if (hosts->proven[index]->exchange(1)) return;
   if (!r.first_run_handler || r.first_run_handler.is_none()) return;
   try {
-    r.first_run_handler(region_id, index, ok ? py::object(py::none()) : py::object(py::str(error)));
+    r.first_run_handler(region_id, index, py::str(error));
   } catch (py::error_already_set& e) {
     // the call's own outcome stands; a failing listener is a bug reported without hiding it
     // (with warnings as errors the warning itself raises: the call's outcome still stands)
