@@ -137,3 +137,33 @@ def test_recycling_while_other_threads_plan_and_call():
     stop.set()
     caller.join()
     assert not errors, errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and device memory: needs a GPU")
+def test_dropped_graphs_give_their_device_memory_back_cuda():
+    """Note [Released regions] on CUDA: optimized graphs that recorded and replayed CUDA graphs,
+    dropped, return the device memory their graphs' private pools and buffers held (to the
+    caching allocator: reserved memory can be emptied again), over repeated create/drop cycles."""
+    x, y = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda")
+
+    def cycle():
+        with knobs.scope(graph_min_saving_us="-inf"):  # a graph even where replays save little
+            opt = trident.optimize(trident.capture(two_kernels, x, y))
+            for _ in range(6):  # recorded after 2 ordinary calls, then replayed
+                torch.testing.assert_close(opt(x, y), two_kernels(x, y))
+        stats = trident.cache_info(opt)
+        assert sum(v.get("graph_replays", 0) for v in stats.values()) > 0, stats
+        del opt
+
+    cycle()  # warm: kernels loaded, the allocator's own blocks made
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base_allocated, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    for _ in range(5):
+        cycle()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated() <= base_allocated
+    assert torch.cuda.memory_reserved() <= base_reserved + (2 << 20)
