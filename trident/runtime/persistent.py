@@ -8,7 +8,7 @@ of one whose first run failed is removed again; restoring stops at that gap) and
 instead of planning: no value propagation, no autotuner benchmarks, and Triton's kernels from
 Triton's own on-disk cache (its compile finds them; nothing is compiled again). The host
 program of each specialization is kept too, as a shared library (the ExecutionEngine's object
-file linked with `ld -shared`; spec<k>.<hash>.so): its sha256 is in the entry and checked before
+file linked with `ld -shared`; host.<sha256>.so): its sha256 is in the entry and checked before
 it is loaded (ctypes), and it is used only when the restored specialization binds the same
 native table indices it baked in; otherwise, or without a linker, it is built again (LLVM at
 -O0, Note [One host program per specialization]).
@@ -17,7 +17,7 @@ native table indices it baked in; otherwise, or without a linker, it is built ag
     captured input facts, each kernel's Triton cache key (source and the globals it reads),
     autotuner configs, and the versions of Trident (and a digest of its sources and native
     extension), torch, triton, torch-mlir, the knobs that shape plans, plus the compute
-    capability of each CUDA device the inputs are on. One folder per key; `spec<k>.json` per
+    capability of each CUDA device the inputs are on. One folder per key; `spec-<serves>.json` per
     specialization.
   * An entry is {"versions", "key" (the region key it was filed under), "sha256" of its payload,
     native record and key, "payload"}, in `spec-<serves>.json`, named by a digest of what the
