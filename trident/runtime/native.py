@@ -28,6 +28,7 @@ TABLES_LOCK = threading.Lock()
 KERNEL, ALLOC, ATEN, VIEW, PLAN = range(5)  # the native tables, by number
 # (table, entry) -> (the de-duplication map that names it, its key there)
 _shared: dict[tuple[int, int], tuple[dict, tuple]] = {}
+_deferred: set = set()  # candidates whose recycling waits for a later call (recycle_entries)
 
 
 def shared(table: int, entries: dict, key: tuple, handle: int) -> int:
@@ -43,13 +44,18 @@ def recycle_entries() -> int:
     kernel the process ever launched (as Triton keeps them), each holding the CUDA modules it
     loaded. Entries may hold device constants a call made on another stream than the one that
     allocated them: the devices are synchronized before their memory can go back."""
-    dead = {(t, h) for t, h in C.dead_bindings() if t != KERNEL}
+    dead = _deferred | {(t, h) for t, h in C.dead_bindings() if t != KERNEL}
+    _deferred.clear()
     if not dead:
         return 0
     free = dead - set(C.live_bindings())
     if free and torch.cuda.is_initialized():
-        for device in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(device)
+        try:
+            for device in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(device)
+        except RuntimeError:  # another thread capturing a CUDA graph, say: recycled at a later miss
+            _deferred.update(free)
+            return 0
     for table, handle in free:
         entries, key = _shared.pop((table, handle), (None, None))
         if entries is not None and entries.get(key) == handle:
