@@ -67,6 +67,31 @@ def test_dynamo_reset_releases_the_backends_regions():
     assert _live() == start
 
 
+def test_released_region_slots_are_reused_under_new_ids():
+    """Note [Region ids]: the registry holds the regions alive, not every region ever made: a
+    released region's slot serves later regions under new ids, and every released id still
+    refuses to run (it never reaches the region now in its slot)."""
+    from trident.runtime import native
+
+    x, y = torch.randn(100), torch.randn(100)
+    gc.collect()
+    before = native.table_usage()["region"]["slots"]
+    ids = []
+    for _ in range(20):
+        opt = trident.optimize(trident.capture(two_kernels, x, y))
+        ids += opt.meta["trident_regions"]
+        torch.testing.assert_close(opt(x, y), two_kernels(x, y))
+        del opt
+        gc.collect()
+    keep = trident.optimize(trident.capture(two_kernels, x, y))
+    assert len(set(ids)) == 20 and not set(ids) & set(keep.meta["trident_regions"])
+    assert native.table_usage()["region"]["slots"] <= before + 2  # without reuse: + 21
+    for old in ids:
+        with pytest.raises(RuntimeError, match="was released"):
+            C.run_native(old, [x, y])
+    torch.testing.assert_close(keep(x, y), two_kernels(x, y))
+
+
 def _glued(x, y):
     """Operator calls, a view and Triton launches: an entry in each native table."""
     h = torch.sin(x).view(2, -1).t().contiguous().view(-1)

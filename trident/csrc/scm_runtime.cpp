@@ -43,8 +43,8 @@ namespace {
 // A recycled slot is overwritten by the next `add` of its table, which the registering Python
 // call makes with the GIL held: the old entry's Python objects, tensors and cuBLASLt plans go
 // then, after the table's mutex is released. Kernel entries are never recycled (one per compiled
-// kernel: they hold the CUDA modules loaded for it), nor region ids (the id of a released region
-// names nothing).
+// kernel: they hold the CUDA modules loaded for it). Region slots are reused under new ids (Note
+// [Region ids]).
 constexpr size_t kTableCapacity = 1 << 16;
 
 template <typename T>
@@ -789,20 +789,43 @@ void fill_tensor_facts(const at::Tensor& t, int64_t max_rank, int64_t* out) {
   }
 }
 
+// Note [Region ids]: a region's id is its registry slot plus a generation above the slot bits:
+// a released slot is taken by a later region under a new id, so the registry holds as many
+// regions as are alive, while the id of a released region still names nothing (its slot holds
+// another id, or none). Slots are published and read atomically (get_region on the hit path).
+constexpr int64_t kSlotBits = 16;
+static_assert((size_t{1} << kSlotBits) == kTableCapacity, "a region slot is an index of the registry");
+
 int64_t register_region(std::shared_ptr<Region> region) {
-  int64_t id = regions().add(region);
-  region->id = id;
-  return id;
+  static std::atomic<int64_t> generation{0};
+  auto& t = regions();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  int64_t slot;
+  if (!t.free.empty()) {
+    slot = t.free.back();
+    t.free.pop_back();
+    t.is_free[slot] = 0;
+  } else {
+    TRIDENT_CHECK(t.items.size() < kTableCapacity, "trident: more than ", kTableCapacity,
+                  " SCM regions alive in this process");
+    t.items.emplace_back();
+    t.is_free.push_back(0);
+    slot = static_cast<int64_t>(t.items.size() - 1);
+  }
+  region->id = (generation.fetch_add(1) + 1) << kSlotBits | slot;
+  std::atomic_store(&t.items[slot], region);
+  return region->id;
 }
 
 std::shared_ptr<Region> get_region(int64_t id) {
-  TRIDENT_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(),
+  const int64_t slot = id & ((int64_t{1} << kSlotBits) - 1);
+  TRIDENT_CHECK(id >= 0 && static_cast<size_t>(slot) < regions().items.size(),
               "trident: no SCM region with id ", id,
               " in this process; the graph was optimized in another process or the id is corrupt");
-  // slots never move (capacity reserved); a released slot is reset atomically (Note [Released regions])
-  std::shared_ptr<Region> r = std::atomic_load(&regions().items[id]);
-  TRIDENT_CHECK(r, "trident: SCM region ", id, " was released: the optimized graph it belonged to was garbage "
-              "collected (a copy of that graph cannot run without it; optimize the function again)");
+  // slots never move (capacity reserved) and are published atomically (Note [Region ids])
+  std::shared_ptr<Region> r = std::atomic_load(&regions().items[slot]);
+  TRIDENT_CHECK(r && r->id == id, "trident: SCM region ", id, " was released: the optimized graph it belonged to "
+              "was garbage collected (a copy of that graph cannot run without it; optimize the function again)");
   return r;
 }
 
@@ -815,8 +838,16 @@ std::shared_ptr<Region> get_region(int64_t id) {
 // programs and miss handler. A call in flight holds its own reference. Slots are not reused:
 // the id of a released region names nothing.
 std::shared_ptr<Region> unregister_region(int64_t id) {
-  TRIDENT_CHECK(id >= 0 && static_cast<size_t>(id) < regions().items.size(), "trident: no SCM region with id ", id);
-  return std::atomic_exchange(&regions().items[id], std::shared_ptr<Region>());
+  const int64_t slot = id & ((int64_t{1} << kSlotBits) - 1);
+  auto& t = regions();
+  TRIDENT_CHECK(id >= 0 && static_cast<size_t>(slot) < t.items.size(), "trident: no SCM region with id ", id);
+  std::lock_guard<std::mutex> lock(t.mutex);
+  std::shared_ptr<Region> r = std::atomic_load(&t.items[slot]);
+  if (!r || r->id != id) return nullptr;  // released already
+  std::atomic_store(&t.items[slot], std::shared_ptr<Region>());
+  t.is_free[slot] = 1;
+  t.free.push_back(slot);  // Note [Region ids]: a later region takes the slot under a new id
+  return r;
 }
 
 namespace {
@@ -898,7 +929,7 @@ void recycle_entry(int64_t table, int64_t entry) {
 }
 
 std::vector<std::pair<int64_t, int64_t>> table_usage() {
-  return {kernels().usage(), allocs().usage(), atens().usage(), views().usage(), plans().usage()};
+  return {kernels().usage(), allocs().usage(), atens().usage(), views().usage(), plans().usage(), regions().usage()};
 }
 
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel) { return kernels().add(std::move(kernel)); }

@@ -373,7 +373,7 @@ std::vector<std::pair<int64_t, int64_t>> dead_bindings();
 // (table, entry) of every binding of the Region objects alive (released ones a call holds included)
 std::vector<std::pair<int64_t, int64_t>> live_bindings();
 void recycle_entry(int64_t table, int64_t entry);  // the next add of that table overwrites it
-std::vector<std::pair<int64_t, int64_t>> table_usage();  // per table: (slots, of which free)
+std::vector<std::pair<int64_t, int64_t>> table_usage();  // per table, then the regions': (slots, of which free)
 int64_t register_kernel(std::shared_ptr<KernelEntry> kernel);
 int64_t register_alloc(AllocEntry alloc);
 int64_t register_aten(std::shared_ptr<AtenEntry> entry);

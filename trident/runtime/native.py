@@ -65,8 +65,9 @@ def recycle_entries() -> int:
 
 
 def table_usage() -> dict:
-    """Per native table: slots used and, of those, free for reuse (Note [Recycled table slots])."""
-    names = ("kernel", "alloc", "aten", "view", "plan")
+    """Per native table (and the region registry): slots used and, of those, free for reuse (Note
+    [Recycled table slots], Note [Region ids])."""
+    names = ("kernel", "alloc", "aten", "view", "plan", "region")
     return {name: {"slots": used, "free": free} for name, (used, free) in zip(names, C.table_usage())}
 
 
