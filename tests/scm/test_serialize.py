@@ -169,6 +169,28 @@ def test_a_recorded_kernel_hash_naming_another_specialization_is_not_used(caplog
     assert "it is kernel tuned_scale_kernel, the launch's is axpy_kernel" in caplog.text, caplog.text
 
 
+def test_a_recorded_kernel_compiled_in_another_checkout_is_used(caplog, monkeypatch):
+    """Triton's key hashes a kernel's source and first line, not its file's path: a Triton cache
+    shared by two checkouts of one program (CI's clone and a developer's tree) holds the kernel
+    with the path of the checkout that compiled it first. The record's kernel is still this
+    launch's and is used, with no warning."""
+    import logging
+
+    from trident.scm.refs import _compiled
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    opt = trident.optimize(trident.capture(K.axpy, x, y))
+    (rt,) = _regions(opt)
+    own = rt.scm.specializations[0].launches[0].binary
+    ttir = _compiled[own].asm["ttir"]
+    assert K.__file__ in ttir
+    monkeypatch.setitem(_compiled[own].asm, "ttir", ttir.replace(K.__file__, "/elsewhere/checkout/tests/kernels.py"))
+    data = specialization_to_data(rt.program, rt.scm.specializations[0])
+    with caplog.at_level(logging.WARNING, logger="trident.misses"):
+        assert specialization_from_data(rt.program, data, compile_kernels=True).launches[0].binary == own
+    assert "is not its specialization" not in caplog.text, caplog.text
+
+
 def test_dump_dir_holds_each_specialization_record(tmp_path):
     from trident import knobs
 

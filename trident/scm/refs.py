@@ -174,12 +174,13 @@ def signature_mismatch(compiled, fn, params, num_warps: "int | None" = None) -> 
     """Why `compiled`, read from Triton's cache by the hash a record names, is not the kernel of
     the launch of `fn` (the @triton.jit function) that Triton's key describes (None: it is).
     `params`: (name, (type, attribute)) per parameter, Triton's key; `num_warps`: the launch's,
-    where it says. Checked from what the compiled kernel carries: its name and the source file
-    and line its TTIR locates it at are `fn`'s; its TTIR signature keeps exactly the key's
-    non-constexpr parameters, in order and by name, each a pointer or a scalar of the key's
+    where it says. Checked from what the compiled kernel carries: its name is `fn`'s; its TTIR
+    signature keeps exactly the key's non-constexpr parameters, in order and by name, each a pointer or a scalar of the key's
     element type (signless in TTIR), with the 16-divisibility the key gives it; its num_warps.
     Not checkable there: constexpr values (folded into the code) -- those are trusted as the
-    record is (docs/persistent_cache.md)."""
+    record is (docs/persistent_cache.md). Not compared: the source file its TTIR locates it in --
+    Triton's key hashes the source and its first line, not the file's path, so a cache shared by
+    two checkouts of one program serves either with the path of the one that compiled first."""
     ttir = compiled.asm.get("ttir") if getattr(compiled, "asm", None) else None
     name = getattr(fn, "__name__", None)
     if compiled.name != name:
@@ -189,10 +190,6 @@ def signature_mismatch(compiled, fn, params, num_warps: "int | None" = None) -> 
     line = next((ln for ln in lines if head in ln), None)
     if line is None:
         return "Triton's cache holds no TTIR signature for it"
-    code = getattr(getattr(fn, "fn", None), "__code__", None)
-    where = re.search(r'^#loc\d* = loc\("(.*)":(\d+):\d+\)$', next((ln for ln in lines if ln.startswith("#loc")), ""))
-    if code is not None and (where is None or where[1] != code.co_filename):
-        return f"its source is {where[1] if where else 'not located'}, the launch's kernel is in {code.co_filename}"
     got = [(m[1], m[2], "tt.divisibility = 16 " in m[3]) for m in _TTIR_ARG.finditer(line.split(head, 1)[1])]
     want = [(pname, ty, attr == "D") for pname, (ty, attr) in params if ty != "constexpr"]
     if [g[0] for g in got] != [w[0] for w in want]:
