@@ -45,6 +45,7 @@ DEVICE_MODES = {
     "triton_copies": knobs.triton_copies,
     "decode_attention": knobs.decode_attention,
     "gemm_epilogues": knobs.gemm_epilogues,
+    "fuse_glue": knobs.fuse_glue,
     "graphs": knobs.graphs,
 }
 INTS = {  # reader, default, lowest, highest (None: unbounded)
@@ -125,10 +126,11 @@ def test_dynamo_symbolic_takes_every_spelling():
 
 @pytest.mark.parametrize("name", sorted(DEVICE_MODES))
 def test_device_modes(name):
-    """'cuda', 'all', off (any off spelling: ''), and on (any on spelling: 'cuda', the default)."""
+    """'cuda', 'all', off (any off spelling: ''), and on (any on spelling: 'cuda', the default;
+    fuse_glue's default is off until it is measured on the GPU)."""
     read = DEVICE_MODES[name]
     with knobs.scope(**{name: None}):
-        assert read() == "cuda"
+        assert read() == ("" if name == "fuse_glue" else "cuda")
     for raw, mode in [
         ("cuda", "cuda"),
         ("CUDA", "cuda"),

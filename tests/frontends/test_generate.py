@@ -157,3 +157,42 @@ def test_dynamic_cache_decode_replays_graphs_around_the_attention(door, monkeypa
     # Note [Lent outputs]: the pieces hand each other their outputs without copies
     assert lent > 0
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kernels", ["plain", "own"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_generate_with_fused_glue(kind, kernels, monkeypatch):
+    """issue 25 item 2 (Note [Fused glue]): with TRIDENT_FUSE_GLUE the ATen glue of the decode
+    step (norms, rotary embedding, residual adds, SwiGLU) runs as Inductor-generated Triton
+    kernels inside Trident's region; generate()'s tokens equal eager's, the logits within fp32
+    rounding, and the step runs fewer operator calls than unfused."""
+    torch._dynamo.reset()
+    _, model = _model(kind, kernels, monkeypatch)
+    with torch.no_grad():
+        want = model.generate(torch.tensor(PROMPT), max_new_tokens=NEW, do_sample=False, cache_implementation="static",
+                              return_dict_in_generate=True, output_logits=True)
+    forward = model.forward
+    counts = {}
+    for mode in ("", "all"):
+        with trident.knobs.scope(fuse_glue=mode):
+            model.forward = trident.compile(forward)
+            with torch.no_grad():
+                for _ in range(2):
+                    got = model.generate(torch.tensor(PROMPT), max_new_tokens=NEW, do_sample=False,
+                                         cache_implementation="static", return_dict_in_generate=True,
+                                         output_logits=True)
+                    assert torch.equal(got.sequences, want.sequences)
+                    for a, b in zip(got.logits, want.logits):
+                        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        decode = max((opt for opt in model.forward.captures.values()),
+                     key=lambda opt: sum(v["hits"] for v in trident.cache_info(opt).values()))
+        from trident.runtime import SCMRuntime
+
+        programs = [SCMRuntime.get(r).program for r in decode.meta["trident_regions"]]
+        counts[mode] = (sum(len(p.steps) for p in programs),
+                        sum(s.kernel_name.startswith("triton_") for p in programs for s in p.launches))
+    # plain: per layer at least the two norms, the rotary embedding and the SwiGLU; with the user's
+    # own RMSNorm, SwiGLU and rotary kernels less glue is left (residual adds, casts)
+    assert counts[""][1] == 0 and counts["all"][1] >= (2 * 4 if kernels == "plain" else 1), counts
+    assert counts["all"][0] < counts[""][0], counts
+    torch._dynamo.reset()

@@ -1,0 +1,264 @@
+"""trident/passes/fuse_glue.py (Note [Fused glue]): groups of ATen glue between launches become
+Inductor-generated Triton kernels, launched like user kernels; on the CPU through Triton's
+interpreter (TRIDENT_FUSE_GLUE=all). Each fused program is compared with eager on the same
+inputs, over random chains, shapes and dtypes; and the cases where moving a group would change
+what it reads or what aliases what are left as they were."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import expecttest
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trident
+from tests import kernels as K
+from tests.conftest import normalize
+from trident import knobs
+from trident.passes import inductor_glue
+from trident.passes.fuse_glue import fuse_glue
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+aten = torch.ops.aten
+
+
+def _launches(gm):
+    """Names of the kernels the regions of an optimized module launch, in order."""
+    from trident.runtime import SCMRuntime
+
+    return [s.kernel_name for rid in gm.meta["trident_regions"] for s in SCMRuntime.get(rid).program.launches]
+
+
+def _rms(x, y, w):
+    """A launch, then an RMSNorm in ATen (cast, pow, mean, add, rsqrt, mul, mul), then a launch."""
+    a = K.axpy(x, y)
+    h = a.view(4, 64).float()
+    v = h.pow(2).mean(-1, keepdim=True)
+    n = (w * (h * torch.rsqrt(v + 1e-6))).reshape(-1)
+    return K.axpy(n, x), n
+
+
+def _args(seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).to(dtype) for s in ((256,), (256,), (64,))]
+
+
+def test_rmsnorm_between_launches_is_one_generated_kernel_equal_to_eager():
+    args = _args()
+    want = _rms(*args)
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(_rms, *args))
+    names = _launches(opt)
+    assert names[0] == names[-1] == "axpy_kernel" and len(names) == 3, names
+    assert names[1].startswith("triton_") and "fused" in names[1], names
+    for got, ref in zip(opt(*args), want):
+        torch.testing.assert_close(got, ref)
+    other = _args(seed=1)  # a later call with other values: the same kernels, eager's results
+    for got, ref in zip(opt(*other), _rms(*other)):
+        torch.testing.assert_close(got, ref)
+
+
+def test_off_by_default_and_off_leaves_the_glue():
+    args = _args()
+    opt = trident.optimize(trident.capture(_rms, *args))
+    assert _launches(opt) == ["axpy_kernel", "axpy_kernel"]
+    with knobs.scope(fuse_glue=""):
+        assert _launches(trident.optimize(trident.capture(_rms, *args))) == ["axpy_kernel", "axpy_kernel"]
+
+
+def test_cuda_mode_leaves_cpu_tensors():
+    args = _args()
+    with knobs.scope(fuse_glue="cuda"):
+        assert _launches(trident.optimize(trident.capture(_rms, *args))) == ["axpy_kernel", "axpy_kernel"]
+
+
+# One step of a random glue chain: (name, fn(value, other) -> value). `other` has the value's
+# shape or broadcasts over its rows.
+_STEPS = [
+    ("add", lambda v, o: v + o),
+    ("mul", lambda v, o: v * o),
+    ("sub_scalar", lambda v, o: v - 0.5),
+    ("sigmoid", lambda v, o: torch.sigmoid(v)),
+    ("silu_mul", lambda v, o: F.silu(v) * o),
+    ("tanh", lambda v, o: torch.tanh(v)),
+    ("neg_abs", lambda v, o: -v.abs()),
+    ("exp_clamped", lambda v, o: torch.exp(v.clamp(-4, 4))),
+    ("rsqrt", lambda v, o: torch.rsqrt(v.abs() + 1.0)),
+    ("to_fp32_and_back", lambda v, o: (v.float() * 1.5).to(v.dtype)),
+    ("mean_keepdim", lambda v, o: v - v.mean(-1, keepdim=True)),
+    ("sum_keepdim", lambda v, o: v / (v.abs().sum(-1, keepdim=True) + 1.0)),
+    ("amax_keepdim", lambda v, o: v - v.amax(-1, keepdim=True)),
+    ("softmax", lambda v, o: torch.softmax(v.float(), -1).to(v.dtype)),
+    ("where", lambda v, o: torch.where(v > 0, v, o)),
+    ("rotate_half", lambda v, o: torch.cat((-v[..., v.shape[-1] // 2:], v[..., : v.shape[-1] // 2]), -1)
+     if v.shape[-1] % 2 == 0 else v * 2),
+    ("transpose_back", lambda v, o: (v.t() * 2).t()),
+]
+
+
+def _chain(steps, rows, cols):
+    def fn(x, y, other):
+        v = K.axpy(x, y).view(rows, cols)  # a launch before the glue
+        for _, step in steps:
+            v = step(v, other)
+        out = v.contiguous().view(-1)
+        return K.axpy(out, out), v  # a launch after it, and the glue's own result
+
+    return fn
+
+
+def test_random_chains_equal_eager():
+    """Random chains of 2-5 glue steps over random shapes, fp32 and fp16, between two launches:
+    the fused program equals eager (fp16: within its rounding), for the capture's inputs and
+    fresh ones; most chains are fused into fewer kernels than the ops they replace."""
+    rng = random.Random(0)
+    fused_chains = 0
+    trials = 14
+    for trial in range(trials):
+        dtype = torch.float32 if trial % 3 else torch.float16
+        rows, cols = rng.choice([1, 2, 3, 5]), rng.choice([1, 7, 16, 33, 64, 130])
+        steps = [rng.choice(_STEPS) for _ in range(rng.randint(2, 5))]
+        fn = _chain(steps, rows, cols)
+        g = torch.Generator().manual_seed(trial)
+        n = rows * cols
+        other = torch.randn((rows, cols) if trial % 2 else (cols,), generator=g).to(dtype)
+        args = [torch.randn(n, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype), other]
+        with knobs.scope(fuse_glue="all"):
+            opt = trident.optimize(trident.capture(fn, *[a.clone() for a in args]))
+        names = _launches(opt)
+        fused_chains += any(name.startswith("triton_") for name in names)
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
+        for call_args in (args, [a.neg() for a in args]):
+            for got, ref in zip(opt(*call_args), fn(*call_args)):
+                torch.testing.assert_close(got, ref, **tol, msg=lambda m: f"{[s[0] for s in steps]} "
+                                           f"{rows}x{cols} {dtype}: {m}")
+    assert fused_chains >= trials // 2, fused_chains
+
+
+def test_an_in_place_write_between_glue_ops_is_not_crossed():
+    """x is read by glue before and after an in-place write to it: the reads stay on their side."""
+
+    def fn(x, y):
+        a = K.axpy(x, y)
+        b = (a * 2).sigmoid()
+        a.mul_(3)  # a write: the glue after it reads the new a
+        c = (a + b).exp()
+        return K.axpy(c, c)
+
+    args = _args()[:2]
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(fn, *args))
+    torch.testing.assert_close(opt(*args), fn(*args))
+
+
+def test_a_reader_of_a_glue_value_midway_keeps_its_input():
+    """A matrix product (not glue, writes nothing) reads a value of the glue group before the
+    group's last op: the group stops before that reader (or it would read a value not yet
+    computed), and the glue after it is fused on its own."""
+
+    def fn(x, y):
+        a = K.axpy(x, y)
+        h = (a * 2).tanh()
+        m = h.view(16, 16) @ h.view(16, 16)  # reads h
+        g = ((h + 1).sigmoid() * 3).exp()  # glue that depends on h only: same group, after the reader
+        return m, g
+
+    args = _args()[:2]
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(fn, *args))
+    assert sum(name.startswith("triton_") for name in _launches(opt)) == 2, _launches(opt)
+    for got, ref in zip(opt(*args), fn(*args)):
+        torch.testing.assert_close(got, ref)
+
+
+def test_aliased_outputs_stay_aliased():
+    """The glue returns h and a view of h; a launch then writes through the view in place: the
+    write shows in h, as in eager."""
+
+    def fn(x, y):
+        a = K.axpy(x, y)
+        h = (a * 2).sigmoid() + 1
+        v = h.view(16, 16)
+        K.inplace_mul(v.view(-1))
+        return h, v
+
+    args = _args()[:2]
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(fn, *args))
+    h, v = opt(*args)
+    want_h, want_v = fn(*args)
+    torch.testing.assert_close(h, want_h)
+    torch.testing.assert_close(v, want_v)
+
+
+def test_a_group_inductor_cannot_lower_is_left_as_it_was(monkeypatch, caplog):
+    def fail(sub, inputs):
+        raise inductor_glue.GlueLoweringError("no lowering for this op")
+
+    monkeypatch.setattr("trident.passes.fuse_glue.lower", fail)
+    args = _args()
+    with knobs.scope(fuse_glue="all"), caplog.at_level(logging.DEBUG, logger="trident.lowering"):
+        opt = trident.optimize(trident.capture(_rms, *args))
+    assert _launches(opt) == ["axpy_kernel", "axpy_kernel"]
+    assert "left unfused" in caplog.text and "no lowering for this op" in caplog.text
+    for got, ref in zip(opt(*args), _rms(*args)):
+        torch.testing.assert_close(got, ref)
+
+
+def test_equal_groups_are_lowered_once(monkeypatch):
+    """Layers with the same glue (same ops, same layouts) share one lowering."""
+    calls = []
+    real = inductor_glue._lower
+    monkeypatch.setattr(inductor_glue, "_lower", lambda sub, inputs: calls.append(1) or real(sub, inputs))
+    inductor_glue.clear_cache()
+
+    def two_layers(x, y, w):
+        a, _ = _rms(x, y, w)
+        b, _ = _rms(a, y, w)
+        return b
+
+    args = _args()
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(two_layers, *args))
+    assert sum(name.startswith("triton_") for name in _launches(opt)) == 2
+    assert len(calls) == 1
+    torch.testing.assert_close(opt(*args), two_layers(*args))
+
+
+def test_lowering_leaves_no_cuda_patch_behind():
+    """On a machine without CUDA the lowering answers for an sm_90 device only while it runs."""
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    before = (DeviceProperties.create, torch.cuda.get_device_capability, hasattr(torch._C, "_cuda_getCurrentRawStream"))
+    inductor_glue.clear_cache()
+    with knobs.scope(fuse_glue="all"):
+        trident.optimize(trident.capture(_rms, *_args()))
+    after = (DeviceProperties.create, torch.cuda.get_device_capability, hasattr(torch._C, "_cuda_getCurrentRawStream"))
+    assert before == after
+
+
+class TestFusedGraph(expecttest.TestCase):
+    def test_the_pass_output_reads_as_launches(self):
+        """The graph after the pass (before regions are outlined): the glue became one launch of
+        Inductor's kernel writing a new buffer; the user's launches are as they were."""
+        args = _args()
+        gm = trident.capture(_rms, *args)
+        with knobs.scope(fuse_glue="all"):
+            assert fuse_glue(gm) == 1
+        (kernel,) = [kernel_side_table.get_kernel(n.kwargs["kernel_idx"]) for n in gm.graph.nodes
+                     if n.op == "call_function" and "in_ptr0" in n.kwargs.get("kwargs", {})]
+        assert kernel.__name__.startswith("triton_per_fused")
+        self.assertExpectedInline(normalize(gm.code.strip()), """\
+def forward(self, x, y, w):
+    empty_like = torch.ops.aten.empty_like.default(x, pin_memory = False)
+    triton_kernel_wrapper_mutation_proxy = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(2, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': x, 'y_ptr': y, 'out_ptr': empty_like, 'n': 256, 'alpha': 2.5, 'BLOCK': 128});  y = triton_kernel_wrapper_mutation_proxy = None
+    view = torch.ops.aten.view.default(empty_like, [4, 64]);  empty_like = None
+    empty_strided_default = torch.ops.aten.empty_strided.default([4, 64], [64, 1], dtype = torch.float32, device = device(type='cpu'))
+    triton_kernel_wrapper_mutation = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(4, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'in_ptr0': view, 'in_ptr1': w, 'out_ptr1': empty_strided_default, 'xnumel': 4, 'r0_numel': 64, 'XBLOCK': 1, 'num_warps': 2, 'num_stages': 1});  view = w = triton_kernel_wrapper_mutation = None
+    view_default = torch.ops.aten.view.default(empty_strided_default, [256]);  empty_strided_default = None
+    empty_like_1 = torch.ops.aten.empty_like.default(view_default, pin_memory = False)
+    triton_kernel_wrapper_mutation_proxy_1 = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(2, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': view_default, 'y_ptr': x, 'out_ptr': empty_like_1, 'n': 256, 'alpha': 2.5, 'BLOCK': 128});  x = triton_kernel_wrapper_mutation_proxy_1 = None
+    return (empty_like_1, view_default)""")
