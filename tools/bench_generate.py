@@ -9,11 +9,14 @@ ALL in one run per (model, kernels) case:
                       mode="reduce-overhead") around the forward
     trident_compile   model.forward = trident.compile(model.forward), generate() as it is (its
                       automatic compile around it included: Dynamo calls Trident's function)
+    trident_fused     trident_compile with TRIDENT_FUSE_GLUE (issue 25: the ATen glue as
+                      Inductor-generated Triton kernels, Note [Fused glue])
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
+    trident_fused     the same with TRIDENT_FUSE_GLUE
     trident_backend   model.forward = torch.compile(model.forward, backend="trident")
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
@@ -37,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
+import pkgutil
 import statistics
 import subprocess
 import sys
@@ -53,8 +58,8 @@ from tools.bench_hf import Loop, build_model, graph_floor  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "hf_compile", "trident_compile", "trident_config")
-DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_backend")
+STATIC = ("eager", "hf_compile", "trident_compile", "trident_fused", "trident_config")
+DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_fused", "trident_backend")
 
 
 def _sync(dev):
@@ -104,17 +109,61 @@ def _logits_check(want, got) -> dict:
     return out
 
 
+def _trident_kernel_names() -> set:
+    """The @triton.jit kernels Trident itself emits (trident/kernels/: copies, cache writes,
+    decode attention)."""
+    import trident.kernels as tk
+    from triton.runtime.jit import JITFunction
+
+    names = set()
+    for info in pkgutil.iter_modules(tk.__path__):
+        module = importlib.import_module(f"trident.kernels.{info.name}")
+        names |= {v.__name__ for v in vars(module).values() if isinstance(v, JITFunction)}
+    return names
+
+
+_MATMUL = ("nvjet", "gemm", "gemv", "xmma", "cutlass", "cublas", "splitk", "gemmk1")
+_ATTENTION = ("flash", "fmha", "cudnn", "attention", "sdpa", "softmax_warp")
+
+
+def device_category(name: str, trident_kernels: set) -> str:
+    """Issue 25 item 4: which part of a step a device kernel is -- 'matmul' (cuBLAS/cuBLASLt,
+    CUTLASS), 'attention' (SDPA backends, Trident's decode attention), 'trident' (Trident's own
+    copy and cache-write kernels), 'fused_glue' (Inductor-generated, `triton_poi_/per_/red_`),
+    'user' (any other Triton kernel: the model's or a library's), 'copy' (memcpy/memset) or
+    'glue' (ATen's elementwise, reduction and indexing kernels)."""
+    low = name.lower()
+    bare = name.split("(")[0].split()[-1] if name.split("(")[0].split() else name
+    if low.startswith(("memcpy", "memset")):
+        return "copy"
+    if bare in trident_kernels:
+        return "attention" if "attention" in bare else "trident"
+    if any(k in low for k in _ATTENTION):  # first: flash's split-KV kernels say "splitkv"
+        return "attention"
+    if any(k in low for k in _MATMUL):
+        return "matmul"
+    if bare.startswith(("triton_poi_", "triton_per_", "triton_red_")):
+        return "fused_glue"
+    if "::" not in name and "<" not in name and " " not in name:
+        return "user"  # a Triton kernel is its function's bare name; CUDA C++ kernels have a signature
+    return "glue"
+
+
 def _profile(model, ids, cache, dev) -> dict:
-    """Where one generate() call's time goes: device time and kernels per token, the top device
-    kernels, and the top host operators by self time."""
+    """Where one generate() call's time goes: device time and kernels per token, the device
+    time split by part of the step (matmuls, attention, user kernels, Trident's, fused glue,
+    ATen glue, copies) and the idle time between kernels, the top device kernels, and the top
+    host operators by self time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     _sync(dev)
     with profile(activities=acts) as prof:
+        t = time.perf_counter()
         _generate(model, ids, cache)
         _sync(dev)
+        wall = time.perf_counter() - t
     dev_rows, host_rows = [], []
     for e in prof.key_averages():
         if e.device_type == DeviceType.CUDA:
@@ -125,9 +174,20 @@ def _profile(model, ids, cache, dev) -> dict:
             host_rows.append((e.self_cpu_time_total / NEW, e.count / NEW, e.key))
     dev_rows.sort(reverse=True)
     host_rows.sort(reverse=True)
+    ours = _trident_kernel_names()
+    split: dict = {}
+    for us, count, key in dev_rows:
+        part = split.setdefault(device_category(key, ours), {"us": 0.0, "kernels": 0.0})
+        part["us"] += us
+        part["kernels"] += count
+    busy = sum(r[0] for r in dev_rows)
     return {
-        "device_us_per_token": round(sum(r[0] for r in dev_rows), 1),
+        "device_us_per_token": round(busy, 1),
         "kernels_per_token": round(sum(r[1] for r in dev_rows), 1),
+        # wall time of the profiled call (the profiler's own overhead included) less device time
+        "idle_us_per_token": round(max(wall / NEW * 1e6 - busy, 0.0), 1),
+        "device_split_per_token": {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 2)}
+                                   for k, v in sorted(split.items(), key=lambda kv: -kv[1]["us"])},
         "top_device": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in dev_rows[:10]],
         "top_host_self": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in host_rows[:15]],
     }
@@ -204,7 +264,9 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         model.generation_config.disable_compile = name == "eager"
         start = len(compiled_graphs())
         forward = model.forward
-        if name == "trident_compile":
+        if name in ("trident_compile", "trident_fused"):
+            if name == "trident_fused":  # this variant's own process: read when each capture is optimized
+                os.environ["TRIDENT_FUSE_GLUE"] = "cuda" if dev == "cuda" else "all"
             model.forward = trident.compile(model.forward)
         elif name == "trident_backend":
             model.forward = torch.compile(model.forward, backend="trident")
@@ -241,11 +303,11 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["profile"] = prof
     if host is not None:
         r["host"] = host
-    if name in ("trident_compile", "trident_backend", "trident_config"):  # regions and graph replays per capture
-        opts = list(model.forward.captures.values()) if name == "trident_compile" else [
+    if name in ("trident_compile", "trident_fused", "trident_backend", "trident_config"):  # per capture
+        opts = list(model.forward.captures.values()) if name in ("trident_compile", "trident_fused") else [
             opt for gr in compiled_graphs()[start:] for opt in gr.captures.values()]
         r["regions"] = [_regions_summary(opt) for opt in opts]
-    if name == "trident_compile":
+    if name in ("trident_compile", "trident_fused"):
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
     if name in ("trident_backend", "trident_config"):
@@ -260,8 +322,14 @@ def _regions_summary(opt) -> dict:
     """A capture's regions: calls served, graph replays, and how many regions replayed a graph."""
     import trident
 
+    from trident.runtime import SCMRuntime
+
     info = trident.cache_info(opt)
+    programs = [SCMRuntime.get(r).program for r in opt.meta.get("trident_regions", ())]
+    launches = [s.kernel_name for p in programs for s in p.launches]
     return {"symbolic": bool(opt.meta.get("trident_symbolic")), "regions": len(info),
+            "launches": len(launches), "fused_glue_launches": sum(n.startswith("triton_") for n in launches),
+            "steps": sum(len(p.steps) for p in programs),
             "hits": sum(v["hits"] for v in info.values()),
             "graph_replays": sum(v.get("graph_replays", 0) for v in info.values()),
             "regions_replaying": sum(1 for v in info.values() if v.get("graph_replays", 0)),

@@ -1,0 +1,40 @@
+"""The benchmark tools' own logic that runs without a GPU: how tools/bench_generate.py splits a
+step's device time by part (issue 25 item 4), from kernel names as torch.profiler gives them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.bench_generate import _trident_kernel_names, device_category
+
+
+@pytest.mark.parametrize("name,part", [
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "matmul"),
+    ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false>(...)", "matmul"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(...)", "matmul"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0", "attention"),
+    ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<64, 64, 256, 4>>(...)", "attention"),
+    ("decode_attention_split_kernel", "attention"),
+    ("cache_write_kernel", "trident"),
+    ("strided_copy_kernel", "trident"),
+    ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused_glue"),
+    ("triton_poi_fused_0", "fused_glue"),
+    ("_rms_norm_forward_kernel", "user"),
+    ("_swiglu_forward_kernel", "user"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)", "glue"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float>>>(...)",
+     "glue"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("Memset (Device)", "copy"),
+])
+def test_device_time_parts(name, part):
+    assert device_category(name, _trident_kernel_names()) == part
+
+
+def test_trident_kernel_names_are_its_jit_functions():
+    names = _trident_kernel_names()
+    assert {"strided_copy_kernel", "index_copy_kernel", "cache_write_kernel", "decode_attention_split_kernel",
+            "decode_attention_combine_kernel"} <= names
+    assert "decode_attention" not in names  # a Python wrapper, not a kernel
