@@ -46,6 +46,7 @@ DEVICE_MODES = {
     "decode_attention": knobs.decode_attention,
     "gemm_epilogues": knobs.gemm_epilogues,
     "fuse_glue": knobs.fuse_glue,
+    "decode_matmuls": knobs.decode_matmuls,
     "graphs": knobs.graphs,
 }
 INTS = {  # reader, default, lowest, highest (None: unbounded)
@@ -127,10 +128,10 @@ def test_dynamo_symbolic_takes_every_spelling():
 @pytest.mark.parametrize("name", sorted(DEVICE_MODES))
 def test_device_modes(name):
     """'cuda', 'all', off (any off spelling: ''), and on (any on spelling: 'cuda', the default;
-    fuse_glue's default is off until it is measured on the GPU)."""
+    fuse_glue's and decode_matmuls' default is off until they are measured on the GPU)."""
     read = DEVICE_MODES[name]
     with knobs.scope(**{name: None}):
-        assert read() == ("" if name == "fuse_glue" else "cuda")
+        assert read() == ("" if name in ("fuse_glue", "decode_matmuls") else "cuda")
     for raw, mode in [
         ("cuda", "cuda"),
         ("CUDA", "cuda"),

@@ -310,6 +310,14 @@ _KNOBS = {
         "also any on spelling), 'all' (also other dtypes and devices: tests), '' (off: eager's two roundings)",
         _DEVICE_MODE,
     ),
+    "decode_matmuls": _Knob(
+        "TRIDENT_DECODE_MATMULS",
+        "",
+        "matrix products of at most 16 rows (mm, addmm, residual_mm) run as Trident's Triton GEMV where it is measured "
+        "faster than the operator, per shape (Note [Decode matmuls by measurement]): 'cuda' (also any on spelling), "
+        "'all' (also CPU tensors, with a test timer), '' (default: off until measured on the GPU, issue 25)",
+        _DEVICE_MODE,
+    ),
     "fuse_glue": _Knob(
         "TRIDENT_FUSE_GLUE",
         "",
@@ -481,6 +489,11 @@ def decode_attention() -> str:
 def gemm_epilogues() -> str:
     """Where fuse_residual_adds folds `x + a @ b` into one addmm: "cuda", "all" or "" (nowhere)."""
     return _KNOBS["gemm_epilogues"].value()
+
+
+def decode_matmuls() -> str:
+    """Where choose_matmuls measures decode products against Trident's GEMV: "cuda", "all", ""."""
+    return _KNOBS["decode_matmuls"].value()
 
 
 def fuse_glue() -> str:

@@ -25,6 +25,7 @@ from .passes import (
 from .passes.decode_attention import lower_decode_attention
 from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
+from .passes.choose_matmuls import choose_matmuls
 from .passes.fuse_glue import fuse_glue
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
@@ -298,6 +299,7 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
             fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
             fuse_copy_launches(new)
+        choose_matmuls(new)  # Note [Decode matmuls by measurement]: after residual adds folded into them
         fuse_glue(new)  # Note [Fused glue]: the glue left between launches (static-sized values only)
         sink_allocations(new)
         pieces = symbolic and _graphs_may_record(new)  # Note [Pieces of a symbolic region]

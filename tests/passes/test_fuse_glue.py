@@ -262,3 +262,39 @@ def forward(self, x, y, w):
     empty_like_1 = torch.ops.aten.empty_like.default(view_default, pin_memory = False)
     triton_kernel_wrapper_mutation_proxy_1 = torch.ops.higher_order.triton_kernel_wrapper_mutation(kernel_idx = K, constant_args_idx = C, grid = [(2, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x_ptr': view_default, 'y_ptr': x, 'out_ptr': empty_like_1, 'n': 256, 'alpha': 2.5, 'BLOCK': 128});  x = triton_kernel_wrapper_mutation_proxy_1 = None
     return (empty_like_1, view_default)""")
+
+
+def test_threads_optimizing_at_once_leave_fx_and_inductor_state_intact():
+    """Inductor's lowering and make_fx keep process-global state (FX's patcher and tracing flag,
+    V.graph): optimizations in several threads at once, with captures in between, each get
+    their kernels, and tracing works afterwards (it failed with 'CURRENT_PATCHER is None' and
+    'FX ... dynamo-optimized function' when the lowering did not hold Trident's lock)."""
+    import threading
+
+    inductor_glue.clear_cache()
+    errors, results = [], []
+
+    def work(seed):
+        try:
+            args = _args(seed=seed)
+            for _ in range(2):
+                with knobs.scope(fuse_glue="all"):
+                    opt = trident.optimize(trident.capture(_rms, *args))
+                for got, ref in zip(opt(*args), _rms(*args)):
+                    torch.testing.assert_close(got, ref)
+                results.append(_launches(opt))
+                inductor_glue.clear_cache()  # every optimization lowers again
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 8 and all(len(r) == 3 for r in results), results
+    from torch.fx._symbolic_trace import CURRENT_PATCHER, is_fx_symbolic_tracing
+
+    assert CURRENT_PATCHER is None and not is_fx_symbolic_tracing()
+    torch.testing.assert_close(torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3)), torch.full((3,), 2.0))

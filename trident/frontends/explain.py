@@ -175,8 +175,13 @@ def explain(gm) -> str:
     if gm.meta.get("trident_symbolic"):
         lines.append(
             "captured with symbolic sizes: lower_copies and the fusion passes (residual adds, cache writes, copy "
-            "launches) were not run; they plan static layouts"
+            "launches) were not run; they plan static layouts (fused glue and decode matmuls: only where every size "
+            "is static)"
         )
+    choices = gm.meta.get("trident_matmul_choices", [])
+    if choices:  # Note [Decode matmuls by measurement]
+        lines.append("decode matmuls:")
+        lines.extend(f"  {line}" for line in choices)
     removed = gm.meta.get("trident_cse_removed", 0)
     if removed:
         lines.append(f"common subexpressions removed: {removed} node(s)")

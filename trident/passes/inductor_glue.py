@@ -28,13 +28,13 @@ the same glue, lowered once.
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
 
-_LOCK = threading.Lock()  # Inductor's lowering keeps global state (V.graph, config): one at a time
+from .. import triton_state
+
 _CACHE: dict = {}
 _CACHE_MAX = 256
 
@@ -145,7 +145,10 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
     -- fake or real tensors -- it is called with; output: a tuple of tensors). Raises
     GlueLoweringError when Inductor fails or would run anything but its own Triton kernels."""
     key = _structure_key(sub, inputs)
-    with _LOCK:
+    # Inductor keeps global state (V.graph, its config), make_fx too (FX's patcher and tracing
+    # flag), and Inductor runs Triton's frontend to compile its kernels: the lowering holds the
+    # lock every Trident capture and Triton frontend run holds (Note [Triton's interpreter state]).
+    with triton_state.exclusive():
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
@@ -255,6 +258,6 @@ def register(launch: torch.fx.Node) -> None:
 
 
 def clear_cache() -> None:
-    with _LOCK:
+    with triton_state.exclusive():
         _CACHE.clear()
 

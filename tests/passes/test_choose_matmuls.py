@@ -1,0 +1,155 @@
+"""trident/passes/choose_matmuls.py (Note [Decode matmuls by measurement]): products of at most
+16 rows run as Trident's Triton GEMV where it is measured faster than the operator. Without a
+GPU nothing is timed, so these tests install a timer (set_timer) to decide, and check the GEMV
+kernels (split-K or not, with an addend or not) against torch through Triton's interpreter over
+random shapes, dtypes and layouts, the choice's cache, and what explain() prints."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import trident
+from tests import kernels as K
+from trident import knobs
+from trident.kernels import gemv as G
+from trident.passes import choose_matmuls as CM
+
+
+@pytest.fixture(autouse=True)
+def _no_timer():
+    CM.set_timer(None)
+    yield
+    CM.set_timer(None)
+
+
+def _favor(config):
+    """A timer under which `config` is fastest ('aten' for the operator)."""
+
+    def timer(name, shape, cfg):
+        if config == "aten":
+            return 1.0 if name == "aten" else 2.0
+        return 0.5 if cfg == config else (1.0 if name == "aten" else 0.9)
+
+    return timer
+
+
+def _launches(gm):
+    from trident.runtime import SCMRuntime
+
+    return [s.kernel_name for rid in gm.meta["trident_regions"] for s in SCMRuntime.get(rid).program.launches]
+
+
+def _linear(x, w):
+    return K.axpy(x, x) @ w.t()  # a launch, then x @ w.T: aten.mm(a, aten.t(w))
+
+
+def _linear_bias(x, w, bias):
+    return torch.nn.functional.linear(K.axpy(x, x), w, bias)  # aten.addmm(bias, a, aten.t(w))
+
+
+FP32 = dict(rtol=1e-4, atol=1e-4)  # another summation order than the operator's
+
+
+def _run(fn, args, config, **scope):
+    CM.set_timer(_favor(config))
+    with knobs.scope(decode_matmuls="all", **scope):
+        opt = trident.optimize(trident.capture(fn, *[a.clone() for a in args]))
+    return opt
+
+
+def test_a_measured_faster_gemv_replaces_the_product_and_equals_it():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 300, generator=g), torch.randn(100, 300, generator=g)
+    config = (32, 256, 1, 4)
+    opt = _run(_linear, [x, w], config)
+    assert _launches(opt) == ["axpy_kernel", "gemv_kernel"]
+    torch.testing.assert_close(opt(x, w), _linear(x, w), **FP32)
+    text = trident.explain(opt)
+    assert "decode matmuls:" in text and "mm 1x300 @ 300x100 torch.float32: gemv(BLOCK_N=32, BLOCK_K=256, " \
+        "SPLIT_K=1, num_warps=4) [measured: " in text, text
+
+
+def test_split_k_with_a_bias_is_two_launches_equal_to_addmm():
+    g = torch.Generator().manual_seed(1)
+    x, w, bias = torch.randn(3, 1024, generator=g), torch.randn(64, 1024, generator=g), torch.randn(64, generator=g)
+    config = (64, 128, 4, 4)
+    assert config in G.CONFIGS and G.useful(64, 1024, config)
+    opt = _run(_linear_bias, [x, w, bias], config)
+    assert _launches(opt) == ["axpy_kernel", "gemv_kernel", "gemv_reduce_kernel"]
+    torch.testing.assert_close(opt(x, w, bias), _linear_bias(x, w, bias), **FP32)
+
+
+def test_residual_mm_keeps_its_addend():
+    def block(x, w, res):
+        return res + K.axpy(x, x) @ w.t()
+
+    g = torch.Generator().manual_seed(2)
+    x, w, res = torch.randn(2, 1024, generator=g), torch.randn(128, 1024, generator=g), torch.randn(2, 128, generator=g)
+    for config in [(64, 128, 1, 4), (64, 128, 4, 4)]:
+        opt = _run(block, [x, w, res], config, gemm_epilogues="all")
+        assert "gemv_kernel" in _launches(opt)
+        torch.testing.assert_close(opt(x, w, res), block(x, w, res), **FP32)
+
+
+def test_the_operator_stays_where_it_is_measured_faster_or_nothing_is_measured():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(1, 256, generator=g), torch.randn(64, 256, generator=g)
+    opt = _run(_linear, [x, w], "aten")
+    assert _launches(opt) == ["axpy_kernel"]
+    assert "the operator (cuBLAS on CUDA) [measured: aten 1.00 us" in trident.explain(opt)
+    CM.set_timer(None)
+    with knobs.scope(decode_matmuls="all"):
+        opt = trident.optimize(trident.capture(_linear, x, w))
+    assert _launches(opt) == ["axpy_kernel"]
+    assert "[not measured: no GPU and no timer]" in trident.explain(opt)
+    with knobs.scope(decode_matmuls=""):  # the default: the pass does not run
+        opt = trident.optimize(trident.capture(_linear, x, w))
+    assert "decode matmuls" not in trident.explain(opt)
+
+
+def test_more_than_16_rows_is_not_a_decode_product():
+    x, w = torch.randn(17, 64), torch.randn(32, 64)
+    opt = _run(_linear, [x, w], (32, 256, 1, 4))
+    assert _launches(opt) == ["axpy_kernel"]
+    assert "decode matmuls" not in trident.explain(opt)
+
+
+def test_a_shape_is_measured_once():
+    calls = []
+    favor = _favor((32, 256, 1, 4))
+    CM.set_timer(lambda name, shape, cfg: calls.append((name, cfg)) or favor(name, shape, cfg))
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    with knobs.scope(decode_matmuls="all"):
+        for _ in range(2):
+            trident.optimize(trident.capture(_linear, x, w))
+    assert len(calls) == len(set(calls)) and ("aten", None) in calls
+
+
+def test_random_products_equal_torch():
+    """Random rows (1-16), sizes, dtypes, addends and transposed operands, each with a random
+    config of those measured for its shape: the GEMV's result is the operator's within the dtype's rounding."""
+    rng = random.Random(0)
+    for trial in range(10):
+        m = rng.choice([1, 1, 2, 5, 16])
+        n, k = rng.choice([40, 96, 200, 512]), rng.choice([48, 128, 520, 1024])
+        dtype = torch.float16 if trial % 4 == 3 else torch.float32
+        config = rng.choice([c for c in G.CONFIGS if G.useful(n, k, c)])
+        g = torch.Generator().manual_seed(trial)
+        transposed = trial % 3 == 1  # w stored [in, out]: the product's b is contiguous along n
+        w = torch.randn((k, n) if transposed else (n, k), generator=g).to(dtype)
+        x = torch.randn(m, k, generator=g).to(dtype)
+        bias = torch.randn(n, generator=g).to(dtype) if trial % 2 else None
+
+        def fn(x, w, *rest):
+            a = K.axpy(x, x)
+            b = w if transposed else w.t()
+            return torch.addmm(rest[0], a, b) if rest else a @ b
+
+        args = [x, w] + ([bias] if bias is not None else [])
+        opt = _run(fn, args, config)
+        assert "gemv_kernel" in _launches(opt), (m, n, k, config)
+        tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else FP32
+        torch.testing.assert_close(opt(*args), fn(*args), **tol, msg=lambda s: f"{m}x{k}x{n} {dtype} {config}: {s}")

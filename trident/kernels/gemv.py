@@ -1,0 +1,123 @@
+"""Decode-shaped matrix products: out[M, N] = a[M, K] @ b[K, N] (+ c) for M <= 16, a few rows
+times a weight (issue 25 item 1; trident/passes/choose_matmuls.py decides where they run).
+
+At M = 1 a product reads the whole weight once and does 2 flops per element read: it is a
+stream of the weight through the SMs, and what matters is keeping every SM reading. cuBLAS's
+kernels for it reach ~50 % of an H200's bandwidth (results/bench_hf_*_5c68af3.json); these are
+the two kernels of a split-K GEMV:
+
+  gemv_kernel          program (n-block, k-split) reads a [BLOCK_N, BLOCK_K] tile of b at a time
+                       (b's K axis is contiguous for an nn.Linear weight seen through .t()) and the
+                       matching [BLOCK_M, BLOCK_K] tile of a, accumulating in fp32: for BLOCK_M = 1
+                       as a broadcast multiply and a row sum, for more rows with tl.dot (16 rows,
+                       the extra ones masked; fp32 exact, PRECISION "ieee", as cuBLAS's fp32). With SPLIT_K = 1 it adds c and writes out in its
+                       dtype (one rounding, as aten.mm/addmm); else it writes its fp32 partial sum
+                       to ws[split, m, n];
+  gemv_reduce_kernel   out = sum over splits of ws (+ c), rounded once.
+
+K is a constexpr: a weight's inner size is fixed, and the loop bound is then known to the
+compiler (and a plain int to Triton's interpreter, which cannot range over a scalar argument).
+
+c (HAS_C) is addmm's / residual_mm's addend: [M, N] or a row [N] broadcast (stride_cm 0), added in
+fp32 before the one rounding. Every stride is an argument: a and b may be transposed views.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gemv_kernel(
+    a_ptr, b_ptr, c_ptr, out_ptr,
+    M, N, K: tl.constexpr,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
+    HAS_C: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_mask = rn < N
+    m_mask = rm < M
+    if BLOCK_M == 1:
+        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K * SPLIT_K):  # split pid_k reads blocks pid_k, pid_k + SPLIT_K, ...
+        rk = k0 + pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        b = tl.load(b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn,
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+        if BLOCK_M == 1:
+            a = tl.load(a_ptr + rk * stride_ak, mask=k_mask, other=0.0)  # row 0: [BLOCK_K]
+            acc1 += tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+        else:
+            a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak,
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+            acc += tl.dot(a, tl.trans(b.to(a.dtype)), input_precision=PRECISION, out_dtype=tl.float32)
+    if BLOCK_M == 1:
+        acc = acc1[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        if HAS_C:
+            c = tl.load(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, mask=mask, other=0.0)
+            acc += c.to(tl.float32)
+        out = out_ptr + rm[:, None] * stride_om + rn[None, :] * stride_on
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # out_ptr is the fp32 workspace [SPLIT_K, M, N], contiguous
+        ws = out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
+        tl.store(ws, acc, mask=mask)
+
+
+@triton.jit
+def gemv_reduce_kernel(
+    ws_ptr, c_ptr, out_ptr,
+    M, N,
+    stride_cm, stride_cn, stride_om, stride_on,
+    HAS_C: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < M * N
+    m = i // N
+    n = i % N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT_K):  # in split order: the same sum every call
+        acc += tl.load(ws_ptr + s * M * N + i, mask=mask, other=0.0)
+    if HAS_C:
+        acc += tl.load(c_ptr + m * stride_cm + n * stride_cn, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# The configurations a decode product is measured over (choose_matmuls): (BLOCK_N, BLOCK_K,
+# SPLIT_K, num_warps). Small N (k/v projections: 256-1024 columns) needs K split to fill 132 SMs;
+# large N (MLP, lm_head) has enough column blocks alone.
+CONFIGS = (
+    (32, 256, 1, 4), (64, 128, 1, 4), (64, 256, 1, 8), (128, 128, 1, 8),
+    (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4),
+)
+
+
+def block_m(m: int) -> int:
+    """Rows per program: 1, or 16 (tl.dot's least) for 2..16 rows."""
+    return 1 if m == 1 else 16
+
+
+def grid(n: int, k: int, config) -> tuple:
+    block_n, block_k, split_k, _ = config
+    return (triton.cdiv(n, block_n), split_k, 1)
+
+
+def useful(n: int, k: int, config) -> bool:
+    """A config whose splits all get K to read and whose blocks fit the product."""
+    block_n, block_k, split_k, _ = config
+    return split_k * block_k <= max(k, block_k) and (split_k == 1 or k >= 2 * block_k * split_k) and block_n <= max(
+        16, triton.next_power_of_2(n))

@@ -1,0 +1,280 @@
+"""Decode-shaped matrix products: cuBLAS or Trident's Triton GEMV, whichever is measured faster.
+
+Note [Decode matmuls by measurement]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+At batch 1 a decode step's matrix products are a few rows times a weight; cuBLAS runs them at
+about half of an H200's bandwidth, and they are most of the step's device time (issue 25). For
+each `aten.mm(a, b)`, `aten.addmm(c, a, b)` (beta = alpha = 1) and `trident.residual_mm(x, a, b)`
+of a static capture with at most 16 rows, one dtype among bf16/fp16/fp32 and every tensor on a
+device the knob allows (TRIDENT_DECODE_MATMULS: 'cuda', 'all' for the CPU tests, '' off), this
+pass measures the operator against the configurations of trident/kernels/gemv.py
+(`gemv_kernel`, split-K with `gemv_reduce_kernel`) on stand-in tensors of the product's sizes,
+strides and dtype, and keeps the fastest: the operator stays, or becomes those launches, which
+the SCM serves like any kernel (its guards, native launches, graph replay). As @triton.autotune
+chooses a config, the choice is made once per product shape -- remembered for the process and,
+with TRIDENT_CACHE_DIR, on disk (`decode-matmul` entries of Note [Cached analyses], per device
+name, torch and Triton version) -- and printed by `explain()` with every time measured.
+
+The timings: on CUDA each candidate runs inside a CUDA graph (`triton.testing.do_bench_cudagraph`,
+median), which is how a region's graph replays it: launch overhead is not part of it. Without a
+GPU nothing can be timed and the operator stays, unless a process installs a timer
+(`set_timer`; the tests do, to prove the plumbing and the kernels through Triton's interpreter).
+A Triton candidate must beat the operator by `_MARGIN` to be chosen (noise must not flip a
+product to a kernel that is no faster).
+
+Numerics: fp32 accumulation, the addend added in fp32, one rounding to the output dtype -- what
+aten.mm/addmm compute, in another summation order (the last bit can differ, as between two
+cuBLAS algorithms). residual_mm's own numerics (Note [Residual adds in the GEMM]) are the same.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import triton
+
+from .. import disk_cache, knobs, logs, triton_state
+from ..kernels import gemv as G
+from .common import bound_args, emit_launch, node_val
+
+aten = torch.ops.aten
+
+_MARGIN = 0.95  # a kernel is chosen when it takes at most this fraction of the operator's time
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_REDUCE_BLOCK = 256
+
+# (op name, rows, cols, inner, dtype, layouts) -> the choice: {"config": [..] or None, "us": {...}}
+_CHOICES: dict = {}
+_timer: Optional[Callable[[str, dict, Any], float]] = None
+
+
+def set_timer(timer: Optional[Callable[[str, dict, Any], float]]) -> None:
+    """Install (or remove, with None) the timer the pass uses where no GPU is: `timer(name, shape,
+    config)` gives the microseconds of candidate `name` ('aten' or 'gemv') for the product
+    `shape` (rows, cols, inner, dtype) with `config` (None for aten)."""
+    global _timer
+    _timer = timer
+    _CHOICES.clear()
+
+
+def _product(node: torch.fx.Node):
+    """(a, b, c) nodes of a product the pass can run, else None."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten.mm.default:
+        a, b = node.args[:2]
+        return a, b, None
+    if node.target is aten.addmm.default:
+        args = bound_args(node)
+        if args.get("beta", 1) != 1 or args.get("alpha", 1) != 1:
+            return None
+        return args["mat1"], args["mat2"], args["self"]
+    if node.target is torch.ops.trident.residual_mm.default:
+        x, a, b = node.args[:3]
+        return a, b, x
+    return None
+
+
+def _static(t) -> bool:
+    return isinstance(t, torch.Tensor) and all(type(s) is int for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _fits(node, a, b, c, mode: str) -> bool:
+    out, va, vb = node_val(node), node_val(a), node_val(b)
+    vc = node_val(c) if c is not None else None
+    tensors = [t for t in (out, va, vb, vc) if t is not None]
+    if not all(_static(t) for t in tensors) or va.dim() != 2 or vb.dim() != 2 or out.dim() != 2:
+        return False
+    if len({t.dtype for t in tensors}) != 1 or va.dtype not in _DTYPES or len({t.device for t in tensors}) != 1:
+        return False
+    if not (va.device.type == "cuda" or (mode == "all" and va.device.type == "cpu")):
+        return False
+    m, k = va.shape
+    n = vb.shape[1]
+    if not (1 <= m <= 16) or vb.shape[0] != k or tuple(out.shape) != (m, n) or k < 16 or n < 16:
+        return False
+    if out.stride() != (n, 1):
+        return False
+    if vc is not None and not (tuple(vc.shape) in ((n,), (1, n), (m, n))):
+        return False
+    return True
+
+
+def _c_strides(vc, m: int) -> tuple:
+    if vc is None:
+        return 0, 0
+    if vc.dim() == 1:
+        return 0, vc.stride(0)
+    return (vc.stride(0) if vc.shape[0] == m and m > 1 else 0), vc.stride(1)
+
+
+def _launch_args(va, vb, vc, config, m: int, n: int, k: int, out_is_ws: bool) -> dict:
+    block_n, block_k, split_k, warps = config
+    cm, cn = _c_strides(vc, m)
+    return {
+        "M": m, "N": n, "K": k,
+        "stride_am": va.stride(0), "stride_ak": va.stride(1), "stride_bk": vb.stride(0), "stride_bn": vb.stride(1),
+        "stride_cm": cm, "stride_cn": cn,
+        "stride_om": 0 if out_is_ws else n, "stride_on": 0 if out_is_ws else 1,
+        "HAS_C": vc is not None and split_k == 1, "SPLIT_K": split_k,
+        "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
+        "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
+    }
+
+
+def _run_gemv(a, b, c, out, config):
+    """The candidate on real tensors (stand-ins while measuring): the launches the rewrite emits."""
+    m, k = a.shape
+    n = b.shape[1]
+    split_k = config[2]
+    if split_k == 1:
+        G.gemv_kernel[G.grid(n, k, config)](a, b, c if c is not None else a, out,
+                                              **_launch_args(a, b, c, config, m, n, k, False))
+        return
+    ws = torch.empty(split_k, m, n, dtype=torch.float32, device=a.device)
+    G.gemv_kernel[G.grid(n, k, config)](a, b, a, ws, **_launch_args(a, b, None, config, m, n, k, True))
+    cm, cn = _c_strides(c, m)
+    G.gemv_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+        ws, c if c is not None else ws, out, m, n, cm, cn, n, 1,
+        HAS_C=c is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK)
+
+
+def _stand_in(v, g: torch.Generator):
+    """A real tensor of v's sizes, strides, offset and dtype, values in [-1, 1)."""
+    span = v.storage_offset() + sum((s - 1) * st for s, st in zip(v.shape, v.stride())) + 1
+    base = (torch.rand(span, generator=g) * 2 - 1).to(v.dtype).to(v.device)
+    return base.as_strided(tuple(v.shape), tuple(v.stride()), v.storage_offset())
+
+
+def _measure_cuda(target, va, vb, vc, configs) -> dict:
+    from triton.testing import do_bench_cudagraph
+
+    g = torch.Generator().manual_seed(0)
+    a, b = _stand_in(va, g), _stand_in(vb, g)
+    c = _stand_in(vc, g) if vc is not None else None
+    out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+
+    def aten_call():
+        if target is aten.mm.default:
+            torch.mm(a, b, out=out)
+        elif target is aten.addmm.default:
+            torch.addmm(c, a, b, out=out)
+        else:
+            torch.ops.trident.residual_mm(c, a, b)
+
+    times = {"aten": do_bench_cudagraph(aten_call, rep=20, return_mode="median") * 1e3}
+    for config in configs:
+        try:
+            times[_name(config)] = do_bench_cudagraph(lambda: _run_gemv(a, b, c, out, config), rep=20, return_mode="median") * 1e3
+        except Exception as e:  # noqa: BLE001 - a config that fails to compile or run is no candidate
+            logs.lowering.debug("gemv config %s failed for %s: %s", config, tuple(out.shape), e)
+    return times
+
+
+def _name(config) -> str:
+    block_n, block_k, split_k, warps = config
+    return f"gemv(BLOCK_N={block_n}, BLOCK_K={block_k}, SPLIT_K={split_k}, num_warps={warps})"
+
+
+def _choose(node, va, vb, vc) -> dict:
+    m, k = va.shape
+    n = vb.shape[1]
+    name = str(node.target)
+    layouts = (tuple(va.stride()), tuple(vb.stride()), None if vc is None else (tuple(vc.shape), tuple(vc.stride())))
+    key = (name, m, n, k, str(va.dtype), layouts, va.device.type)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    configs = [c for c in G.CONFIGS if G.useful(n, k, c)]
+    cached = None
+    if va.device.type == "cuda":
+        disk_key = disk_cache.key_of("decode-matmul", torch.cuda.get_device_name(va.device), key)
+        cached = disk_cache.load("decode-matmul", disk_key, lambda v: isinstance(v, dict) and "us" in v)
+    if cached is not None:
+        choice = cached
+    else:
+        if va.device.type == "cuda":
+            with triton_state.exclusive():  # compiles Triton kernels (Note [Triton's interpreter state])
+                times = _measure_cuda(node.target, va, vb, vc, configs)
+        elif _timer is not None:
+            shape = {"rows": m, "cols": n, "inner": k, "dtype": va.dtype}
+            times = {"aten": _timer("aten", shape, None)}
+            times.update({_name(c): _timer("gemv", shape, c) for c in configs})
+        else:
+            times = {}
+        best = min((c for c in configs if _name(c) in times), key=lambda c: times[_name(c)], default=None)
+        chosen = best if best is not None and "aten" in times and times[_name(best)] <= _MARGIN * times["aten"] else None
+        choice = {"config": list(chosen) if chosen else None, "us": {k2: round(v, 3) for k2, v in times.items()}}
+        if va.device.type == "cuda" and times:
+            disk_cache.store("decode-matmul", disk_key, choice)
+    _CHOICES[key] = choice
+    return choice
+
+
+def describe(choice: dict, shape) -> str:
+    """One line of explain(): the product, what runs it, and the times measured."""
+    what = _name(tuple(choice["config"])) if choice["config"] else "the operator (cuBLAS on CUDA)"
+    us = ", ".join(f"{k} {v:.2f} us" for k, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
+    return f"{shape}: {what}" + (f" [measured: {us}]" if us else " [not measured: no GPU and no timer]")
+
+
+def choose_matmuls(gm: torch.fx.GraphModule) -> int:
+    """Rewrite each decode product the measurement gives to Trident's GEMV; returns how many.
+    Every product considered is listed in gm.meta["trident_matmul_choices"]."""
+    mode = knobs.decode_matmuls()
+    if not mode:
+        return 0
+    rewritten = 0
+    notes = gm.meta.setdefault("trident_matmul_choices", [])
+    for node in list(gm.graph.nodes):
+        parts = _product(node)
+        if parts is None:
+            continue
+        a, b, c = parts
+        if not _fits(node, a, b, c, mode):
+            continue
+        va, vb = node_val(a), node_val(b)
+        vc = node_val(c) if c is not None else None
+        choice = _choose(node, va, vb, vc)
+        m, k = va.shape
+        n = vb.shape[1]
+        label = f"{node.target._opname if hasattr(node.target, '_opname') else node.target} {m}x{k} @ {k}x{n} {va.dtype}"
+        notes.append(describe(choice, label))
+        if choice["config"] is None:
+            continue
+        _rewrite(gm, node, a, b, c, va, vb, vc, tuple(choice["config"]))
+        rewritten += 1
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten
+
+
+def _rewrite(gm, node, a, b, c, va, vb, vc, config) -> None:
+    m, k = va.shape
+    n = vb.shape[1]
+    split_k = config[2]
+    out_val = node_val(node)
+    with gm.graph.inserting_before(node):
+        out = gm.graph.call_function(aten.empty_strided.default, ([m, n], [n, 1]),
+                                     {"dtype": va.dtype, "device": va.device})
+        out.meta["val"] = out_val
+        if split_k == 1:
+            emit_launch(gm, G.gemv_kernel, G.grid(n, k, config), {
+                "a_ptr": a, "b_ptr": b, "c_ptr": c if c is not None else a, "out_ptr": out,
+                **_launch_args(va, vb, vc, config, m, n, k, False)})
+        else:
+            ws = gm.graph.call_function(aten.empty_strided.default, ([split_k, m, n], [m * n, n, 1]),
+                                        {"dtype": torch.float32, "device": va.device})
+            ws.meta["val"] = out_val.new_empty((split_k, m, n), dtype=torch.float32)
+            emit_launch(gm, G.gemv_kernel, G.grid(n, k, config), {
+                "a_ptr": a, "b_ptr": b, "c_ptr": a, "out_ptr": ws,
+                **_launch_args(va, vb, None, config, m, n, k, True)})
+            cm, cn = _c_strides(vc, m)
+            emit_launch(gm, G.gemv_reduce_kernel, (math.ceil(m * n / _REDUCE_BLOCK), 1, 1), {
+                "ws_ptr": ws, "c_ptr": c if c is not None else ws, "out_ptr": out, "M": m, "N": n,
+                "stride_cm": cm, "stride_cn": cn, "stride_om": n, "stride_on": 1,
+                "HAS_C": c is not None, "SPLIT_K": split_k, "BLOCK": _REDUCE_BLOCK})
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
