@@ -28,9 +28,15 @@ dependency and every read of a value that something writes:
   starts a group;
 - the block is inserted at the group's last node; a group member after the first outside
   reader of any member's value is dropped from the group (so every reader follows the block);
+- views at a group's end that only outside nodes read (a slice with an offset, a select, an
+  expand of the fused value) stay ATen views, moved after the block; a group nothing reads is
+  left alone;
 - a group is lowered only with at least two computing ops, and kept only when Inductor needs
   fewer kernels than the ops it replaces; outputs of the group that are views of another output
-  must come back as views of it (aliasing kept), or the group is left as it was.
+  must come back as views of it (aliasing kept), each output with eager's sizes, strides (of
+  dimensions larger than 1) and storage offset; Inductor's `as_strided` views become permutes
+  and views where they are dense, and a group whose graph keeps one (a piece of a cat written
+  through an offset view) is left as it was: region lowering cannot import as_strided.
 
 A group Inductor cannot lower (an op it has no lowering for, a failure) stays as it was, with
 a debug line on the `trident.lowering` logger; the capture never fails because of this pass.
@@ -192,7 +198,27 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
     return fused
 
 
+def _outer_views(group: list) -> list:
+    """Views at the group's end that only outside nodes read: they stay ATen views of the fused
+    result (a slice with an offset, an expand: Inductor would return them as as_strided)."""
+    members = set(group)
+    dropped: list = []
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(group):
+            if n in members and n.target in _VIEWS and n.users and not any(u in members for u in n.users):
+                members.discard(n)
+                dropped.append(n)
+                changed = True
+    return sorted(dropped, key=group.index)
+
+
 def _replace(gm: torch.fx.GraphModule, group: list) -> bool:
+    views = _outer_views(group)
+    group = [n for n in group if n not in views]
+    if _computes(group) < 2:
+        return False
     members = set(group)
     inputs: list = []
     for n in group:
@@ -200,6 +226,8 @@ def _replace(gm: torch.fx.GraphModule, group: list) -> bool:
             if p not in members and p not in inputs:
                 inputs.append(p)
     outputs = [n for n in group if any(u not in members for u in n.users)]
+    if not outputs:  # nothing reads the group (capture keeps dead code): nothing to fuse
+        return False
     sub = torch.fx.Graph()
     env = {p: sub.placeholder(f"in{i}") for i, p in enumerate(inputs)}
     for n in group:
@@ -211,7 +239,11 @@ def _replace(gm: torch.fx.GraphModule, group: list) -> bool:
                             len(group), group[0].name, lowered.kernels)
         return False
     new = _inline(gm, lowered.graph, inputs, group[-1], outputs[0].meta["val"])
-    if new is None or not _same_layouts(outputs, new) or not _aliasing_kept(outputs, new, members):
+    strided = new is not None and any(n.target is aten.as_strided.default for n in new[1])
+    if strided:  # a view plain views cannot make (an offset slice, a cat's piece): regions cannot import it
+        logs.lowering.debug("glue of %d ops at %s: Inductor's graph keeps an as_strided view, kept as it is",
+                            len(group), group[0].name)
+    if new is None or strided or not _same_layouts(outputs, new) or not _aliasing_kept(outputs, new, members):
         if new is not None:
             _erase_inlined(gm, new)
         return False
@@ -219,6 +251,10 @@ def _replace(gm: torch.fx.GraphModule, group: list) -> bool:
         o.replace_all_uses_with(v, delete_user_cb=lambda u: u not in members)
     for n in reversed(group):
         gm.graph.erase_node(n)
+    anchor = new[1][-1]  # the views left out follow the block (their readers follow the group)
+    for view in views:
+        anchor.append(view)
+        anchor = view
     return True
 
 
@@ -330,7 +366,7 @@ def _same_layouts(outputs: list, new) -> bool:
         a, b = o.meta["val"], v.meta.get("val")
         if not isinstance(b, torch.Tensor) or (a.shape, _strides(a), a.dtype) != (b.shape, _strides(b), b.dtype):
             return False
-        if a.storage_offset() != b.storage_offset() and o.target not in _VIEWS:
+        if a.storage_offset() != b.storage_offset():
             return False
     return True
 

@@ -19,7 +19,9 @@ Decided here, for a glue graph inside a region (Note [Fused glue] in fuse_glue.p
 - Inductor lowers for a CUDA device. On a machine without one (the CPU tests: Triton's kernels
   run through its interpreter there) it is told of an sm_90 device while lowering: device
   properties, capability, the current stream and the launcher Inductor would load are answered
-  for it, and restored afterwards -- nothing stays patched outside `lower`.
+  for it, and restored afterwards -- nothing stays patched outside `lower` (while it runs the
+  answers are process-wide: another thread asking a CUDA-less torch for a device capability
+  then gets sm_90 instead of an error).
 
 Lowerings are cached per graph structure and input layout: the 16-32 layers of a decoder have
 the same glue, lowered once.
@@ -78,7 +80,7 @@ def _inductor_config() -> dict:
 @contextlib.contextmanager
 def _patched(obj, name: str, value):
     missing = object()
-    old = getattr(obj, name, missing)  # absent from a CPU build's torch._C
+    old = vars(obj).get(name, missing)  # as stored (a classmethod stays one); absent from a CPU build's torch._C
     setattr(obj, name, value)
     try:
         yield
