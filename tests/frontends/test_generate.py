@@ -196,3 +196,25 @@ def test_generate_with_fused_glue(kind, kernels, monkeypatch):
     assert counts[""][1] == 0 and counts["all"][1] >= (2 * 4 if kernels == "plain" else 1), counts
     assert counts["all"][0] < counts[""][0], counts
     torch._dynamo.reset()
+
+
+def test_dynamic_cache_generate_with_fused_glue(monkeypatch):
+    """A DynamicCache decode step is a symbolic capture: the glue whose sizes are all static
+    (norms, rotary, SwiGLU of the one new token) is fused, the attention over the growing cache
+    is not; tokens equal eager's."""
+    torch._dynamo.reset()
+    _, model = _model("llama", "plain", monkeypatch)
+    with torch.no_grad():
+        want = _generate(model, "dynamic")
+        with trident.knobs.scope(fuse_glue="all"):
+            model.forward = trident.compile(model.forward)
+            for _ in range(2):
+                assert torch.equal(_generate(model, "dynamic"), want)
+    from trident.runtime import SCMRuntime
+
+    symbolic = [opt for opt in model.forward.captures.values() if opt.meta.get("trident_symbolic")]
+    assert symbolic
+    fused = [s.kernel_name for opt in symbolic for r in opt.meta["trident_regions"]
+             for s in SCMRuntime.get(r).program.launches if s.kernel_name.startswith("triton_")]
+    assert len(fused) >= 2 * 4, fused
+    torch._dynamo.reset()

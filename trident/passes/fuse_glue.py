@@ -38,6 +38,11 @@ dependency and every read of a value that something writes:
   and views where they are dense, and a group whose graph keeps one (a piece of a cat written
   through an offset view) is left as it was: region lowering cannot import as_strided.
 
+Inductor's code has the sizes as constants: each static shape lowers its own kernels, and
+kernels are never recycled (Note [Recycled table slots]), so a process capturing ever new shapes
+with fusion on keeps one kernel per glue group and shape (in symbolic captures only the groups
+whose sizes are all static are fused, the same for every size).
+
 A group Inductor cannot lower (an op it has no lowering for, a failure) stays as it was, with
 a debug line on the `trident.lowering` logger; the capture never fails because of this pass.
 Results: Inductor's kernels compute in fp32 and round where eager rounds
