@@ -11,12 +11,15 @@ ALL in one run per (model, kernels) case:
                       automatic compile around it included: Dynamo calls Trident's function)
     trident_fused     trident_compile with TRIDENT_FUSE_GLUE (issue 25: the ATen glue as
                       Inductor-generated Triton kernels, Note [Fused glue])
+    trident_tuned     trident_fused with TRIDENT_DECODE_MATMULS (products of few rows on
+                      Trident's GEMV where measured faster, Note [Decode matmuls by measurement])
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
     trident_fused     the same with TRIDENT_FUSE_GLUE
+    trident_tuned     the same with TRIDENT_FUSE_GLUE and TRIDENT_DECODE_MATMULS
     trident_backend   model.forward = torch.compile(model.forward, backend="trident")
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
@@ -58,8 +61,8 @@ from tools.bench_hf import Loop, build_model, graph_floor  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "hf_compile", "trident_compile", "trident_fused", "trident_config")
-DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_fused", "trident_backend")
+STATIC = ("eager", "hf_compile", "trident_compile", "trident_fused", "trident_tuned", "trident_config")
+DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_fused", "trident_tuned", "trident_backend")
 
 
 def _sync(dev):
@@ -264,9 +267,12 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         model.generation_config.disable_compile = name == "eager"
         start = len(compiled_graphs())
         forward = model.forward
-        if name in ("trident_compile", "trident_fused"):
-            if name == "trident_fused":  # this variant's own process: read when each capture is optimized
-                os.environ["TRIDENT_FUSE_GLUE"] = "cuda" if dev == "cuda" else "all"
+        if name in ("trident_compile", "trident_fused", "trident_tuned"):
+            mode = "cuda" if dev == "cuda" else "all"
+            if name in ("trident_fused", "trident_tuned"):  # this variant's own process: read per capture
+                os.environ["TRIDENT_FUSE_GLUE"] = mode
+            if name == "trident_tuned":
+                os.environ["TRIDENT_DECODE_MATMULS"] = mode
             model.forward = trident.compile(model.forward)
         elif name == "trident_backend":
             model.forward = torch.compile(model.forward, backend="trident")
@@ -303,11 +309,12 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["profile"] = prof
     if host is not None:
         r["host"] = host
-    if name in ("trident_compile", "trident_fused", "trident_backend", "trident_config"):  # per capture
-        opts = list(model.forward.captures.values()) if name in ("trident_compile", "trident_fused") else [
+    if name in ("trident_compile", "trident_fused", "trident_tuned", "trident_backend", "trident_config"):
+        opts = list(model.forward.captures.values()) if name.startswith(("trident_compile", "trident_fused",
+                                                                          "trident_tuned")) else [
             opt for gr in compiled_graphs()[start:] for opt in gr.captures.values()]
         r["regions"] = [_regions_summary(opt) for opt in opts]
-    if name in ("trident_compile", "trident_fused"):
+    if name in ("trident_compile", "trident_fused", "trident_tuned"):
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
     if name in ("trident_backend", "trident_config"):

@@ -7,6 +7,9 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
   compile_reduce_overhead   torch.compile(model.forward, mode="reduce-overhead")
   trident_backend           torch.compile(model.forward, backend="trident")
   trident_compile           trident.compile(model.forward)
+  trident_fused             the same with TRIDENT_FUSE_GLUE=cuda (ATen glue as Inductor-generated kernels)
+  trident_tuned             the same with TRIDENT_FUSE_GLUE and TRIDENT_DECODE_MATMULS (products of few
+                            rows on Trident's GEMV where measured faster)
   graph_floor               the eager decode step captured once in a torch.cuda.CUDAGraph; each
                             step copies the token and position in and replays (no host work
                             beyond that: the floor of any host-side optimization)
@@ -41,7 +44,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_backend", "compile_default", "compile_reduce_overhead")
+VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_fused", "trident_tuned", "trident_backend",
+            "compile_default", "compile_reduce_overhead")
+# issue 25: the knobs each trident_* variant runs with (off until measured here)
+KNOBS = {"trident_fused": {"fuse_glue": "cuda"}, "trident_tuned": {"fuse_glue": "cuda", "decode_matmuls": "cuda"}}
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)
@@ -274,6 +280,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 continue
             torch._dynamo.reset()
             n_graphs = len(compiled_graphs())
+            scope = trident.knobs.scope(**{k: (v if dev == "cuda" else "all") for k, v in KNOBS.get(key, {}).items()})
+            scope.__enter__()  # read when the variant's captures are optimized (its first steps)
             try:
                 t0 = time.time()
                 cache, tok, pos = loop.prefill()
@@ -281,7 +289,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                     fwd = model.forward
                 elif key == "graph_floor":
                     fwd = graph_floor(loop, cache, tok, pos)
-                elif key == "trident_compile":
+                elif key in ("trident_compile", "trident_fused", "trident_tuned"):
                     fwd = trident.compile(model.forward)
                 elif key == "trident_backend":
                     fwd = torch.compile(model.forward, backend="trident")
@@ -318,6 +326,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 res[key] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
                 print(kind, kernels, key, "ERROR", res[key]["error"], flush=True)
             finally:
+                scope.__exit__(None, None, None)
                 fwd = None
                 torch._dynamo.reset()
                 with open(args.out, "w") as f:  # what is done so far survives a kill of the run
@@ -325,7 +334,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
     ms = {k: v["ms_per_token"] for k, v in res.items() if isinstance(v, dict) and "ms_per_token" in v}
     ratios = {}
     floor = ms.get("graph_floor")
-    for t in ("trident_compile", "trident_backend"):
+    for t in ("trident_compile", "trident_fused", "trident_tuned", "trident_backend"):
         if t not in ms:
             continue
         if floor:
