@@ -218,3 +218,22 @@ def test_dynamic_cache_generate_with_fused_glue(monkeypatch):
              for s in SCMRuntime.get(r).program.launches if s.kernel_name.startswith("triton_")]
     assert len(fused) >= 2 * 4, fused
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_generate_with_fused_glue_and_decode_matmuls_cuda(cache, monkeypatch):
+    """issue 25 on the GPU: TRIDENT_FUSE_GLUE and TRIDENT_DECODE_MATMULS together (what the
+    benchmarks' trident_tuned variant runs), fp32 so that greedy tokens are comparable exactly:
+    generate() equals eager's tokens through graph replays."""
+    torch._dynamo.reset()
+    _, model = _model("llama", "plain", monkeypatch, device="cuda")
+    prompt = torch.tensor(PROMPT, device="cuda")
+    kw = dict(max_new_tokens=NEW, do_sample=False, **({"cache_implementation": "static"} if cache == "static" else {}))
+    with torch.no_grad():
+        want = model.generate(prompt, **kw)
+        with trident.knobs.scope(fuse_glue="cuda", decode_matmuls="cuda"):
+            model.forward = trident.compile(model.forward)
+            for _ in range(3):
+                assert torch.equal(model.generate(prompt, **kw), want)
+    torch._dynamo.reset()

@@ -23,6 +23,7 @@ from trident.passes.fuse_glue import fuse_glue
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
 aten = torch.ops.aten
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
 
 
 def _launches(gm):
@@ -332,3 +333,36 @@ def test_threads_optimizing_at_once_leave_fx_and_inductor_state_intact():
 
     assert CURRENT_PATCHER is None and not is_fx_symbolic_tracing()
     torch.testing.assert_close(torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3)), torch.full((3,), 2.0))
+
+
+@_CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_glue_replays_on_cuda(dtype):
+    """On the GPU (TRIDENT_FUSE_GLUE=cuda, graph replay on): the RMSNorm and random chains
+    between launches run as Inductor's kernels compiled for the device, every call equal to
+    eager (bf16: within its rounding), and the region's graph replays them."""
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    args = [a.to("cuda", dtype) for a in _args()]
+    with knobs.scope(fuse_glue="cuda"):
+        opt = trident.optimize(trident.capture(_rms, *args))
+    assert sum(n.startswith("triton_") for n in _launches(opt)) == 1, _launches(opt)
+    for seed in range(4):
+        fresh = [a.to("cuda", dtype) for a in _args(seed=seed)]
+        for got, ref in zip(opt(*fresh), _rms(*fresh)):
+            torch.testing.assert_close(got, ref, **tol)
+    info = trident.cache_info(opt)
+    assert sum(v.get("graph_replays", 0) for v in info.values()) >= 1, info
+    rng = random.Random(1)
+    for trial in range(6):
+        rows, cols = rng.choice([1, 4]), rng.choice([64, 130, 2048])
+        steps = [rng.choice(_STEPS) for _ in range(rng.randint(2, 4))]
+        fn = _chain(steps, rows, cols)
+        g = torch.Generator().manual_seed(trial)
+        n = rows * cols
+        call = [torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(cols, generator=g)]
+        call = [a.to("cuda", dtype) for a in call]
+        with knobs.scope(fuse_glue="cuda"):
+            opt = trident.optimize(trident.capture(fn, *[a.clone() for a in call]))
+        for _ in range(2):
+            for got, ref in zip(opt(*call), fn(*call)):
+                torch.testing.assert_close(got, ref, **tol, msg=lambda m: f"{[s[0] for s in steps]}: {m}")
