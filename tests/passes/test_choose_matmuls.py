@@ -188,3 +188,35 @@ def test_measured_choice_on_cuda():
     assert "decode matmuls:" in text and "[measured: " in text and "aten " in text, text
     for _ in range(3):
         torch.testing.assert_close(opt(x, w), _linear(x, w), rtol=2e-2, atol=2e-2)
+
+
+def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
+    """With TRIDENT_CACHE_DIR a measured choice is written beside the plans and a later process
+    (here: the process's memo cleared) takes it from there without measuring again; an entry
+    naming a config the pass does not measure is ignored."""
+    x, w = torch.randn(1, 1024), torch.randn(64, 1024)
+    config = (64, 128, 4, 4)
+    with knobs.scope(cache_dir=str(tmp_path)):
+        opt = _run(_linear, [x, w], config)
+        assert "gemv_kernel" in _launches(opt)
+
+        def no_timer(*_):
+            raise AssertionError("measured again")
+
+        CM.set_timer(no_timer)  # also clears the process's memo
+        with knobs.scope(decode_matmuls="all"):
+            opt = trident.optimize(trident.capture(_linear, x, w))
+        assert _launches(opt) == ["axpy_kernel", "gemv_kernel", "gemv_reduce_kernel"]
+        assert "[measured, from TRIDENT_CACHE_DIR: " in trident.explain(opt)
+        torch.testing.assert_close(opt(x, w), _linear(x, w), **FP32)
+        import json
+        import pathlib
+
+        (entry,) = pathlib.Path(tmp_path, "decode-matmul").rglob("*.json")
+        data = json.loads(entry.read_text())
+        data["value"]["config"] = [48, 128, 1, 4]  # not a config of gemv.CONFIGS
+        entry.write_text(json.dumps(data))
+        CM.set_timer(_favor("aten"))
+        with knobs.scope(decode_matmuls="all"):
+            opt = trident.optimize(trident.capture(_linear, x, w))
+        assert _launches(opt) == ["axpy_kernel"]  # measured again: the operator wins

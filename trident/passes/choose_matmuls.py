@@ -187,12 +187,16 @@ def _choose(node, va, vb, vc) -> dict:
     if key in _CHOICES:
         return _CHOICES[key]
     configs = [c for c in G.CONFIGS if G.useful(n, k, c)]
-    cached = None
-    if va.device.type == "cuda":
-        disk_key = disk_cache.key_of("decode-matmul", torch.cuda.get_device_name(va.device), key)
-        cached = disk_cache.load("decode-matmul", disk_key, lambda v: isinstance(v, dict) and "us" in v)
+    device = torch.cuda.get_device_name(va.device) if va.device.type == "cuda" else va.device.type
+    disk_key = disk_cache.key_of("decode-matmul", device, key)
+
+    def valid(v) -> bool:  # an entry of another Trident may name a config this one does not measure
+        return (isinstance(v, dict) and isinstance(v.get("us"), dict) and
+                (v.get("config") is None or (isinstance(v["config"], list) and tuple(v["config"]) in configs)))
+
+    cached = disk_cache.load("decode-matmul", disk_key, valid)
     if cached is not None:
-        choice = cached
+        choice = {**cached, "source": "TRIDENT_CACHE_DIR"}
     else:
         if va.device.type == "cuda":
             with triton_state.exclusive():  # compiles Triton kernels (Note [Triton's interpreter state])
@@ -206,7 +210,7 @@ def _choose(node, va, vb, vc) -> dict:
         best = min((c for c in configs if _name(c) in times), key=lambda c: times[_name(c)], default=None)
         chosen = best if best is not None and "aten" in times and times[_name(best)] <= _MARGIN * times["aten"] else None
         choice = {"config": list(chosen) if chosen else None, "us": {k2: round(v, 3) for k2, v in times.items()}}
-        if va.device.type == "cuda" and times:
+        if times:  # only what was measured is kept
             disk_cache.store("decode-matmul", disk_key, choice)
     _CHOICES[key] = choice
     return choice
@@ -216,7 +220,8 @@ def describe(choice: dict, shape) -> str:
     """One line of explain(): the product, what runs it, and the times measured."""
     what = _name(tuple(choice["config"])) if choice["config"] else "the operator (cuBLAS on CUDA)"
     us = ", ".join(f"{k} {v:.2f} us" for k, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
-    return f"{shape}: {what}" + (f" [measured: {us}]" if us else " [not measured: no GPU and no timer]")
+    where = f", from {choice['source']}" if choice.get("source") else ""
+    return f"{shape}: {what}" + (f" [measured{where}: {us}]" if us else " [not measured: no GPU and no timer]")
 
 
 def choose_matmuls(gm: torch.fx.GraphModule) -> int:
