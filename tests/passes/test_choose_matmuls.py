@@ -220,3 +220,15 @@ def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
         with knobs.scope(decode_matmuls="all"):
             opt = trident.optimize(trident.capture(_linear, x, w))
         assert _launches(opt) == ["axpy_kernel"]  # measured again: the operator wins
+
+
+def test_bf16_on_the_cpu_keeps_the_operator_where_the_interpreter_cannot_multiply_it():
+    """Triton's interpreter multiplies bf16 tl.dot tiles as their integer bit patterns: on the
+    CPU a bf16 product of 2-16 rows (the tl.dot path) keeps the operator; one row (fp32 multiply
+    and sum) runs the GEMV (review of the pass, 2026-12-03)."""
+    g = torch.Generator().manual_seed(0)
+    for m, rewritten in ((1, True), (4, False)):
+        x, w = torch.randn(m, 256, generator=g).bfloat16(), torch.randn(64, 256, generator=g).bfloat16()
+        opt = _run(_linear, [x, w], (32, 256, 1, 4))
+        assert ("gemv_kernel" in _launches(opt)) == rewritten
+        torch.testing.assert_close(opt(x, w).float(), _linear(x, w).float(), rtol=2e-2, atol=5e-2)
