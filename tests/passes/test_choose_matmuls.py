@@ -232,3 +232,17 @@ def test_bf16_on_the_cpu_keeps_the_operator_where_the_interpreter_cannot_multipl
         opt = _run(_linear, [x, w], (32, 256, 1, 4))
         assert ("gemv_kernel" in _launches(opt)) == rewritten
         torch.testing.assert_close(opt(x, w).float(), _linear(x, w).float(), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("config", G.CONFIGS, ids=lambda c: "x".join(map(str, c)))
+def test_every_config_through_the_interpreter(config):
+    """Each configuration the pass may choose, for one row (the multiply-and-sum path) and for
+    three (the tl.dot path), with an addend, equals the operator."""
+    g = torch.Generator().manual_seed(7)
+    n, k = 96, 2048
+    assert G.useful(n, k, config)
+    for m in (1, 3):
+        x, w, bias = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        opt = _run(_linear_bias, [x, w, bias], config)
+        assert "gemv_kernel" in _launches(opt)
+        torch.testing.assert_close(opt(x, w, bias), _linear_bias(x, w, bias), **FP32)

@@ -102,7 +102,7 @@ def gemv_reduce_kernel(
 # large N (MLP, lm_head) has enough column blocks alone.
 CONFIGS = (
     (32, 256, 1, 4), (64, 128, 1, 4), (64, 256, 1, 8), (128, 128, 1, 8),
-    (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4),
+    (32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2),
 )
 
 
@@ -117,7 +117,7 @@ def grid(n: int, k: int, config) -> tuple:
 
 
 def useful(n: int, k: int, config) -> bool:
-    """A config whose splits all get K to read and whose blocks fit the product."""
+    """A config whose splits each get at least one block of K and whose column block is not
+    more than twice the product's columns."""
     block_n, block_k, split_k, _ = config
-    return split_k * block_k <= max(k, block_k) and (split_k == 1 or k >= 2 * block_k * split_k) and block_n <= max(
-        16, triton.next_power_of_2(n))
+    return (split_k == 1 or k >= block_k * split_k) and block_n <= max(32, 2 * triton.next_power_of_2(n))
