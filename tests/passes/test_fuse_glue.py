@@ -55,6 +55,9 @@ def test_rmsnorm_between_launches_is_one_generated_kernel_equal_to_eager():
     names = _launches(opt)
     assert names[0] == names[-1] == "axpy_kernel" and len(names) == 3, names
     assert names[1].startswith("triton_") and "fused" in names[1], names
+    text = trident.explain(opt)
+    assert "fused glue: 1 group(s) of ATen ops as Inductor-generated kernels:" in text, text
+    assert "6 ops (add, mean, mul, pow, rsqrt) at " in text and f"-> 1 kernel(s) {names[1]}" in text
     for got, ref in zip(opt(*args), want):
         torch.testing.assert_close(got, ref)
     other = _args(seed=1)  # a later call with other values: the same kernels, eager's results

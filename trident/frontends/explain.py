@@ -178,6 +178,10 @@ def explain(gm) -> str:
             "launches) were not run; they plan static layouts (fused glue and decode matmuls: only where every size "
             "is static)"
         )
+    fused = gm.meta.get("trident_fused_glue", [])
+    if fused:  # Note [Fused glue]
+        lines.append(f"fused glue: {len(fused)} group(s) of ATen ops as Inductor-generated kernels:")
+        lines.extend(f"  {line}" for line in fused)
     choices = gm.meta.get("trident_matmul_choices", [])
     if choices:  # Note [Decode matmuls by measurement]
         lines.append("decode matmuls:")

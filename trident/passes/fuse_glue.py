@@ -252,6 +252,11 @@ def _replace(gm: torch.fx.GraphModule, group: list) -> bool:
         if new is not None:
             _erase_inlined(gm, new)
         return False
+    ops = sorted({n.target._opname for n in group if n.target not in _VIEWS})
+    kernels = [getattr(n.meta.get("glue_kernel"), "__name__", "?") for n in new[1] if n.meta.get("glue_kernel")]
+    gm.meta.setdefault("trident_fused_glue", []).append(  # explain(): what each group became
+        f"{_computes(group)} ops ({', '.join(ops)}) at {group[0].name} -> {len(kernels)} kernel(s) "
+        f"{', '.join(kernels)}")
     for o, v in zip(outputs, new[0]):
         o.replace_all_uses_with(v, delete_user_cb=lambda u: u not in members)
     for n in reversed(group):
