@@ -369,3 +369,41 @@ def test_fused_glue_replays_on_cuda(dtype):
         for _ in range(2):
             for got, ref in zip(opt(*call), fn(*call)):
                 torch.testing.assert_close(got, ref, **tol, msg=lambda m: f"{[s[0] for s in steps]}: {m}")
+
+
+def test_lowerings_are_kept_in_the_cache_dir_and_restored_without_inductor(tmp_path, monkeypatch):
+    """Note [Lowerings on disk]: with TRIDENT_CACHE_DIR a later process (here: the process's
+    memos cleared) restores the group's kernels from the entry without lowering again, and the
+    result is the same; an entry that does not read back (its module damaged) is lowered anew."""
+    import json
+    import pathlib
+
+    args = _args()
+    with knobs.scope(cache_dir=str(tmp_path), fuse_glue="all"):
+        inductor_glue.clear_cache()
+        first = trident.optimize(trident.capture(_rms, *args))
+        (entry,) = pathlib.Path(tmp_path, "inductor-glue").rglob("*.json")
+        inductor_glue.clear_cache()
+        inductor_glue._MODULES.clear()
+        real = inductor_glue._lower
+
+        def refuse(sub, inputs):
+            raise AssertionError("lowered again")
+
+        monkeypatch.setattr(inductor_glue, "_lower", refuse)
+        again = trident.optimize(trident.capture(_rms, *args))
+        assert _launches(again) == _launches(first)
+        for got, ref in zip(again(*args), _rms(*args)):
+            torch.testing.assert_close(got, ref)
+        data = json.loads(entry.read_text())
+        for digest in data["value"]["modules"]:
+            data["value"]["modules"][digest] = "raise ImportError('damaged')\n"
+        entry.write_text(json.dumps(data))
+        inductor_glue.clear_cache()
+        inductor_glue._MODULES.clear()
+        calls = []
+        monkeypatch.setattr(inductor_glue, "_lower", lambda sub, inputs: calls.append(1) or real(sub, inputs))
+        third = trident.optimize(trident.capture(_rms, *args))
+        assert calls and _launches(third) == _launches(first)
+        for got, ref in zip(third(*args), _rms(*args)):
+            torch.testing.assert_close(got, ref)

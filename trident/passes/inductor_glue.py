@@ -30,12 +30,15 @@ the same glue, lowered once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import linecache
+import types
 from dataclasses import dataclass
 
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
 
-from .. import triton_state
+from .. import disk_cache, logs, triton_state
 
 _CACHE: dict = {}
 _CACHE_MAX = 256
@@ -154,12 +157,19 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
-        try:
-            lowered = _lower(sub, inputs)
-        except GlueLoweringError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure of Inductor leaves the glue as it is
-            raise GlueLoweringError(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+        disk_key = disk_cache.key_of("inductor-glue", repr(key), repr(sorted(_inductor_config().items())), _device_id())
+        lowered = _from_data(disk_cache.load("inductor-glue", disk_key, lambda v: isinstance(v, dict)))
+        if lowered is None:
+            try:
+                lowered = _lower(sub, inputs)
+            except GlueLoweringError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure of Inductor leaves the glue as it is
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise GlueLoweringError(f"{type(e).__name__}: {first}") from e
+            data = _to_data(lowered)
+            if data is not None:
+                disk_cache.store("inductor-glue", disk_key, data)
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = lowered
@@ -259,7 +269,145 @@ def register(launch: torch.fx.Node) -> None:
     }
 
 
+def _device_id() -> str:
+    """What Inductor's code depends on besides the graph: the device it generates for."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+    return "sm_90 stand-in (no CUDA)"
+
+
+# Note [Lowerings on disk]: with TRIDENT_CACHE_DIR a lowering is kept as JSON beside the plans
+# (`inductor-glue` entries of Note [Cached analyses]: the graph's nodes and, per kernel, the
+# Python module Inductor wrote for it), so a later process restores its kernels without
+# importing Inductor's compiler or generating code again (~1.5 s of a warm start). A module is
+# executed when restored: like a plan's host library, an entry is read only from folders private
+# to this user (docs/persistent_cache.md). Its source is registered with linecache under a name
+# of its own, where Triton reads a kernel's source.
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _encode(value, index: dict):
+    if isinstance(value, torch.fx.Node):
+        return {"n": index[value]}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, index) for v in value]
+        return _UNSUPPORTED if any(i is _UNSUPPORTED for i in items) else {"t" if isinstance(value, tuple) else "l": items}
+    if isinstance(value, dict):
+        pairs = [[k, _encode(v, index)] for k, v in value.items()]
+        ok = all(isinstance(k, str) and v is not _UNSUPPORTED for k, v in pairs)
+        return {"d": pairs} if ok else _UNSUPPORTED
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, _SCALARS):
+        return {"v": value}
+    return _UNSUPPORTED
+
+
+_UNSUPPORTED = object()
+
+
+def _decode(value, nodes: list):
+    if "n" in value:
+        return nodes[value["n"]]
+    if "t" in value:
+        return tuple(_decode(v, nodes) for v in value["t"])
+    if "l" in value:
+        return [_decode(v, nodes) for v in value["l"]]
+    if "d" in value:
+        return {k: _decode(v, nodes) for k, v in value["d"]}
+    if "dtype" in value:
+        dtype = getattr(torch, value["dtype"])
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(value)
+        return dtype
+    return value["v"]
+
+
+def _to_data(lowered: Lowered) -> "dict | None":
+    """A JSON form of `lowered` (None when something in it has none)."""
+    index: dict = {}
+    nodes, modules = [], {}
+    for i, node in enumerate(lowered.graph.nodes):
+        index[node] = i
+        entry = {"op": node.op, "target": None if node.op in ("placeholder", "output") else _TARGETS.get(node.target)}
+        if node.op != "placeholder" and node.op != "output" and entry["target"] is None:
+            return None
+        entry["args"] = _encode(tuple(node.args), index)
+        entry["kwargs"] = _encode({k: v for k, v in node.kwargs.items() if k not in ("kernel_idx", "constant_args_idx")},
+                                  index)
+        kernel = node.meta.get("glue_kernel")
+        if kernel is not None:
+            path = kernel.fn.__code__.co_filename
+            try:
+                source = "".join(linecache.getlines(path)) or open(path).read()
+            except OSError:
+                return None
+            digest = hashlib.sha256(source.encode()).hexdigest()
+            modules[digest] = source
+            entry["kernel"] = [digest, kernel.__name__]
+            entry["constants"] = _encode(dict(node.meta["glue_constants"]), index)
+        if any(entry.get(k) is _UNSUPPORTED for k in ("args", "kwargs", "constants")):
+            return None
+        nodes.append(entry)
+    return {"nodes": nodes, "modules": modules, "kernels": lowered.kernels}
+
+
+_TARGETS = {
+    torch.ops.aten.empty_strided.default: "empty_strided",
+    torch.ops.aten.as_strided.default: "as_strided",
+    triton_kernel_wrapper_mutation: "launch",
+}
+_BY_NAME = {v: k for k, v in _TARGETS.items()}
+_MODULES: dict = {}  # digest -> the restored module (one per process)
+
+
+def _kernel_from(source: str, digest: str, name: str):
+    module = _MODULES.get(digest)
+    if module is None:
+        if hashlib.sha256(source.encode()).hexdigest() != digest:
+            raise ValueError("a kernel module is not the one its entry names")
+        filename = f"<trident inductor-glue {digest[:24]}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        module = types.ModuleType(f"trident_glue_{digest[:24]}")
+        module.__file__ = filename
+        with _sm90_without_cuda():  # the module sets Triton's driver to the GPU at import
+            exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - a private cache entry
+        _MODULES[digest] = module
+    obj = getattr(module, name)
+    return getattr(obj, "fn", obj)  # Inductor's CachingAutotuner around the @triton.jit function
+
+
+def _from_data(data) -> "Lowered | None":
+    """The Lowered a `_to_data` form describes; None when there is none or it does not read back."""
+    if data is None:
+        return None
+    try:
+        graph = torch.fx.Graph()
+        nodes: list = []
+        for entry in data["nodes"]:
+            args = _decode(entry["args"], nodes)
+            kwargs = _decode(entry["kwargs"], nodes)
+            if entry["op"] == "placeholder":
+                node = graph.placeholder(args[0] if args else f"in{len(nodes)}")
+            elif entry["op"] == "output":
+                node = graph.output(args[0])
+            else:
+                target = _BY_NAME[entry["target"]]
+                node = graph.call_function(target, args, kwargs)
+                if "kernel" in entry:
+                    digest, name = entry["kernel"]
+                    node.meta["glue_kernel"] = _kernel_from(data["modules"][digest], digest, name)
+                    node.meta["glue_constants"] = _decode(entry["constants"], nodes)
+                    register(node)
+            nodes.append(node)
+        return Lowered(graph, int(data["kernels"]))
+    except Exception as e:  # noqa: BLE001 - an entry that does not read back is lowered again
+        logs.lowering.debug("a cached glue lowering did not read back: %s: %s", type(e).__name__, e)
+        return None
+
+
 def clear_cache() -> None:
+    """Forget this process's lowerings (the cache dir's stay)."""
     with triton_state.exclusive():
         _CACHE.clear()
 
