@@ -65,7 +65,7 @@ from typing import Any, Optional
 import torch
 
 from .. import knobs, logs
-from ..disk_cache import make_private_dirs, open_private, private_chain
+from ..disk_cache import make_private_dirs, open_private, private_chain, read_private
 from ..scm.printer import format_facts, format_program
 from ..scm.serialize import FORMAT
 
@@ -331,8 +331,8 @@ class PlanCache:
         for record in os.listdir(self.folder):
             if record.startswith("spec-") and record.endswith(".json"):
                 try:
-                    with open(self._path(record), "rb") as f:
-                        native = json.loads(f.read().decode("utf-8")).get("native") or {}
+                    # as every read: one descriptor, no link followed (Note [Open once, check the descriptor])
+                    native = json.loads(read_private(self._path(record)).decode("utf-8")).get("native") or {}
                     names.add(str(native.get("file", "")))
                 except (OSError, ValueError, AttributeError):
                     continue
