@@ -16,6 +16,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_knob_leaks():
+    """A test leaves every TRIDENT_* variable as it found it (a leaked knob changes every later
+    test: fused glue ran under the whole suite once after scopes entered by threads)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("TRIDENT_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("TRIDENT_")}
+    if after != before:
+        for k in set(after) - set(before):
+            del os.environ[k]
+        os.environ.update(before)
+        pytest.fail(f"the test left TRIDENT_* settings changed: {before} -> {after}")
+
+
 @pytest.fixture(params=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def device(request):
     return request.param

@@ -565,7 +565,9 @@ def _to_env(value: Any) -> str:
 def scope(**values: Any) -> Iterator[None]:
     """Temporarily set knobs by name, e.g. `with knobs.scope(dump_dir="/tmp/x"): ...`; None
     unsets a knob's variable (its default applies). Values are not checked here, so a test can
-    set a bad one and see the knob's reader refuse it."""
+    set a bad one and see the knob's reader refuse it. The variables are the process's: scopes
+    entered and left by several threads at once restore each other's values (enter one around
+    the threads instead)."""
     saved = {}
     try:
         for name, new in values.items():

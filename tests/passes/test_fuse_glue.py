@@ -316,8 +316,7 @@ def test_threads_optimizing_at_once_leave_fx_and_inductor_state_intact():
         try:
             args = _args(seed=seed)
             for _ in range(2):
-                with knobs.scope(fuse_glue="all"):
-                    opt = trident.optimize(trident.capture(_rms, *args))
+                opt = trident.optimize(trident.capture(_rms, *args))
                 for got, ref in zip(opt(*args), _rms(*args)):
                     torch.testing.assert_close(got, ref)
                 results.append(_launches(opt))
@@ -326,10 +325,12 @@ def test_threads_optimizing_at_once_leave_fx_and_inductor_state_intact():
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with knobs.scope(fuse_glue="all"):  # one scope around the threads: scopes set the process's environment
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert knobs.fuse_glue() == ""
     assert not errors, errors
     assert len(results) == 8 and all(len(r) == 3 for r in results), results
     from torch.fx._symbolic_trace import CURRENT_PATCHER, is_fx_symbolic_tracing
