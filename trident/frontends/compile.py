@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -232,6 +233,17 @@ class _Entry:
     key: tuple
     opt: Any = None  # the capture and its _Outputs, held here: the hit path hashes no key
     info: Any = None
+    ints_of: Any = None  # the call's ints at int_positions, as a tuple (one C call on the hit path)
+
+    def __post_init__(self):
+        positions = self.int_positions
+        if not positions:
+            self.ints_of = lambda ints: ()
+        elif len(positions) == 1:
+            pick = operator.itemgetter(positions[0])
+            self.ints_of = lambda ints: (pick(ints),)
+        else:
+            self.ints_of = operator.itemgetter(*positions)
 
 
 class CompiledFunction(ServedByCache):
@@ -285,7 +297,7 @@ class CompiledFunction(ServedByCache):
         # capture dtype, device and rank, the SCM's guards check the sizes).
         ints = call.ints
         for e in entries:
-            if tuple(ints[i] for i in e.int_positions) == e.int_values and e.guards.check(*call.tensors):
+            if e.ints_of(ints) == e.int_values and e.guards.check(*call.tensors):
                 if call.walk is not None and call.structure not in self._check_tried:
                     self._add_check(call)
                 return self._run(e.opt, e.key, call, e.info)
