@@ -293,8 +293,10 @@ _KNOBS = {
         "cuda",
         "attention of a few query tokens over a key/value cache (HF's repeat_kv + SDPA) becomes Trident's "
         "flash-decoding Triton kernel reading the grouped heads in place (Note [Decode attention]): 'cuda', "
-        "'all', '' (off)",
-        _DEVICE_MODE,
+        "'all', 'measured' (CUDA, and with a static key length only where it is measured no slower than the traced "
+        "repeat + SDPA, Note [Decode attention by measurement]; to become the default once measured on the GPU), "
+        "'' (off)",
+        Choice(("cuda", "all", "measured"), on="cuda", off=""),
     ),
     "triton_copies": _Knob(
         "TRIDENT_TRITON_COPIES",

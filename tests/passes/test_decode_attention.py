@@ -161,3 +161,57 @@ def test_hf_generate_uses_the_kernel_and_keeps_eager_tokens(cache, monkeypatch):
     assert decode, "no capture uses the decode attention kernel"
     for opt in decode:
         assert _launches(opt).count("decode_attention_split_kernel") == 2  # one per layer
+
+
+def _gqa_case():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 1, 64, generator=g)
+    k, v = (torch.randn(1, 2, 37, 64, generator=g) for _ in range(2))
+    mask = torch.rand(1, 1, 1, 37, generator=g) > 0.2
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("faster", ["sdpa", "kernel"])
+def test_the_faster_measured_path_is_kept(faster, tmp_path):
+    """Note [Decode attention by measurement]: with a static key length the rewrite is made only
+    where the kernel is not measurably slower than the traced repeat + SDPA (a timer stands for
+    the GPU here); explain() lists the choice and the times; the choice is kept in
+    TRIDENT_CACHE_DIR and a later process (the memo cleared) takes it without measuring."""
+    from trident.passes import decode_attention as DA
+
+    q, k, v, mask = _gqa_case()
+    DA.set_timer(lambda name, shape: 1.0 if name == faster else 2.0)
+    try:
+        with knobs.scope(cache_dir=str(tmp_path)):
+            for source in ("", ", from TRIDENT_CACHE_DIR"):
+                opt = _optimize(_hf_attention, q, k, v, mask)
+                names = _launches(opt)
+                assert ("decode_attention_split_kernel" in names) == (faster == "kernel"), names
+                text = trident.explain(opt)
+                what = "Trident's flash-decoding kernel" if faster == "kernel" else "as traced"
+                assert "decode attention:" in text and what in text and f"[measured{source}: " in text, text
+                torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
+                DA.set_timer(lambda *a: pytest.fail("measured again"))  # also clears the memo
+    finally:
+        DA.set_timer(None)
+
+
+def test_without_a_timer_or_gpu_nothing_is_measured_and_the_kernel_is_taken():
+    q, k, v, mask = _gqa_case()
+    opt = _optimize(_hf_attention, q, k, v, mask)
+    assert "decode_attention_split_kernel" in _launches(opt)
+    assert "decode attention:" not in trident.explain(opt)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_static_length_is_measured_on_cuda(dtype):
+    """On the GPU both paths are timed in CUDA graphs; whichever is kept, the result is SDPA's."""
+    q, k, v, mask = (t.cuda() for t in _gqa_case())
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    opt = _optimize(_hf_attention, q, k, v, mask, mode="measured")
+    text = trident.explain(opt)
+    assert "decode attention:" in text and "[measured: " in text and "sdpa " in text and "kernel " in text, text
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-5, atol=2e-5)
+    for _ in range(3):
+        torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), **tol)

@@ -182,6 +182,10 @@ def explain(gm) -> str:
     if fused:  # Note [Fused glue]
         lines.append(f"fused glue: {len(fused)} group(s) of ATen ops as Inductor-generated kernels:")
         lines.extend(f"  {line}" for line in fused)
+    attention = gm.meta.get("trident_attention_choices", [])
+    if attention:  # Note [Decode attention by measurement]
+        lines.append("decode attention:")
+        lines.extend(f"  {line}" for line in attention)
     choices = gm.meta.get("trident_matmul_choices", [])
     if choices:  # Note [Decode matmuls by measurement]
         lines.append("decode matmuls:")

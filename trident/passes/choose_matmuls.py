@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import triton
+from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import gemv as G
@@ -163,8 +164,6 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
     is C of one cuBLASLt call there, Note [Residual adds in the GEMM], so it is timed as the
     product alone, not as ATen's copy + addmm). Empty when nothing could be timed (another
     capture running, a failure): the operator then stays, and nothing is stored."""
-    from triton.testing import do_bench_cudagraph
-
     if torch.cuda.is_current_stream_capturing():
         return {}
     try:

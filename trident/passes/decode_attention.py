@@ -22,6 +22,20 @@ elsewhere. The output keeps the layout the SDPA op gave it. Numerics: fp32 score
 as the fused SDPA kernels; results equal SDPA's within the dtype's tolerance (tests compare).
 Knob TRIDENT_DECODE_ATTENTION: "cuda" (default), "all" (CPU too: the interpreter runs the
 kernels, for tests), "" (off).
+
+Note [Decode attention by measurement]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With TRIDENT_DECODE_ATTENTION=measured (to become the default once measured on the GPU), where
+the key length is static (a StaticCache) on CUDA, the rewrite is made only when Trident's
+two launches are not measurably slower than what they replace -- the repeat's clones and the
+SDPA backend the trace chose, run as the graph has them -- each timed inside a CUDA graph
+(`triton.testing.do_bench_cudagraph`, median) on stand-ins of the same layouts (a boolean mask
+all true, a float mask of zeros); the SDPA path stays when it takes at most `_MARGIN` of the
+kernel's time. The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
+(`decode-attention` entries), and `explain()` lists it with the times. A symbolic length (a
+DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
+measurement existed (its clones of the grown cache cost eager more each step). Without a GPU
+nothing is timed (tests install a timer with `set_timer`).
 """
 
 from __future__ import annotations
@@ -31,12 +45,14 @@ import operator
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from triton.testing import do_bench_cudagraph
 
-from .. import knobs
+from .. import disk_cache, knobs, logs, triton_state
 from ..kernels.attention import (
     BLOCK_N,
     SPLITS,
     block_m,
+    decode_attention,
     decode_attention_combine_kernel,
     decode_attention_split_kernel,
     dot_precision,
@@ -202,6 +218,8 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     if not isinstance(out_val, torch.Tensor) or any(type(s) is not int for s in out_val.stride()):
         return False
     S = k.shape[2]
+    if not _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, k_chain + v_chain, scale, mode):
+        return False
     with gm.graph.inserting_before(node):
         if isinstance(S, torch.SymInt):
             s_arg = gm.graph.call_function(aten.sym_size.int, (k_node, 2))
@@ -267,3 +285,103 @@ def lower_decode_attention(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return count
+
+
+_MARGIN = 0.95
+_CHOICES: dict = {}
+_timer = None
+
+
+def set_timer(timer) -> None:
+    """Install (or remove, with None) the timer used where no GPU is: `timer(name, shape)` gives
+    the microseconds of 'sdpa' or 'kernel' for `shape` (B, H, Hkv, Lq, S, D, dtype)."""
+    global _timer
+    _timer = timer
+    _CHOICES.clear()
+
+
+def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mode: str) -> bool:
+    """Note [Decode attention by measurement]: whether the rewrite is made."""
+    q, k = node_val(q_node), node_val(k_node)
+    mask = node_val(mask_node)
+    S = k.shape[2]
+    measured = mode == "measured" if q.device.type == "cuda" else _timer is not None
+    if type(S) is not int or not measured:
+        return True
+    B, H, LQ, D = q.shape
+    shape = (B, H, k.shape[1], LQ, S, D, str(q.dtype))
+    device = torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
+    mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape), tuple(mask.stride()))
+    key = (str(node.target), shape, mask_kind, device)
+    choice = _CHOICES.get(key)
+    if choice is None:
+        disk_key = disk_cache.key_of("decode-attention", key)
+        choice = disk_cache.load("decode-attention", disk_key,
+                                 lambda v: isinstance(v, dict) and isinstance(v.get("us"), dict) and "kernel" in v)
+        if choice is not None:
+            choice = {**choice, "source": "TRIDENT_CACHE_DIR"}
+        else:
+            if q.device.type == "cuda":
+                with triton_state.exclusive():
+                    times = _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale)
+            else:
+                times = {"sdpa": _timer("sdpa", shape), "kernel": _timer("kernel", shape)}
+            kernel = not ("sdpa" in times and "kernel" in times and times["sdpa"] <= _MARGIN * times["kernel"])
+            choice = {"kernel": kernel, "us": {k2: round(v, 3) for k2, v in times.items()}}
+            if "sdpa" in times and "kernel" in times:
+                disk_cache.store("decode-attention", disk_key, choice)
+        _CHOICES[key] = choice
+    us = ", ".join(f"{k2} {v:.2f} us" for k2, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
+    where = f", from {choice['source']}" if choice.get("source") else ""
+    what = "Trident's flash-decoding kernel" if choice["kernel"] else f"{node.target} as traced"
+    gm.meta.setdefault("trident_attention_choices", []).append(
+        f"B={B} H={H} Hkv={k.shape[1]} Lq={LQ} S={S} D={D} {q.dtype}: {what} [measured{where}: {us or 'nothing'}]")
+    return choice["kernel"]
+
+
+def _stand_in(v, g):
+    """A real tensor of v's layout: values in [0, 1), a boolean mask all true."""
+    span = sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
+    base = torch.ones(span, dtype=torch.bool) if v.dtype == torch.bool else torch.rand(span, generator=g).to(v.dtype)
+    return base.to(v.device).as_strided(tuple(v.shape), tuple(v.stride()), 0)
+
+
+def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> dict:
+    """Median microseconds of the traced path (the repeat's nodes and the SDPA call, as a small
+    graph on stand-ins) and of Trident's kernels; empty when they cannot be timed."""
+    if torch.cuda.is_current_stream_capturing():
+        return {}
+    q = node_val(q_node)
+    try:
+        with torch.cuda.device(q.device):
+            g = torch.Generator().manual_seed(0)
+            members = set(chain) | {node}
+            order = [n for n in gm.graph.nodes if n in members]
+            sub = torch.fx.Graph()
+            env, inputs = {}, []
+            for n in order:
+                for p in n.all_input_nodes:
+                    if p not in members and p not in env:
+                        env[p] = sub.placeholder(f"in{len(inputs)}")
+                        inputs.append(p)
+            for n in order:
+                env[n] = sub.node_copy(n, lambda x: env[x])
+            sub.output(env[node])
+            traced = torch.fx.GraphModule(torch.nn.Module(), sub)
+            values = []
+            for p in inputs:
+                v = node_val(p)
+                if v is None or not isinstance(v, torch.Tensor) or any(type(x) is not int for x in (*v.shape, *v.stride())):
+                    return {}
+                value = _stand_in(v, g)
+                values.append(value.zero_() if p is mask_node and v.is_floating_point() else value)
+            by_node = dict(zip(inputs, values))
+            qs, ks, vs = by_node[q_node], by_node[k_node], by_node[v_node]
+            ms = by_node.get(mask_node)
+            times = {"sdpa": do_bench_cudagraph(lambda: traced(*values), rep=20, return_mode="median") * 1e3}
+            times["kernel"] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale), rep=20,
+                                                 return_mode="median") * 1e3
+            return times
+    except Exception as e:  # noqa: BLE001 - not measured: the kernel is taken, as without measurement
+        logs.lowering.debug("decode attention not measured: %s: %s", type(e).__name__, e)
+        return {}
