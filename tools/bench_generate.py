@@ -13,13 +13,14 @@ ALL in one run per (model, kernels) case:
                       Inductor-generated Triton kernels, Note [Fused glue])
     trident_tuned     trident_fused with TRIDENT_DECODE_MATMULS (products of few rows on
                       Trident's GEMV where measured faster, Note [Decode matmuls by measurement])
+                      and TRIDENT_DECODE_ATTENTION=measured
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
     trident_fused     the same with TRIDENT_FUSE_GLUE
-    trident_tuned     the same with TRIDENT_FUSE_GLUE and TRIDENT_DECODE_MATMULS
+    trident_tuned     the same with TRIDENT_FUSE_GLUE, TRIDENT_DECODE_MATMULS, attention measured
     trident_backend   model.forward = torch.compile(model.forward, backend="trident")
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
@@ -273,6 +274,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
                 os.environ["TRIDENT_FUSE_GLUE"] = mode
             if name == "trident_tuned":
                 os.environ["TRIDENT_DECODE_MATMULS"] = mode
+                os.environ["TRIDENT_DECODE_ATTENTION"] = "measured" if dev == "cuda" else "all"
             model.forward = trident.compile(model.forward)
         elif name == "trident_backend":
             model.forward = torch.compile(model.forward, backend="trident")

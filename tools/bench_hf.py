@@ -8,8 +8,9 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
   trident_backend           torch.compile(model.forward, backend="trident")
   trident_compile           trident.compile(model.forward)
   trident_fused             the same with TRIDENT_FUSE_GLUE=cuda (ATen glue as Inductor-generated kernels)
-  trident_tuned             the same with TRIDENT_FUSE_GLUE and TRIDENT_DECODE_MATMULS (products of few
-                            rows on Trident's GEMV where measured faster)
+  trident_tuned             the same with TRIDENT_FUSE_GLUE, TRIDENT_DECODE_MATMULS (products of few
+                            rows on Trident's GEMV where measured faster) and
+                            TRIDENT_DECODE_ATTENTION=measured
   graph_floor               the eager decode step captured once in a torch.cuda.CUDAGraph; each
                             step copies the token and position in and replays (no host work
                             beyond that: the floor of any host-side optimization)
@@ -47,7 +48,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_fused", "trident_tuned", "trident_backend",
             "compile_default", "compile_reduce_overhead")
 # issue 25: the knobs each trident_* variant runs with (off until measured here)
-KNOBS = {"trident_fused": {"fuse_glue": "cuda"}, "trident_tuned": {"fuse_glue": "cuda", "decode_matmuls": "cuda"}}
+KNOBS = {"trident_fused": {"fuse_glue": "cuda"},
+         "trident_tuned": {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}}
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)
