@@ -101,6 +101,22 @@ def key_of(*parts: Any) -> str:
     return hashlib.sha256(repr((torch.__version__, triton.__version__) + parts).encode()).hexdigest()
 
 
+_SOURCES: dict = {}
+
+
+def source_digest(*modules) -> str:
+    """sha256 of the source files of `modules` (once per process): what an entry's answer was
+    computed by, so that another Trident's entries are not taken for this one's."""
+    key = tuple(m.__name__ for m in modules)
+    if key not in _SOURCES:
+        h = hashlib.sha256()
+        for m in modules:
+            with open(m.__file__, "rb") as f:
+                h.update(f.read())
+        _SOURCES[key] = h.hexdigest()
+    return _SOURCES[key]
+
+
 def _path(kind: str, key: str) -> Optional[str]:
     root = knobs.cache_dir()
     return os.path.join(root, kind, key[:2], f"{key}.json") if root else None

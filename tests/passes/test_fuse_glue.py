@@ -384,6 +384,12 @@ def test_lowerings_are_kept_in_the_cache_dir_and_restored_without_inductor(tmp_p
         inductor_glue.clear_cache()
         first = trident.optimize(trident.capture(_rms, *args))
         (entry,) = pathlib.Path(tmp_path, "inductor-glue").rglob("*.json")
+
+        def kernel_modules():  # a kernel's stable key hashes its module (Note [Stable keys])
+            return [n.meta["glue_kernel"].fn.__module__ for lowered in inductor_glue._CACHE.values()
+                    for n in lowered.graph.nodes if "glue_kernel" in n.meta]
+
+        fresh = kernel_modules()
         inductor_glue.clear_cache()
         inductor_glue._MODULES.clear()
         real = inductor_glue._lower
@@ -394,6 +400,7 @@ def test_lowerings_are_kept_in_the_cache_dir_and_restored_without_inductor(tmp_p
         monkeypatch.setattr(inductor_glue, "_lower", refuse)
         again = trident.optimize(trident.capture(_rms, *args))
         assert _launches(again) == _launches(first)
+        assert kernel_modules() == fresh  # the plans a cold process wrote are found by the warm one
         for got, ref in zip(again(*args), _rms(*args)):
             torch.testing.assert_close(got, ref)
         data = json.loads(entry.read_text())

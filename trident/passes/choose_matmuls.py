@@ -32,6 +32,7 @@ cuBLAS algorithms). residual_mm's own numerics (Note [Residual adds in the GEMM]
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -215,10 +216,11 @@ def _choose(node, va, vb, vc) -> dict:
     if key in _CHOICES:
         return _CHOICES[key]
     configs = [c for c in G.CONFIGS if G.useful(n, k, c)]
-    disk_key = disk_cache.key_of("decode-matmul", device, key)
+    disk_key = disk_cache.key_of("decode-matmul", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # an entry of another Trident may name a config this one does not measure
         return (isinstance(v, dict) and isinstance(v.get("us"), dict) and
+                all(isinstance(t, (int, float)) for t in v["us"].values()) and
                 (v.get("config") is None or (isinstance(v["config"], list) and tuple(v["config"]) in configs)))
 
     cached = disk_cache.load("decode-matmul", disk_key, valid)
@@ -239,7 +241,8 @@ def _choose(node, va, vb, vc) -> dict:
         choice = {"config": list(chosen) if chosen else None, "us": {k2: round(v, 3) for k2, v in times.items()}}
         if "aten" in times and any(_name(c) in times for c in configs):  # a whole measurement only
             disk_cache.store("decode-matmul", disk_key, choice)
-    _CHOICES[key] = choice
+    if choice["us"] or va.device.type != "cuda":  # a GPU measurement that failed is tried again later
+        _CHOICES[key] = choice
     return choice
 
 

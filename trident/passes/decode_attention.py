@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
+from ..kernels import attention as attention_module
 from ..kernels.attention import (
     BLOCK_N,
     SPLITS,
@@ -312,12 +314,14 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
     shape = (B, H, k.shape[1], LQ, S, D, str(q.dtype))
     device = torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
     mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape), tuple(mask.stride()))
-    key = (str(node.target), shape, mask_kind, device)
+    key = (str(node.target), shape, mask_kind, device, tuple(q.stride()), _chain_key(chain, node))
     choice = _CHOICES.get(key)
     if choice is None:
-        disk_key = disk_cache.key_of("decode-attention", key)
-        choice = disk_cache.load("decode-attention", disk_key,
-                                 lambda v: isinstance(v, dict) and isinstance(v.get("us"), dict) and "kernel" in v)
+        disk_key = disk_cache.key_of("decode-attention", key, _chain_key(chain, node),
+                                     disk_cache.source_digest(sys.modules[__name__], attention_module))
+        choice = disk_cache.load("decode-attention", disk_key, lambda v: (
+            isinstance(v, dict) and isinstance(v.get("us"), dict) and isinstance(v.get("kernel"), bool)
+            and all(isinstance(t, (int, float)) for t in v["us"].values())))
         if choice is not None:
             choice = {**choice, "source": "TRIDENT_CACHE_DIR"}
         else:
@@ -330,13 +334,19 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
             choice = {"kernel": kernel, "us": {k2: round(v, 3) for k2, v in times.items()}}
             if "sdpa" in times and "kernel" in times:
                 disk_cache.store("decode-attention", disk_key, choice)
-        _CHOICES[key] = choice
+        if choice["us"]:  # a measurement that failed (another capture running) is tried again later
+            _CHOICES[key] = choice
     us = ", ".join(f"{k2} {v:.2f} us" for k2, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
     where = f", from {choice['source']}" if choice.get("source") else ""
     what = "Trident's flash-decoding kernel" if choice["kernel"] else f"{node.target} as traced"
     gm.meta.setdefault("trident_attention_choices", []).append(
         f"B={B} H={H} Hkv={k.shape[1]} Lq={LQ} S={S} D={D} {q.dtype}: {what} [measured{where}: {us or 'nothing'}]")
     return choice["kernel"]
+
+
+def _chain_key(chain, node) -> tuple:
+    """What the traced path runs besides SDPA: the repeat's ops (none with enable_gqa)."""
+    return tuple(str(n.target) for n in chain) + (bool(bound_args(node).get("enable_gqa", False)),)
 
 
 def _stand_in(v, g):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import linecache
+import sys
 import types
 from dataclasses import dataclass
 
@@ -157,7 +158,8 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
-        disk_key = disk_cache.key_of("inductor-glue", repr(key), repr(sorted(_inductor_config().items())), _device_id())
+        disk_key = disk_cache.key_of("inductor-glue", repr(key), repr(sorted(_inductor_config().items())), _device_id(),
+                                     disk_cache.source_digest(sys.modules[__name__]))
         lowered = _from_data(disk_cache.load("inductor-glue", disk_key, lambda v: isinstance(v, dict)))
         if lowered is None:
             try:
@@ -339,12 +341,12 @@ def _to_data(lowered: Lowered) -> "dict | None":
         if kernel is not None:
             path = kernel.fn.__code__.co_filename
             try:
-                source = "".join(linecache.getlines(path)) or open(path).read()
-            except OSError:
+                source = "".join(linecache.getlines(path)) or open(path, encoding="utf-8").read()
+            except (OSError, UnicodeDecodeError):
                 return None
             digest = hashlib.sha256(source.encode()).hexdigest()
             modules[digest] = source
-            entry["kernel"] = [digest, kernel.__name__]
+            entry["kernel"] = [digest, kernel.__name__, kernel.fn.__module__]
             entry["constants"] = _encode(dict(node.meta["glue_constants"]), index)
         if any(entry.get(k) is _UNSUPPORTED for k in ("args", "kwargs", "constants")):
             return None
@@ -361,14 +363,17 @@ _BY_NAME = {v: k for k, v in _TARGETS.items()}
 _MODULES: dict = {}  # digest -> the restored module (one per process)
 
 
-def _kernel_from(source: str, digest: str, name: str):
+def _kernel_from(source: str, digest: str, name: str, module_name: str):
+    """The kernel `name` of the cached module: executed under the name Inductor's loader gave it
+    (a kernel's stable key hashes its function's module, Note [Stable keys]: a restored kernel
+    must key as the freshly lowered one, or the plans its regions wrote are not found)."""
     module = _MODULES.get(digest)
     if module is None:
         if hashlib.sha256(source.encode()).hexdigest() != digest:
             raise ValueError("a kernel module is not the one its entry names")
         filename = f"<trident inductor-glue {digest[:24]}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        module = types.ModuleType(f"trident_glue_{digest[:24]}")
+        module = types.ModuleType(module_name)
         module.__file__ = filename
         with _sm90_without_cuda():  # the module sets Triton's driver to the GPU at import
             exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - a private cache entry
@@ -395,8 +400,8 @@ def _from_data(data) -> "Lowered | None":
                 target = _BY_NAME[entry["target"]]
                 node = graph.call_function(target, args, kwargs)
                 if "kernel" in entry:
-                    digest, name = entry["kernel"]
-                    node.meta["glue_kernel"] = _kernel_from(data["modules"][digest], digest, name)
+                    digest, name, module_name = entry["kernel"]
+                    node.meta["glue_kernel"] = _kernel_from(data["modules"][digest], digest, name, module_name)
                     node.meta["glue_constants"] = _decode(entry["constants"], nodes)
                     register(node)
             nodes.append(node)
