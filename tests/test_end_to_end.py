@@ -162,3 +162,18 @@ def test_the_hit_path_reads_closed_over_tensors_without_module_lookups(monkeypat
         lin.weight.mul_(2)  # in place: the bound tensor is the parameter itself
     torch.testing.assert_close(opt(x), fn(x))
     assert not [n for n in lookups if "constant" in n], lookups
+
+
+def test_a_tensor_parameter_named_self_is_served():
+    """A plain function whose first tensor parameter is named `self` (FX's generated forward
+    takes the module as `self`): the input is renamed `self_`, and the call is served."""
+    import trident
+    from tests.kernels import axpy
+
+    def f(self, y):
+        return axpy(self, y) * 2
+
+    x, y = torch.randn(100), torch.randn(100)
+    opt = trident.optimize(trident.capture(f, x, y))
+    assert [n.name for n in opt.graph.nodes if n.op == "placeholder"] == ["self_", "y"]
+    torch.testing.assert_close(opt(x, y), f(x, y))

@@ -449,6 +449,8 @@ def _identifier(name: str) -> str:
     text = re.sub(r"\W+", "_", name).strip("_") or "input"
     if text[0].isdigit() or keyword.iskeyword(text):
         text = "_" + text
+    if text == "self":  # the generated forward's own first parameter (the module)
+        text = "self_"
     return text
 
 
