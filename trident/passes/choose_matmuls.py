@@ -41,7 +41,7 @@ from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import gemv as G
-from .common import bound_args, emit_launch, node_val
+from .common import bound_args, emit_launch, node_val, stand_in
 
 aten = torch.ops.aten
 
@@ -147,13 +147,6 @@ def _run_gemv(a, b, c, out, config):
         HAS_C=c is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK)
 
 
-def _stand_in(v, g: torch.Generator):
-    """A real tensor of v's sizes, strides, offset and dtype, values in [-1, 1)."""
-    span = v.storage_offset() + sum((s - 1) * st for s, st in zip(v.shape, v.stride())) + 1
-    base = (torch.rand(span, generator=g) * 2 - 1).to(v.dtype).to(v.device)
-    return base.as_strided(tuple(v.shape), tuple(v.stride()), v.storage_offset())
-
-
 _L2_BYTES = 64 << 20  # more than an H100/H200's L2 (50 MB): weights are timed as streamed from HBM
 
 
@@ -170,10 +163,10 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
     try:
         with torch.cuda.device(va.device):
             g = torch.Generator().manual_seed(0)
-            a = _stand_in(va, g)
+            a = stand_in(va, g)
             copies = max(1, min(32, -(-2 * _L2_BYTES // max(1, vb.numel() * vb.element_size()))))
-            bs = [_stand_in(vb, g) for _ in range(copies)]
-            c = _stand_in(vc, g) if vc is not None else None
+            bs = [stand_in(vb, g) for _ in range(copies)]
+            c = stand_in(vc, g) if vc is not None else None
             out = torch.empty(a.shape[0], bs[0].shape[1], dtype=a.dtype, device=a.device)
             turn = [0]
 

@@ -246,3 +246,14 @@ def emit_launch(gm: torch.fx.GraphModule, kernel, grid, kwargs: dict) -> torch.f
     )
     node.meta["val"] = None
     return node
+
+
+def stand_in(v, g: torch.Generator) -> torch.Tensor:
+    """A real tensor of v's sizes, strides, storage offset, dtype and device, for timing an
+    implementation on it: values in [-1, 1) from `g` (a boolean mask all true)."""
+    span = v.storage_offset() + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
+    if v.dtype == torch.bool:
+        base = torch.ones(span, dtype=torch.bool)
+    else:
+        base = (torch.rand(span, generator=g) * 2 - 1).to(v.dtype)
+    return base.to(v.device).as_strided(tuple(v.shape), tuple(v.stride()), v.storage_offset())

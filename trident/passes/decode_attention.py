@@ -60,7 +60,7 @@ from ..kernels.attention import (
     dot_precision,
     workspace_elements,
 )
-from .common import bound_args, emit_launch, node_val
+from .common import bound_args, emit_launch, node_val, stand_in
 
 aten = torch.ops.aten
 
@@ -349,13 +349,6 @@ def _chain_key(chain, node) -> tuple:
     return tuple(str(n.target) for n in chain) + (bool(bound_args(node).get("enable_gqa", False)),)
 
 
-def _stand_in(v, g):
-    """A real tensor of v's layout: values in [0, 1), a boolean mask all true."""
-    span = sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
-    base = torch.ones(span, dtype=torch.bool) if v.dtype == torch.bool else torch.rand(span, generator=g).to(v.dtype)
-    return base.to(v.device).as_strided(tuple(v.shape), tuple(v.stride()), 0)
-
-
 def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> dict:
     """Median microseconds of the traced path (the repeat's nodes and the SDPA call, as a small
     graph on stand-ins) and of Trident's kernels; empty when they cannot be timed."""
@@ -383,7 +376,7 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
                 v = node_val(p)
                 if v is None or not isinstance(v, torch.Tensor) or any(type(x) is not int for x in (*v.shape, *v.stride())):
                     return {}
-                value = _stand_in(v, g)
+                value = stand_in(v, g)
                 values.append(value.zero_() if p is mask_node and v.is_floating_point() else value)
             by_node = dict(zip(inputs, values))
             qs, ks, vs = by_node[q_node], by_node[k_node], by_node[v_node]
