@@ -329,6 +329,16 @@ _KNOBS = {
         "until measured on the GPU, issue 25)",
         _DEVICE_MODE,
     ),
+    "pdl": _Knob(
+        "TRIDENT_PDL",
+        "",
+        "programmatic dependent launch (Note [Programmatic dependent launch]): Trident's own and Inductor's glue "
+        "kernels wait for their predecessor with griddepcontrol.wait and release their dependents early, and a "
+        "launch whose kernel provably waits before touching global memory may start before the kernel before it "
+        "ends: 'cuda' (sm_90+ CUDA devices; also any on spelling), 'all' (also CPU tensors, where the waits are "
+        "no-ops of Triton's interpreter: tests), '' (default: off until measured on the GPU, issue 25)",
+        _DEVICE_MODE,
+    ),
     "graphs": _Knob(
         "TRIDENT_GRAPHS",
         "cuda",
@@ -501,6 +511,12 @@ def decode_matmuls() -> str:
 def fuse_glue() -> str:
     """Where fuse_glue hands ATen glue to Inductor (Note [Fused glue]): "cuda", "all" or "" (off)."""
     return _KNOBS["fuse_glue"].value()
+
+
+def pdl() -> str:
+    """Where launches use programmatic dependent launch (Note [Programmatic dependent launch]):
+    "cuda", "all" or "" (off)."""
+    return _KNOBS["pdl"].value()
 
 
 def graphs() -> str:

@@ -31,7 +31,10 @@ def decode_attention_split_kernel(
     KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # Note [Programmatic dependent launch]
+        tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // KV_HEADS
@@ -73,6 +76,8 @@ def decode_attention_split_kernel(
         v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
     base = (bh * SPLITS + split) * (BLOCK_M * (BLOCK_D + 2))
     tl.store(ws_ptr + base + rows, m_i)
@@ -86,7 +91,10 @@ def decode_attention_combine_kernel(
     so_b, so_h, so_l,
     KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)
     b = bh // KV_HEADS
     kvh = bh % KV_HEADS
@@ -104,6 +112,8 @@ def decode_attention_combine_kernel(
         w = tl.exp(tl.load(ws_ptr + base + rows) - m_safe)
         l += w * tl.load(ws_ptr + base + BLOCK_M + rows)
         acc += w[:, None] * tl.load(ws_ptr + base + 2 * BLOCK_M + rows[:, None] * BLOCK_D + d[None, :])
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     row_ok = rows < G * LQ
     head = kvh * G + rows // LQ

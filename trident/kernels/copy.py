@@ -55,6 +55,7 @@ def _strided_copy(
     DST_CONTIGUOUS: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The body of strided_copy_kernel (and of each pair of strided_copy2_kernel): block
     tl.program_id(0) of the iteration space."""
@@ -80,7 +81,10 @@ def _strided_copy(
         dst_off = i0 * dst_stride0 + i1 * dst_stride1 + i2 * dst_stride2 + i3 * dst_stride3 + i4 * dst_stride4
     src = _bits(src_ptr)
     dst = _bits(dst_ptr)
-    tl.store(dst + dst_off, tl.load(src + src_off, mask=mask), mask=mask)
+    value = tl.load(src + src_off, mask=mask)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(dst + dst_off, value, mask=mask)
 
 
 @triton.jit
@@ -106,15 +110,19 @@ def strided_copy_kernel(
     DST_CONTIGUOUS: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """dst[i] = src[i] for every index i of the iteration space. Source strides may be 0
     (expanded dims). DST_CONTIGUOUS: the destination is dense in iteration order, so its offset
-    is the flat index (dst strides unused)."""
+    is the flat index (dst strides unused). PDL: wait for the kernel before first, release the
+    next one after the load (Note [Programmatic dependent launch])."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     _strided_copy(
         src_ptr, dst_ptr, size0, size1, size2, size3, size4,
         src_stride0, src_stride1, src_stride2, src_stride3, src_stride4,
         dst_stride0, dst_stride1, dst_stride2, dst_stride3, dst_stride4,
-        numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK,
+        numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK, PDL,
     )  # fmt: skip
 
 
@@ -153,23 +161,26 @@ def strided_copy2_kernel(
     DST_CONTIGUOUS: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Two independent strided_copy_kernel launches over one iteration space in one launch
     (trident/passes/fuse_copy_launches.py): grid (n, 2, 1), tl.program_id(1) picks the pair
     (pointers and strides with suffix _0 or _1); each pair runs strided_copy_kernel's body."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # before the branch: every program waits first
     if tl.program_id(1) == 0:
         _strided_copy(
             src_ptr_0, dst_ptr_0, size0, size1, size2, size3, size4,
             src_stride0_0, src_stride1_0, src_stride2_0, src_stride3_0, src_stride4_0,
             dst_stride0_0, dst_stride1_0, dst_stride2_0, dst_stride3_0, dst_stride4_0,
-            numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK,
+            numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK, PDL,
         )  # fmt: skip
     else:
         _strided_copy(
             src_ptr_1, dst_ptr_1, size0, size1, size2, size3, size4,
             src_stride0_1, src_stride1_1, src_stride2_1, src_stride3_1, src_stride4_1,
             dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
-            numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK,
+            numel, DST_CONTIGUOUS, OFFSETS_64, BLOCK, PDL,
         )  # fmt: skip
 
 
@@ -214,6 +225,7 @@ def _index_copy(
     WRAP_NEGATIVE: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The body of index_copy_kernel (and of each pair of index_copy2_kernel): block
     tl.program_id(0) of the iteration space."""
@@ -224,7 +236,7 @@ def _index_copy(
         src_ptr, dst_ptr, index_ptr, 0, pid * BLOCK + tl.arange(0, BLOCK), size0, size1, size2, size3, size4,
         src_stride0, src_stride1, src_stride2, src_stride3, src_stride4,
         dst_stride0, dst_stride1, dst_stride2, dst_stride3, dst_stride4,
-        index_stride, dim_size, numel, False, ATEN_RULES, WRAP_NEGATIVE,
+        index_stride, dim_size, numel, False, ATEN_RULES, WRAP_NEGATIVE, PDL,
     )  # fmt: skip
 
 
@@ -256,10 +268,12 @@ def _index_copy_block(
     INDEX_OFFSET: tl.constexpr,
     ATEN_RULES: tl.constexpr,
     WRAP_NEGATIVE: tl.constexpr,
+    RELEASE: tl.constexpr,
 ):
     """Elements `offs` (flat indices of the iteration space) of an index copy. Row j's index is
     index[j * index_stride], or base + j when INDEX_OFFSET (the index tensor arange(n) + base,
-    never materialized: Note [Cache writes in one program])."""
+    never materialized: Note [Cache writes in one program]). RELEASE: release the next kernel
+    once loaded (Note [Programmatic dependent launch])."""
     tl.static_assert(src_ptr.dtype == dst_ptr.dtype, "index_copy_kernel: source and self must have one dtype")
     INDEX_TY: tl.constexpr = index_ptr.dtype.element_ty
     # an offset index (arange(n) + counter) is int64 whatever integer type the counter has
@@ -289,7 +303,10 @@ def _index_copy_block(
     dst_off = idx * dst_stride0 + rest.to(tl.int64)
     src = _bits(src_ptr)
     dst = _bits(dst_ptr)
-    tl.store(dst + dst_off, tl.load(src + src_off, mask=ok), mask=ok)
+    value = tl.load(src + src_off, mask=ok)
+    if RELEASE:
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(dst + dst_off, value, mask=ok)
 
 
 @triton.jit
@@ -319,6 +336,7 @@ def index_copy_kernel(
     WRAP_NEGATIVE: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """index_copy_ of `src` into `dst` along dst's indexed dim. The iteration space is src's:
     dim 0 is the indexed dim (size0 = number of indices), dims 1..4 the others; element
@@ -330,12 +348,14 @@ def index_copy_kernel(
     compile time, what ATen's index_copy_ refuses by dtype: an index other than int64, float8
     data (no CPU or CUDA kernel). So a later call bringing such dtypes to a lowered index_copy_
     fails, as eager does, instead of succeeding. (index_put_ takes int32 indices and float8
-    data: the pass launches it without ATEN_RULES.)"""
+    data: the pass launches it without ATEN_RULES.) PDL: Note [Programmatic dependent launch]."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     _index_copy(
         src_ptr, dst_ptr, index_ptr, size0, size1, size2, size3, size4,
         src_stride0, src_stride1, src_stride2, src_stride3, src_stride4,
         dst_stride0, dst_stride1, dst_stride2, dst_stride3, dst_stride4,
-        index_stride, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
+        index_stride, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK, PDL,
     )  # fmt: skip
 
 
@@ -380,23 +400,26 @@ def index_copy2_kernel(
     WRAP_NEGATIVE: tl.constexpr,
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Two independent index_copy_kernel launches over one iteration space in one launch
     (trident/passes/fuse_copy_launches.py): grid (n, 2, 1), tl.program_id(1) picks the pair
     (pointers and strides with suffix _0 or _1); each pair runs index_copy_kernel's body."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # before the branch: every program waits first
     if tl.program_id(1) == 0:
         _index_copy(
             src_ptr_0, dst_ptr_0, index_ptr_0, size0, size1, size2, size3, size4,
             src_stride0_0, src_stride1_0, src_stride2_0, src_stride3_0, src_stride4_0,
             dst_stride0_0, dst_stride1_0, dst_stride2_0, dst_stride3_0, dst_stride4_0,
-            index_stride_0, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
+            index_stride_0, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK, PDL,
         )  # fmt: skip
     else:
         _index_copy(
             src_ptr_1, dst_ptr_1, index_ptr_1, size0, size1, size2, size3, size4,
             src_stride0_1, src_stride1_1, src_stride2_1, src_stride3_1, src_stride4_1,
             dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
-            index_stride_1, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK,
+            index_stride_1, dim_size, numel, ATEN_RULES, WRAP_NEGATIVE, OFFSETS_64, BLOCK, PDL,
         )  # fmt: skip
 
 
@@ -465,11 +488,17 @@ def cache_write_kernel(
     OFFSETS_64: tl.constexpr,
     BLOCK: tl.constexpr,
     ITERS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One or two index_copy_kernel calls sharing one index, in order, in one program (grid
     (1, 1, 1)); with INDEX_OFFSET the index is arange(size0) + index[0], and with INCREMENT
     index[0] += increment before the rows are written (Note [Cache writes in one program]).
-    PAIRS == 1 ignores the pointers and strides of pair 1. ITERS = cdiv(numel, BLOCK) blocks."""
+    PAIRS == 1 ignores the pointers and strides of pair 1. ITERS = cdiv(numel, BLOCK) blocks.
+    PDL: wait first and release the next kernel at once (one program: its blocks take no slots
+    this program needs; Note [Programmatic dependent launch])."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     base = 0
     if INDEX_OFFSET:
         base = tl.load(index_ptr).to(tl.int64)
@@ -486,7 +515,7 @@ def cache_write_kernel(
             src_ptr_0, dst_ptr_0, index_ptr, base, it * BLOCK + lanes, size0, size1, size2, size3, size4,
             src_stride0_0, src_stride1_0, src_stride2_0, src_stride3_0, src_stride4_0,
             dst_stride0_0, dst_stride1_0, dst_stride2_0, dst_stride3_0, dst_stride4_0,
-            index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE,
+            index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE, False,
         )  # fmt: skip
     if PAIRS == 2:
         tl.debug_barrier()
@@ -495,7 +524,7 @@ def cache_write_kernel(
                 src_ptr_1, dst_ptr_1, index_ptr, base, it * BLOCK + lanes, size0, size1, size2, size3, size4,
                 src_stride0_1, src_stride1_1, src_stride2_1, src_stride3_1, src_stride4_1,
                 dst_stride0_1, dst_stride1_1, dst_stride2_1, dst_stride3_1, dst_stride4_1,
-                index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE,
+                index_stride, dim_size, numel, INDEX_OFFSET, ATEN_RULES, WRAP_NEGATIVE, False,
             )  # fmt: skip
 
 

@@ -15,6 +15,9 @@ the two kernels of a split-K GEMV:
                        to ws[split, m, n];
   gemv_reduce_kernel   out = sum over splits of ws (+ c), rounded once.
 
+PDL (both kernels): wait for the kernel before first, release the next one after the loads
+(Note [Programmatic dependent launch]).
+
 K is a constexpr: a weight's inner size is fixed, and the loop bound is then known to the
 compiler (and a plain int to Triton's interpreter, which cannot range over a scalar argument).
 
@@ -39,7 +42,10 @@ def gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # Note [Programmatic dependent launch]
+        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,6 +68,8 @@ def gemv_kernel(
             a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak,
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
             acc += tl.dot(a, tl.trans(b.to(a.dtype)), input_precision=PRECISION, out_dtype=tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     if BLOCK_M == 1:
         acc = acc1[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
@@ -84,7 +92,10 @@ def gemv_reduce_kernel(
     HAS_C: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < M * N
     m = i // N
@@ -94,6 +105,8 @@ def gemv_reduce_kernel(
         acc += tl.load(ws_ptr + s * M * N + i, mask=mask, other=0.0)
     if HAS_C:
         acc += tl.load(c_ptr + m * stride_cm + n * stride_cn, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -9,6 +9,8 @@ from torch._higher_order_ops.triton_kernel_wrap import (
     triton_kernel_wrapper_mutation,
 )
 
+from .. import pdl
+
 aten = torch.ops.aten
 
 # Allocations a region may absorb: they have no data inputs, only shapes and options.
@@ -232,7 +234,13 @@ def bound_args(node: torch.fx.Node) -> dict:
 
 def emit_launch(gm: torch.fx.GraphModule, kernel, grid, kwargs: dict) -> torch.fx.Node:
     """A launch of one of Trident's own kernels (trident/kernels/) at the graph's insertion point:
-    `kernel[grid](**kwargs)`, tensors and constexprs alike in kwargs."""
+    `kernel[grid](**kwargs)`, tensors and constexprs alike in kwargs. A kernel taking the
+    constexpr `PDL` (default False) gets PDL=True where its tensors' device wants it, unless
+    kwargs set it (Note [Programmatic dependent launch])."""
+    if "PDL" in kernel.arg_names and "PDL" not in kwargs:
+        devices = {v.device for a in kwargs.values() if isinstance(v := node_val(a), torch.Tensor)}
+        if len(devices) == 1 and pdl.wanted(devices.pop()):
+            kwargs = {**kwargs, "PDL": True}
     node = gm.graph.call_function(
         triton_kernel_wrapper_mutation,
         (),

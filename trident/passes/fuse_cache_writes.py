@@ -191,7 +191,9 @@ def _fuse(gm, pos: torch.fx.Node) -> "set | None":
         BLOCK=kws[0]["BLOCK"],
         ITERS=-(-kws[0]["numel"] // kws[0]["BLOCK"]),
     )
-    assert set(fused_kwargs) == set(cache_write_kernel.arg_names), set(fused_kwargs) ^ set(cache_write_kernel.arg_names)
+    if kws[0].get("PDL"):
+        fused_kwargs["PDL"] = True
+    assert set(fused_kwargs) | {"PDL"} == set(cache_write_kernel.arg_names), set(fused_kwargs) ^ set(cache_write_kernel.arg_names)
     with gm.graph.inserting_before(writes[-1]):
         fused = gm.graph.call_function(
             triton_kernel_wrapper_mutation,
@@ -201,7 +203,7 @@ def _fuse(gm, pos: torch.fx.Node) -> "set | None":
                 "constant_args_idx": kernel_side_table.add_constant_args({}),
                 "grid": [(1, 1, 1)],
                 "tma_descriptor_metadata": {},
-                "kwargs": {k: fused_kwargs[k] for k in cache_write_kernel.arg_names},
+                "kwargs": {k: fused_kwargs[k] for k in cache_write_kernel.arg_names if k in fused_kwargs},
             },
         )
     fused.meta["val"] = None

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
 
-from .. import disk_cache, logs, triton_state
+from .. import disk_cache, logs, pdl, triton_state
 
 _CACHE: dict = {}
 _CACHE_MAX = 256
@@ -59,8 +59,12 @@ class Lowered:
     kernels: int
 
 
-def _inductor_config() -> dict:
-    return {
+def _inductor_config(programmatic: bool = False) -> dict:
+    """Inductor's settings for a glue lowering; `programmatic`: its kernels wait for the kernel
+    before them and release the next early (Inductor's own `triton.enable_pdl`, Note
+    [Programmatic dependent launch])."""
+    extra = {"triton.enable_pdl": True} if programmatic and hasattr(_inductor_triton_config(), "enable_pdl") else {}
+    return {**extra,
         "fx_wrapper": True,
         "compile_threads": 1,
         "size_asserts": False,
@@ -79,6 +83,12 @@ def _inductor_config() -> dict:
         "triton.autotune_pointwise": False,
         "triton.cudagraphs": False,
     }
+
+
+def _inductor_triton_config():
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.triton
 
 
 @contextlib.contextmanager
@@ -150,7 +160,9 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
     """Inductor's launches for `sub` (placeholders in the order of `inputs`, the example values
     -- fake or real tensors -- it is called with; output: a tuple of tensors). Raises
     GlueLoweringError when Inductor fails or would run anything but its own Triton kernels."""
-    key = _structure_key(sub, inputs)
+    devices = {t.device for t in inputs}
+    programmatic = len(devices) == 1 and pdl.wanted(devices.pop())
+    key = (_structure_key(sub, inputs), programmatic)
     # Inductor keeps global state (V.graph, its config), make_fx too (FX's patcher and tracing
     # flag), and Inductor runs Triton's frontend to compile its kernels: the lowering holds the
     # lock every Trident capture and Triton frontend run holds (Note [Triton's interpreter state]).
@@ -158,12 +170,13 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
-        disk_key = disk_cache.key_of("inductor-glue", repr(key), repr(sorted(_inductor_config().items())), _device_id(),
+        config = _inductor_config(programmatic)
+        disk_key = disk_cache.key_of("inductor-glue", repr(key), repr(sorted(config.items())), _device_id(),
                                      disk_cache.source_digest(sys.modules[__name__]))
         lowered = _from_data(disk_cache.load("inductor-glue", disk_key, lambda v: isinstance(v, dict)))
         if lowered is None:
             try:
-                lowered = _lower(sub, inputs)
+                lowered = _lower(sub, inputs, config)
             except GlueLoweringError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure of Inductor leaves the glue as it is
@@ -178,7 +191,7 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
         return lowered
 
 
-def _lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
+def _lower(sub: torch.fx.Graph, inputs: list, config: dict) -> Lowered:
     from torch._inductor import config as inductor_config
     from torch._inductor.codegen.wrapper_fxir import FxConverter
     from torch._inductor.debug import DebugContext
@@ -203,7 +216,7 @@ def _lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_sm90_without_cuda())
-        stack.enter_context(inductor_config.patch(_inductor_config()))
+        stack.enter_context(inductor_config.patch(config))
         stack.enter_context(_patched(FxConverter, "_generate_kernel_definition", definition))
         traced = make_fx(module, tracing_mode="fake", decomposition_table=select_decomp_table())(*fakes)
         stack.enter_context(V.set_fake_mode(fake_mode))

@@ -22,6 +22,7 @@ elsewhere (returned, used by an operator or region after) reads the region's res
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Callable
 
@@ -30,6 +31,7 @@ from torch._higher_order_ops import triton_kernel_wrap as tkw
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from triton.runtime.jit import JITFunction
 
 from .. import disk_cache, knobs
 from ..errors import UnsupportedError
@@ -93,6 +95,32 @@ def _analysis_key(node: torch.fx.Node, kwargs: dict):
         return None
 
 
+def _analysed_kwargs(node: torch.fx.Node, kwargs: dict) -> dict:
+    """The arguments torch's analysis of what a launch writes is run with: for a plain
+    @triton.jit kernel, `kwargs` and the defaults of the parameters the launch leaves out (the
+    analysis wants every parameter: it refuses a launch relying on a default, and its fallback
+    marks every tensor written); for Trident's own kernels, PDL off -- the grid dependency
+    instructions touch no tensor, and torch's analysis refuses their inline PTX (Note
+    [Programmatic dependent launch])."""
+    kernel = tkw.kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+    if not isinstance(kernel, JITFunction):
+        return kwargs
+    constants = tkw.kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])
+    missing = {p.name: p.default for p in kernel.params
+               if p.name not in kwargs and p.name not in constants and p.default is not inspect.Parameter.empty}
+    if kwargs.get("PDL") and kernel.fn.__module__.startswith("trident.kernels."):
+        missing["PDL"] = False
+    return {**kwargs, **missing} if missing else kwargs
+
+
+def _glue_writes(kwargs: dict) -> list[str]:
+    """What a launch of an Inductor-generated glue kernel (Note [Fused glue]) writes: Inductor
+    names the buffers a kernel only reads `in_ptr<k>`; every other tensor argument (`out_ptr`,
+    `in_out_ptr`, workspaces) is taken as written. Not torch's TTIR analysis: with PDL the kernels
+    hold inline PTX it refuses, and Inductor's naming says as much."""
+    return [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and not k.startswith("in_ptr")]
+
+
 def written_params(node: torch.fx.Node) -> list[str]:
     """Names of the tensor arguments the kernel writes, by torch's own TTIR analysis; every
     tensor argument when the analysis cannot tell (torch makes the same fallback). The answer
@@ -104,6 +132,11 @@ def written_params(node: torch.fx.Node) -> list[str]:
     if cached is not None and len(cached[0]) == len(args) and all(map(_same_argument, cached[0], args)):
         return list(cached[1])
     kwargs = {k: (v.meta["val"] if isinstance(v, torch.fx.Node) else v) for k, v in node.kwargs["kwargs"].items()}
+    if node.meta.get("glue_kernel") is not None:
+        names = tuple(sorted(_glue_writes(kwargs)))
+        node.meta["trident_written_params"] = (args, names)
+        return list(names)
+    kwargs = _analysed_kwargs(node, kwargs)
     key = _analysis_key(node, kwargs)
     names = _WRITTEN.get(key) if key is not None else None
     if names is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -175,6 +176,8 @@ def _patch_lang_into(fn, scope) -> None:
         _patch_lang_tensor(lang.tensor, scope)
         interp._patch_lang_core(lang, scope)
     interp._patch_builtin(tl.core.tensor_descriptor_base, interp.interpreter_builder, scope)
+    # tl.extra.cuda.gdc_wait & co.: inline PTX the builder runs as no-ops (`_create_inline_asm`)
+    interp._patch_builtin(tl.extra.cuda, interp.interpreter_builder, scope)
 
 
 _ORIGINAL_PATCH_LANG_TENSOR = interp._patch_lang_tensor
@@ -192,6 +195,27 @@ def _patch_lang_tensor(tensor, scope) -> None:
 
 def _scalar_index(self) -> int:
     return int(self.handle.data.item())
+
+
+_ORIGINAL_CREATE_INLINE_ASM = interp.InterpreterBuilder.create_inline_asm
+_GRID_DEPENDENCY = re.compile(r"\s*griddepcontrol\.(?:wait|launch_dependents)\s*;")
+
+
+class _AsmCall:
+    def __init__(self, handle):
+        self._handle = handle
+
+    def get_result(self, i: int):
+        return self._handle
+
+
+def _create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
+    """Triton's gdc_wait and gdc_launch_dependents (the inline PTX of Note [Programmatic dependent
+    launch]) as no-ops while interpreting: interpreted launches run one after another. Other
+    inline assembly stays refused, as Triton's interpreter refuses it."""
+    if not values and len(types) == 1 and _GRID_DEPENDENCY.match(asm):
+        return _AsmCall(interp.TensorHandle(np.zeros(1, dtype=np.int32), tl.int32))
+    return _ORIGINAL_CREATE_INLINE_ASM(self, asm, constraints, values, types, is_pure, pack)
 
 
 def _restore(fn, scope, replaced: list) -> None:
@@ -244,6 +268,7 @@ def _interpreting(jit_fn):
             patch_scope.set_attr(interp, "_patch_lang_tensor", _patch_lang_tensor)
             patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
             patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
+            patch_scope.set_attr(interp.InterpreterBuilder, "create_inline_asm", _create_inline_asm)
             _patch_libdevice(jit_fn.fn, patch_scope, replaced)
             yield
         finally:

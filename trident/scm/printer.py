@@ -125,6 +125,7 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
         lines.append(
             f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.grid or launch.step.grid))}] "
             f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
+            + (" programmatic" if launch.pdl else "")  # Note [Programmatic dependent launch]
         )
         if launch.step.tuned:
             lines.append(f"        autotuned: {launch.step.tuned}")

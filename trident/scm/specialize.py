@@ -27,7 +27,7 @@ import dataclasses
 import sympy
 from torch.utils._sympy import functions as F
 
-from .. import knobs, logs, triton_state
+from .. import knobs, logs, pdl, triton_state
 from ..layout import span
 from . import sizes as S
 from . import tuning
@@ -329,8 +329,19 @@ def plan_launch(
         aligned_values=tuple(sorted(set(aligned_values))),
         binary=None if compiled is None else register_compiled(compiled),
         cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
-        pdl=bool(getattr(meta, "launch_pdl", False)),
+        pdl=_programmatic(compiled),
     )
+
+
+def _programmatic(compiled) -> bool:
+    """Whether the launch gets programmatic stream serialization (Note [Programmatic dependent
+    launch]): its kernel was compiled with Triton's launch_pdl, or TRIDENT_PDL is on and its PTX
+    waits before touching global memory."""
+    if compiled is None:
+        return False
+    if getattr(compiled.metadata, "launch_pdl", False):
+        return True
+    return knobs.pdl() and pdl.waits_before_memory(compiled.asm.get("ptx") or "")
 
 
 def build_specialization(

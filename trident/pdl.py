@@ -1,0 +1,143 @@
+"""Programmatic dependent launch (PDL): which launches may start before the one before them ends.
+
+Note [Programmatic dependent launch]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Inside a CUDA graph each kernel boundary leaves the GPU idle for ~1-1.3 us: the next kernel's
+blocks are scheduled only after the previous kernel's last block ends. On sm_90 and later a
+kernel launched with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may
+start as soon as every block of the kernel before it has executed `griddepcontrol
+.launch_dependents` (or ended); the early kernel's prologue (block scheduling, index arithmetic)
+overlaps its predecessor's tail, and its `griddepcontrol.wait` blocks until the predecessor has
+completed and its memory is visible. Stream capture records such a launch as a programmatic
+edge of the graph (CUDA 12.3+).
+
+The attribute is only safe on a kernel that executes the wait before it touches global memory:
+a kernel that read its input before the wait would read the predecessor's output half written,
+and one that wrote first could overwrite what the predecessor still reads. So, with
+TRIDENT_PDL on, a launch gets the attribute only where its compiled kernel *proves* it waits
+first (`waits_before_memory`): in the kernel's PTX, an unpredicated `griddepcontrol.wait` comes
+in the entry block -- before any branch, branch target or call -- ahead of every instruction that
+may touch global memory (loads and stores other than to parameters, shared and local memory,
+atomics, reductions, async copies, prefetches, texture and surface accesses). Every block of
+such a kernel waits, so its completion also implies its predecessor's: a kernel launched
+without the attribute after it (an ATen operator, cuBLAS, a user kernel) is ordered after both,
+as on a stream without PDL.
+
+Which kernels wait first:
+- Trident's own kernels (trident/kernels/: copies, cache writes, GEMV, decode attention) take a
+  constexpr `PDL`; the passes that emit them set it for CUDA tensors on sm_90+ when TRIDENT_PDL is
+  on (`wanted`): `gdc_wait` is their first statement and `gdc_launch_dependents` follows their
+  last load (a dependent's blocks should not take SM slots while this kernel's loads still need
+  them); off, the branches vanish. On the CPU (TRIDENT_PDL=all, tests) Trident's interpreted
+  launches run the two instructions as no-ops (runtime/cpu_launcher.py): launches there run one
+  after another anyway.
+- Inductor's glue kernels (trident/passes/inductor_glue.py) are generated with Inductor's own
+  `triton.enable_pdl`: it waits before the first access Inductor thinks depends on an earlier
+  kernel of *its* graph, which is not always the first access (Inductor does not see the user
+  kernels before it); the PTX rule then refuses the attribute for that kernel.
+- A user's kernel compiled with `launch_pdl=True` is launched with the attribute exactly as
+  Triton launches it (the user's promise, Triton's semantics); one that is not gets it only by
+  the PTX rule, like Trident's.
+
+The decision is made where a launch is planned (scm/specialize.py `plan_launch`), recorded in the
+plan (`LaunchPlan.pdl`) and printed by the SCM printer; a restored plan decides again from its
+kernel. TRIDENT_PDL is off by default until measured on the GPU (issue 25).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import torch
+
+from . import knobs
+
+MIN_CAPABILITY = (9, 0)
+
+
+def wanted(device) -> bool:
+    """Whether kernels generated for tensors on `device` should wait first and release their
+    dependents early: TRIDENT_PDL 'cuda' and a CUDA device of compute capability 9.0 or later, or
+    'all' (any device; on the CPU the waits are no-ops of the interpreter)."""
+    mode = knobs.pdl()
+    if not mode:
+        return False
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return mode == "all"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index) >= MIN_CAPABILITY
+
+
+# State spaces an ld/st may name that are not global memory.
+_PRIVATE_SPACES = {"param", "shared", "local", "const", "reg"}
+_MEMORY_OPS = {"ld", "ldu", "st", "atom", "red", "cp", "prefetch", "prefetchu", "multimem", "tex", "tld4", "suld",
+               "sust", "sured", "applypriority", "discard", "createpolicy", "tensormap", "mbarrier", "wmma",
+               "wgmma", "ldmatrix", "stmatrix", "tcgen05", "bulk"}
+_ENDS_BLOCK = {"bra", "brx", "call", "ret", "exit", "trap", "brkpt"}
+_LABEL = re.compile(r"^(\$?[\w.$]+):$")
+_BRANCH_TARGET = re.compile(r"\b(?:bra|brx\.idx)(?:\.uni)?\s+([^;]+);")
+_ENTRY = re.compile(r"\.entry\s+[\w$]+\s*\(")
+
+
+def _instructions(body: str):
+    """The statements of a PTX function body in order: comments removed, one per `;`, labels
+    as their own statements."""
+    for line in body.splitlines():
+        line = line.split("//", 1)[0].strip()
+        if not line:
+            continue
+        for piece in line.split(";"):
+            piece = piece.strip()
+            while piece:
+                m = re.match(r"^(\$?[\w.$]+):\s*", piece)
+                if m is None:
+                    break
+                yield m.group(1) + ":"
+                piece = piece[m.end():]
+            if piece:
+                yield piece
+
+
+@functools.lru_cache(maxsize=1024)
+def waits_before_memory(ptx: str) -> bool:
+    """Whether the kernel of `ptx` (one `.entry`) executes an unpredicated `griddepcontrol.wait`
+    in its entry block before any instruction that may touch global memory (Note
+    [Programmatic dependent launch])."""
+    entries = list(_ENTRY.finditer(ptx))
+    if len(entries) != 1:
+        return False
+    start = ptx.find("{", ptx.find(")", entries[0].end()))
+    if start < 0:
+        return False
+    body = ptx[start + 1:]
+    targets = {t.strip() for m in _BRANCH_TARGET.finditer(body) for t in m.group(1).split(",")}
+    for statement in _instructions(body):
+        statement = statement.strip("{} \t")
+        if not statement:
+            continue
+        if statement.endswith(":"):
+            if statement[:-1] in targets:
+                return False  # a branch target: the entry block ends
+            continue
+        if statement.startswith("."):
+            continue  # declarations: .reg, .shared, .local, .loc, .pragma
+        predicated = statement.startswith("@")
+        if predicated:
+            parts = statement.split(None, 1)
+            statement = parts[1] if len(parts) > 1 else ""
+        opcode = statement.split(None, 1)[0] if statement else ""
+        parts = opcode.split(".")
+        if parts[0] == "griddepcontrol" and "wait" in parts[1:]:
+            if not predicated:
+                return True
+            continue  # a predicated wait may not run: look on
+        if parts[0] in _ENDS_BLOCK:
+            return False
+        if parts[0] in _MEMORY_OPS:
+            spaces = set(parts[1:]) & (_PRIVATE_SPACES | {"global"})
+            if parts[0] in ("ld", "ldu", "st") and spaces and "global" not in spaces:
+                continue  # a parameter, shared, local or constant access
+            return False
+    return False
