@@ -14,6 +14,8 @@ ALL in one run per (model, kernels) case:
     trident_tuned     trident_fused with TRIDENT_DECODE_MATMULS (products of few rows on
                       Trident's GEMV where measured faster, Note [Decode matmuls by measurement])
                       and TRIDENT_DECODE_ATTENTION=measured
+    trident_pdl       trident_tuned with TRIDENT_PDL (programmatic dependent launch, Note
+                      [Programmatic dependent launch]): its gain alone is trident_tuned / trident_pdl
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
@@ -21,6 +23,7 @@ ALL in one run per (model, kernels) case:
     trident_compile   model.forward = trident.compile(model.forward)
     trident_fused     the same with TRIDENT_FUSE_GLUE
     trident_tuned     the same with TRIDENT_FUSE_GLUE, TRIDENT_DECODE_MATMULS, attention measured
+    trident_pdl       trident_tuned with TRIDENT_PDL
     trident_backend   model.forward = torch.compile(model.forward, backend="trident")
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
@@ -62,8 +65,18 @@ from tools.bench_hf import Loop, build_model, graph_floor  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "hf_compile", "trident_compile", "trident_fused", "trident_tuned", "trident_config")
-DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_fused", "trident_tuned", "trident_backend")
+STATIC = ("eager", "hf_compile", "trident_compile", "trident_fused", "trident_tuned", "trident_pdl", "trident_config")
+DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_fused", "trident_tuned", "trident_pdl",
+           "trident_backend")
+# The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
+# GPU, 'all' on the CPU); knobs are read per capture.
+_TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}"}
+COMPILE_VARIANTS = {
+    "trident_compile": {},
+    "trident_fused": {"TRIDENT_FUSE_GLUE": "{mode}"},
+    "trident_tuned": _TUNED,
+    "trident_pdl": {**_TUNED, "TRIDENT_PDL": "{mode}"},
+}
 
 
 def _sync(dev):
@@ -268,13 +281,10 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         model.generation_config.disable_compile = name == "eager"
         start = len(compiled_graphs())
         forward = model.forward
-        if name in ("trident_compile", "trident_fused", "trident_tuned"):
-            mode = "cuda" if dev == "cuda" else "all"
-            if name in ("trident_fused", "trident_tuned"):  # this variant's own process: read per capture
-                os.environ["TRIDENT_FUSE_GLUE"] = mode
-            if name == "trident_tuned":
-                os.environ["TRIDENT_DECODE_MATMULS"] = mode
-                os.environ["TRIDENT_DECODE_ATTENTION"] = "measured" if dev == "cuda" else "all"
+        if name in COMPILE_VARIANTS:
+            for env, value in COMPILE_VARIANTS[name].items():  # this variant's own process
+                os.environ[env] = value.format(mode="cuda" if dev == "cuda" else "all",
+                                               measured="measured" if dev == "cuda" else "all")
             model.forward = trident.compile(model.forward)
         elif name == "trident_backend":
             model.forward = torch.compile(model.forward, backend="trident")
@@ -311,12 +321,11 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["profile"] = prof
     if host is not None:
         r["host"] = host
-    if name in ("trident_compile", "trident_fused", "trident_tuned", "trident_backend", "trident_config"):
-        opts = list(model.forward.captures.values()) if name.startswith(("trident_compile", "trident_fused",
-                                                                          "trident_tuned")) else [
+    if name in COMPILE_VARIANTS or name in ("trident_backend", "trident_config"):
+        opts = list(model.forward.captures.values()) if name in COMPILE_VARIANTS else [
             opt for gr in compiled_graphs()[start:] for opt in gr.captures.values()]
         r["regions"] = [_regions_summary(opt) for opt in opts]
-    if name in ("trident_compile", "trident_fused", "trident_tuned"):
+    if name in COMPILE_VARIANTS:
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
     if name in ("trident_backend", "trident_config"):

@@ -11,6 +11,8 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
   trident_tuned             the same with TRIDENT_FUSE_GLUE, TRIDENT_DECODE_MATMULS (products of few
                             rows on Trident's GEMV where measured faster) and
                             TRIDENT_DECODE_ATTENTION=measured
+  trident_pdl               trident_tuned with TRIDENT_PDL=cuda (programmatic dependent launch): its
+                            gain alone is trident_tuned / trident_pdl
   graph_floor               the eager decode step captured once in a torch.cuda.CUDAGraph; each
                             step copies the token and position in and replays (no host work
                             beyond that: the floor of any host-side optimization)
@@ -45,11 +47,12 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_fused", "trident_tuned", "trident_backend",
-            "compile_default", "compile_reduce_overhead")
-# issue 25: the knobs each trident_* variant runs with (off until measured here)
-KNOBS = {"trident_fused": {"fuse_glue": "cuda"},
-         "trident_tuned": {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}}
+VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_fused", "trident_tuned", "trident_pdl",
+            "trident_backend", "compile_default", "compile_reduce_overhead")
+# issue 25: the knobs each trident.compile variant runs with (off until measured here)
+_TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}
+KNOBS = {"trident_compile": {}, "trident_fused": {"fuse_glue": "cuda"}, "trident_tuned": _TUNED,
+         "trident_pdl": {**_TUNED, "pdl": "cuda"}}
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)
@@ -291,7 +294,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                     fwd = model.forward
                 elif key == "graph_floor":
                     fwd = graph_floor(loop, cache, tok, pos)
-                elif key in ("trident_compile", "trident_fused", "trident_tuned"):
+                elif key in KNOBS:
                     fwd = trident.compile(model.forward)
                 elif key == "trident_backend":
                     fwd = torch.compile(model.forward, backend="trident")
@@ -336,7 +339,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
     ms = {k: v["ms_per_token"] for k, v in res.items() if isinstance(v, dict) and "ms_per_token" in v}
     ratios = {}
     floor = ms.get("graph_floor")
-    for t in ("trident_compile", "trident_fused", "trident_tuned", "trident_backend"):
+    for t in (*KNOBS, "trident_backend"):
         if t not in ms:
             continue
         if floor:
@@ -350,7 +353,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
 
 def _trident_facts(trident, fwd, graphs, key) -> dict:
     """How the calls were served: cache_info of every capture (hits, misses, graph replays)."""
-    if key == "trident_compile":
+    if key in KNOBS:  # trident.compile variants
         return {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls, "cache_info": trident.cache_info(fwd)}
     return {
         "dynamo_graphs": len(graphs),

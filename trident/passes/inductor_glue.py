@@ -16,6 +16,9 @@ Decided here, for a glue graph inside a region (Note [Fused glue] in fuse_glue.p
   split reductions (decode glue reduces one row; one kernel), no caches (the kernels are
   regenerated per process; Trident's own cache keys them by source);
 - static shapes only (the captures fuse_glue runs on);
+- with TRIDENT_PDL for the inputs' device, Inductor's own `triton.enable_pdl`: its kernels wait
+  for the kernel before them and release the next early (Note [Programmatic dependent launch];
+  the lowering is cached apart from the one without);
 - Inductor lowers for a CUDA device. On a machine without one (the CPU tests: Triton's kernels
   run through its interpreter there) it is told of an sm_90 device while lowering: device
   properties, capability, the current stream and the launcher Inductor would load are answered

@@ -341,7 +341,7 @@ def _programmatic(compiled) -> bool:
         return False
     if getattr(compiled.metadata, "launch_pdl", False):
         return True
-    return knobs.pdl() and pdl.waits_before_memory(compiled.asm.get("ptx") or "")
+    return bool(knobs.pdl()) and pdl.waits_before_memory(compiled.asm.get("ptx") or "")
 
 
 def build_specialization(

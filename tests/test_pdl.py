@@ -1,0 +1,318 @@
+"""Programmatic dependent launch (Note [Programmatic dependent launch], issue 25 item 3).
+
+On the CPU: the PTX rule that decides which launches may start early, on hand-written PTX and
+on the PTX Triton compiles for sm_90 (Trident's host-only driver compiles real cubins here);
+Trident's kernels and Inductor's glue waiting first when TRIDENT_PDL asks, and generate()
+through them equal to eager (the waits run as no-ops of the interpreter); user kernels get the
+attribute only when their PTX waits first; what a launch writes is still known exactly. On the
+GPU: a decode step's graph replays with programmatic launches equal the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import trident
+from tests import kernels as K
+from trident import knobs, pdl
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
+
+_HEAD = """
+.version 8.7
+.target sm_90a
+.address_size 64
+
+.visible .entry k(
+\t.param .u64 .ptr .global .align 1 k_param_0
+)
+.reqntid 128
+{
+\t.reg .pred \t%p<2>;
+\t.reg .b32 \t%r<4>;
+\t.reg .b64 \t%rd<4>;
+\t.loc\t1 3 0
+$L__func_begin0:
+\tld.param.b64 \t%rd1, [k_param_0];
+"""
+_WAIT = "\t// begin inline asm\n\tgriddepcontrol.wait; // dummy %r1\n\t// end inline asm\n"
+_LOAD = "\tld.global.b32 \t%r2, [%rd1];\n"
+
+
+@pytest.mark.parametrize("body,expected", [
+    (_WAIT + _LOAD + "\tret;\n", True),
+    ("\tmov.u32 \t%r3, %ctaid.x;\n\tcvta.to.global.u64 \t%rd2, %rd1;\n" + _WAIT + _LOAD + "\tret;\n", True),
+    ("\tld.shared.b32 \t%r2, [%rd1];\n\tld.param.b32 \t%r3, [k_param_0];\n" + _WAIT + _LOAD, True),
+    ("$L__tmp0:\n" + _WAIT + _LOAD, True),  # a debug label, no branch goes there
+    ("\t{\n\t.reg .b32 t;\n\tgriddepcontrol.wait; // dummy %r1\n\t}\n" + _LOAD, True),  # inline asm's own scope
+    (_LOAD + _WAIT, False),  # reads before it waits
+    ("\t@%p1 ld.global.b32 \t%r2, [%rd1];\n" + _WAIT, False),  # a masked load is a load
+    ("\tld.b32 \t%r2, [%rd1];\n" + _WAIT, False),  # generic addressing may be global
+    ("\tld.volatile.global.b32 \t%r2, [%rd1];\n" + _WAIT, False),
+    ("\tst.global.b32 \t[%rd1], %r2;\n" + _WAIT, False),  # writes before it waits
+    ("\tatom.global.add.u32 \t%r2, [%rd1], 1;\n" + _WAIT, False),
+    ("\tcp.async.ca.shared.global [%rd2], [%rd1], 16;\n" + _WAIT, False),
+    ("\t@%p1 griddepcontrol.wait;\n" + _LOAD, False),  # a predicated wait may not run
+    ("\t@%p1 bra \t$L__BB0_2;\n" + _WAIT + _LOAD + "$L__BB0_2:\n\tret;\n", False),  # not in the entry block
+    ("$L__BB0_1:\n" + _WAIT + _LOAD + "\t@%p1 bra \t$L__BB0_1;\n", False),  # a loop head
+    ("\tcall.uni \tf, (%rd1);\n" + _WAIT, False),
+    ("\tgriddepcontrol.launch_dependents;\n" + _LOAD, False),  # releases, never waits
+    (_LOAD + "\tret;\n", False),
+])
+def test_ptx_rule(body, expected):
+    assert pdl.waits_before_memory(_HEAD + body + "}\n") is expected
+
+
+def test_ptx_rule_wants_one_entry():
+    one = _HEAD + _WAIT + _LOAD + "}\n"
+    assert pdl.waits_before_memory(one)
+    assert not pdl.waits_before_memory(one + one.replace(".entry k(", ".entry k2("))
+    assert not pdl.waits_before_memory("")
+
+
+def _warmup(kernel, pdl_on: bool):
+    """Compile `kernel` for sm_90 (the host-only driver) with small arguments of the right kinds."""
+    f = torch.zeros(4096)
+    i64 = torch.zeros(64, dtype=torch.int64)
+    args = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            continue
+        name = p.name
+        if name.startswith("index_ptr"):
+            args[name] = i64
+        elif "_ptr" in name:
+            args[name] = f
+        elif name == "scale":
+            args[name] = 0.5
+        else:
+            args[name] = 3  # sizes, strides, counts
+    constexprs = {
+        "gemv_kernel": dict(K=64, HAS_C=True, SPLIT_K=1, PRECISION="ieee", BLOCK_M=1, BLOCK_N=32, BLOCK_K=64),
+        "gemv_reduce_kernel": dict(HAS_C=True, SPLIT_K=2, BLOCK=128),
+        "strided_copy_kernel": dict(DST_CONTIGUOUS=False, OFFSETS_64=False, BLOCK=128),
+        "strided_copy2_kernel": dict(DST_CONTIGUOUS=False, OFFSETS_64=False, BLOCK=128),
+        "index_copy_kernel": dict(ATEN_RULES=True, WRAP_NEGATIVE=False, OFFSETS_64=False, BLOCK=128),
+        "index_copy2_kernel": dict(ATEN_RULES=True, WRAP_NEGATIVE=False, OFFSETS_64=False, BLOCK=128),
+        "cache_write_kernel": dict(PAIRS=2, INDEX_OFFSET=True, INCREMENT=True, ATEN_RULES=True, WRAP_NEGATIVE=False,
+                                   OFFSETS_64=False, BLOCK=128, ITERS=2),
+        "decode_attention_split_kernel": dict(KV_HEADS=2, G=2, LQ=1, D=16, BLOCK_M=16, BLOCK_D=16, BLOCK_N=32,
+                                              HAS_MASK=True, MASK_BOOL=False, SPLITS=4, PRECISION="ieee"),
+        "decode_attention_combine_kernel": dict(KV_HEADS=2, G=2, LQ=1, D=16, BLOCK_M=16, BLOCK_D=16, SPLITS=4),
+    }[kernel.__name__]
+    return kernel.warmup(**args, **constexprs, PDL=pdl_on, grid=(1, 1, 1))
+
+
+def _trident_kernels():
+    from trident.kernels import attention, copy, gemv
+
+    return [gemv.gemv_kernel, gemv.gemv_reduce_kernel, copy.strided_copy_kernel, copy.strided_copy2_kernel,
+            copy.index_copy_kernel, copy.index_copy2_kernel, copy.cache_write_kernel,
+            attention.decode_attention_split_kernel, attention.decode_attention_combine_kernel]
+
+
+@pytest.mark.parametrize("kernel", _trident_kernels(), ids=lambda k: k.__name__)
+def test_trident_kernels_wait_first_when_asked(kernel):
+    """Every kernel of trident/kernels/ takes PDL; with it, its sm_90 PTX waits before any global
+    memory access (the rule a launch is made programmatic by) and releases its dependents."""
+    ptx = _warmup(kernel, True).asm["ptx"]
+    assert pdl.waits_before_memory(ptx)
+    assert "griddepcontrol.launch_dependents" in ptx
+
+
+def test_without_pdl_a_kernel_has_no_grid_dependency_control():
+    from trident.kernels import gemv
+
+    ptx = _warmup(gemv.gemv_kernel, False).asm["ptx"]
+    assert "griddepcontrol" not in ptx and not pdl.waits_before_memory(ptx)
+
+
+@triton.jit
+def _waits_first_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.store(out_ptr + offs, x * 2, mask=offs < n)
+
+
+@triton.jit
+def _loads_first_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.extra.cuda.gdc_wait()
+    tl.store(out_ptr + offs, x + 1, mask=offs < n)
+
+
+def _user_kernels(x):
+    a = torch.empty_like(x)
+    _waits_first_kernel[(triton.cdiv(x.numel(), 128),)](x, a, x.numel(), BLOCK=128)
+    b = torch.empty_like(x)
+    _loads_first_kernel[(triton.cdiv(x.numel(), 128),)](a, b, x.numel(), BLOCK=128)
+    return b
+
+
+def _programmatic(opt) -> dict:
+    from trident.runtime import SCMRuntime
+
+    return {launch.step.kernel_name: launch.pdl for r in opt.meta["trident_regions"]
+            for s in SCMRuntime.get(r).scm.specializations for launch in s.launches}
+
+
+@pytest.mark.parametrize("mode", ["", "all"])
+def test_user_kernels_are_programmatic_only_where_their_ptx_waits_first(mode):
+    """A user's kernel calling gdc_wait runs through Trident on the CPU (the interpreter runs the
+    grid dependency instructions as no-ops) and equals its meaning; with TRIDENT_PDL the kernel
+    that waits first is launched programmatically, the one that reads first is not."""
+    x = torch.randn(300)
+    with knobs.scope(pdl=mode):
+        opt = trident.optimize(trident.capture(_user_kernels, x))
+        torch.testing.assert_close(opt(x), x * 2 + 1)
+    assert _programmatic(opt) == {"_waits_first_kernel": mode == "all", "_loads_first_kernel": False}
+    # the interpreter's patches are gone: Triton's own functions are back
+    from triton.runtime import interpreter
+
+    assert interpreter.InterpreterBuilder.create_inline_asm.__module__ == "triton.runtime.interpreter"
+    assert tl.extra.cuda.gdc_wait.__module__ == "triton.language.extra.cuda.gdc"
+
+
+def test_other_inline_assembly_stays_refused_by_the_interpreter():
+    @triton.jit
+    def asm_kernel(x_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs)
+        y = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+        tl.store(x_ptr + offs, y)
+
+    def fn(x):
+        asm_kernel[(1,)](x, BLOCK=16)
+        return x
+
+    x = torch.zeros(16, dtype=torch.int32)
+    opt = trident.optimize(trident.capture(fn, x))
+    with pytest.raises(Exception, match="inline_asm not supported"):
+        opt(x)
+
+
+def test_written_params_of_programmatic_launches_stay_exact():
+    """torch's analysis of what a launch writes refuses inline PTX: Trident's kernels are
+    analysed without their grid dependency instructions, Inductor's by its naming (in_ptr: read),
+    so a programmatic copy still writes only its destination."""
+    from tests.passes.test_fuse_glue import _args, _rms
+    from trident.runtime import SCMRuntime
+
+    def copy_then_add(x):
+        y = x.t().contiguous().reshape(-1)  # a clone: strided_copy_kernel
+        return K.axpy(y, y)
+
+    x = torch.randn(8, 16)
+    with knobs.scope(pdl="all", triton_copies="all"):
+        opt = trident.optimize(trident.capture(copy_then_add, x))
+        torch.testing.assert_close(opt(x), copy_then_add(x))
+    steps = {s.kernel_name: s for r in opt.meta["trident_regions"] for s in SCMRuntime.get(r).program.launches}
+    assert steps["strided_copy_kernel"].args["PDL"] is True and steps["strided_copy_kernel"].writes == ("dst_ptr",)
+    assert _programmatic(opt)["strided_copy_kernel"]
+
+    args = _args()
+    with knobs.scope(pdl="all", fuse_glue="all"):
+        opt = trident.optimize(trident.capture(_rms, *args))
+        for got, want in zip(opt(*args), _rms(*args)):
+            torch.testing.assert_close(got, want)
+    glue = [s for r in opt.meta["trident_regions"] for s in SCMRuntime.get(r).program.launches
+            if s.kernel_name.startswith("triton_")]
+    assert glue and all(s.writes and all(w.startswith("out_ptr") for w in s.writes) for s in glue)
+    assert all(_programmatic(opt)[s.kernel_name] for s in glue)
+
+
+def test_glue_naming_rule_agrees_with_torchs_analysis():
+    """Without PDL torch's TTIR analysis reads Inductor's kernels: it finds what the naming rule
+    says (every in_ptr read only, every other tensor written) on random glue chains."""
+    from torch._higher_order_ops import triton_kernel_wrap as tkw
+
+    from tests.passes.test_fuse_glue import _args, _rms
+    from trident.passes.outline_regions import _glue_writes
+
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(_rms, *_args()))
+    checked = 0
+    from trident.runtime import SCMRuntime
+
+    for r in opt.meta["trident_regions"]:
+        gm = SCMRuntime.get(r).program.graph_module
+        for node in gm.graph.nodes:
+            if node.meta.get("glue_kernel") is None:
+                continue
+            kwargs = {k: (v.meta["val"] if isinstance(v, torch.fx.Node) else v) for k, v in node.kwargs["kwargs"].items()}
+            torch_says = tkw.get_mutated_tensors(node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs,
+                                                 node.kwargs["tma_descriptor_metadata"])
+            assert sorted(torch_says) == sorted(_glue_writes(kwargs)), (torch_says, kwargs.keys())
+            checked += 1
+    assert checked >= 1
+
+
+def test_pdl_knob_spellings():
+    with knobs.scope(pdl="on"):
+        assert knobs.pdl() == "cuda"
+    with knobs.scope(pdl="off"):
+        assert knobs.pdl() == ""
+    assert knobs.pdl() == ""  # default off until measured on the GPU
+    with knobs.scope(pdl="cuda"):
+        assert not pdl.wanted("cpu")
+    with knobs.scope(pdl="all"):
+        assert pdl.wanted("cpu")
+
+
+def test_generate_with_every_generated_kernel_programmatic(monkeypatch):
+    """HF generate() (tiny Llama, StaticCache) with every Trident kernel and the fused glue
+    waiting first: tokens equal eager's, and every launch of Trident's and Inductor's kernels is
+    programmatic."""
+    from tests.frontends.test_generate import NEW, PROMPT
+    from tests.test_hf import _model
+    from trident.passes import choose_matmuls as CM
+
+    torch._dynamo.reset()
+    _, model = _model("llama", "plain", monkeypatch)
+    kw = dict(max_new_tokens=NEW, do_sample=False, cache_implementation="static")
+    CM.set_timer(lambda name, shape, cfg: 1.0 if name == "aten" else 0.5)  # the GEMV wins
+    try:
+        with torch.no_grad():
+            want = model.generate(torch.tensor(PROMPT), **kw)
+            with knobs.scope(pdl="all", fuse_glue="all", triton_copies="all", decode_attention="all",
+                             decode_matmuls="all"):
+                model.forward = trident.compile(model.forward)
+                for _ in range(2):
+                    assert torch.equal(model.generate(torch.tensor(PROMPT), **kw), want)
+    finally:
+        CM.set_timer(None)
+    decode = max(model.forward.captures.values(),
+                 key=lambda opt: sum(v["hits"] for v in trident.cache_info(opt).values()))
+    launched = _programmatic(decode)
+    generated = {k: v for k, v in launched.items() if k.startswith(("triton_", "gemv", "strided_copy", "index_copy",
+                                                                     "cache_write", "decode_attention"))}
+    assert any(k.startswith("triton_") for k in generated) and any(k.startswith("gemv") for k in generated), launched
+    assert all(generated.values()), generated
+    torch._dynamo.reset()
+
+
+@_CUDA
+@pytest.mark.parametrize("dtype", [torch.float32])
+def test_programmatic_replays_equal_the_reference_on_cuda(dtype):
+    """On the GPU with TRIDENT_PDL=cuda: the decode step's copies, cache writes and glue launch
+    programmatically inside graph replays, and every step equals the reference."""
+    import functools
+
+    from tests.decode_model import Config, check_steps_against_reference, decode_step, make_weights
+
+    cfg = Config(layers=2)
+    weights, cos, sin = make_weights(cfg, "cuda")
+    from tests.decode_model import make_caches
+
+    caches = make_caches(cfg, "cuda")
+    x, pos = torch.randn(1, cfg.hidden, device="cuda"), torch.tensor([0], device="cuda")
+    with knobs.scope(pdl="cuda", fuse_glue="cuda"):
+        opt = trident.optimize(trident.capture(functools.partial(decode_step, cfg), x, pos, cos, sin, *caches, *weights))
+        check_steps_against_reference(cfg, opt, weights, cos, sin, range(12), device="cuda")
+    assert any(_programmatic(opt).values()), _programmatic(opt)
+    assert sum(v["graph_replays"] for v in trident.cache_info(opt).values()) > 0
