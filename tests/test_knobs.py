@@ -47,6 +47,7 @@ DEVICE_MODES = {
     "gemm_epilogues": knobs.gemm_epilogues,
     "fuse_glue": knobs.fuse_glue,
     "decode_matmuls": knobs.decode_matmuls,
+    "pdl": knobs.pdl,
     "graphs": knobs.graphs,
 }
 INTS = {  # reader, default, lowest, highest (None: unbounded)
@@ -128,10 +129,10 @@ def test_dynamo_symbolic_takes_every_spelling():
 @pytest.mark.parametrize("name", sorted(DEVICE_MODES))
 def test_device_modes(name):
     """'cuda', 'all', off (any off spelling: ''), and on (any on spelling: 'cuda', the default;
-    fuse_glue's and decode_matmuls' default is off until they are measured on the GPU)."""
+    fuse_glue's, decode_matmuls' and pdl's default is off until they are measured on the GPU)."""
     read = DEVICE_MODES[name]
     with knobs.scope(**{name: None}):
-        assert read() == ("" if name in ("fuse_glue", "decode_matmuls") else "cuda")
+        assert read() == ("" if name in ("fuse_glue", "decode_matmuls", "pdl") else "cuda")
     for raw, mode in [
         ("cuda", "cuda"),
         ("CUDA", "cuda"),

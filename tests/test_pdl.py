@@ -60,6 +60,14 @@ _LOAD = "\tld.global.b32 \t%r2, [%rd1];\n"
     ("\tcall.uni \tf, (%rd1);\n" + _WAIT, False),
     ("\tgriddepcontrol.launch_dependents;\n" + _LOAD, False),  # releases, never waits
     (_LOAD + "\tret;\n", False),
+    # `::` qualifiers are not labels (an unmasked tl.load with an eviction policy, bulk copies)
+    ("\tld.global.L1::evict_last.L2::cache_hint.b32 \t{ %r2 }, [ %rd1 + 0 ], %rd3;\n" + _WAIT, False),
+    ("\tst.global.L1::evict_first.b32 \t[ %rd1 + 0 ], { %r2 };\n" + _WAIT, False),
+    ("\tld.global.nc.L1::no_allocate.b32 \t%r2, [%rd1];\n" + _WAIT, False),
+    ("\tcp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%rd2], [%rd1], 16, [%rd3];\n" + _WAIT,
+     False),
+    ("\t/* a comment */ ld.global.b32 \t%r2, [%rd1];\n" + _WAIT, False),  # block comments are not code
+    ("\t/*\n\tgriddepcontrol.wait;\n\t*/\n" + _LOAD + _WAIT, False),
 ])
 def test_ptx_rule(body, expected):
     assert pdl.waits_before_memory(_HEAD + body + "}\n") is expected
@@ -146,6 +154,39 @@ def _loads_first_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, x + 1, mask=offs < n)
 
 
+@triton.jit
+def _evicting_load_first_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, eviction_policy="evict_last")  # unmasked: an unpredicated ld.global.L1::...
+    tl.extra.cuda.gdc_wait()
+    tl.store(out_ptr + offs, x)
+
+
+def test_a_compiled_load_with_a_cache_policy_before_the_wait_is_refused():
+    x = torch.zeros(128)
+    ptx = _evicting_load_first_kernel.warmup(x, x, BLOCK=128, grid=(1,)).asm["ptx"]
+    assert "::evict_last" in ptx
+    assert not pdl.waits_before_memory(ptx)
+
+
+def test_other_instructions_beside_a_grid_dependency_stay_refused_by_the_interpreter():
+    @triton.jit
+    def wait_and_more_kernel(x_ptr, BLOCK: tl.constexpr):
+        tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1)
+
+    def fn(x):
+        wait_and_more_kernel[(1,)](x, BLOCK=16)
+        return x
+
+    x = torch.zeros(16)
+    opt = trident.optimize(trident.capture(fn, x))
+    with pytest.raises(Exception, match="inline_asm not supported"):
+        opt(x)
+
+
 def _user_kernels(x):
     a = torch.empty_like(x)
     _waits_first_kernel[(triton.cdiv(x.numel(), 128),)](x, a, x.numel(), BLOCK=128)
@@ -171,6 +212,11 @@ def test_user_kernels_are_programmatic_only_where_their_ptx_waits_first(mode):
         opt = trident.optimize(trident.capture(_user_kernels, x))
         torch.testing.assert_close(opt(x), x * 2 + 1)
     assert _programmatic(opt) == {"_waits_first_kernel": mode == "all", "_loads_first_kernel": False}
+    # the same kernels optimized again with the knob the other way: their native entries follow it
+    with knobs.scope(pdl="all" if mode == "" else ""):
+        again = trident.optimize(trident.capture(_user_kernels, x))
+        torch.testing.assert_close(again(x), x * 2 + 1)
+    assert _programmatic(again) == {"_waits_first_kernel": mode == "", "_loads_first_kernel": False}
     # the interpreter's patches are gone: Triton's own functions are back
     from triton.runtime import interpreter
 

@@ -76,7 +76,6 @@ _MEMORY_OPS = {"ld", "ldu", "st", "atom", "red", "cp", "prefetch", "prefetchu", 
                "sust", "sured", "applypriority", "discard", "createpolicy", "tensormap", "mbarrier", "wmma",
                "wgmma", "ldmatrix", "stmatrix", "tcgen05", "bulk"}
 _ENDS_BLOCK = {"bra", "brx", "call", "ret", "exit", "trap", "brkpt"}
-_LABEL = re.compile(r"^(\$?[\w.$]+):$")
 _BRANCH_TARGET = re.compile(r"\b(?:bra|brx\.idx)(?:\.uni)?\s+([^;]+);")
 _ENTRY = re.compile(r"\.entry\s+[\w$]+\s*\(")
 
@@ -84,6 +83,7 @@ _ENTRY = re.compile(r"\.entry\s+[\w$]+\s*\(")
 def _instructions(body: str):
     """The statements of a PTX function body in order: comments removed, one per `;`, labels
     as their own statements."""
+    body = re.sub(r"/\*.*?\*/", " ", body, flags=re.S)  # block comments
     for line in body.splitlines():
         line = line.split("//", 1)[0].strip()
         if not line:
@@ -91,7 +91,8 @@ def _instructions(body: str):
         for piece in line.split(";"):
             piece = piece.strip()
             while piece:
-                m = re.match(r"^(\$?[\w.$]+):\s*", piece)
+                # a label is an identifier (no dots) and one colon: `ld.global.L1::evict_last` is not
+                m = re.match(r"^([A-Za-z_$%][\w$]*):(?!:)\s*", piece)
                 if m is None:
                     break
                 yield m.group(1) + ":"

@@ -198,7 +198,7 @@ def _scalar_index(self) -> int:
 
 
 _ORIGINAL_CREATE_INLINE_ASM = interp.InterpreterBuilder.create_inline_asm
-_GRID_DEPENDENCY = re.compile(r"\s*griddepcontrol\.(?:wait|launch_dependents)\s*;")
+_GRID_DEPENDENCY = re.compile(r"\s*griddepcontrol\.(?:wait|launch_dependents)\s*;\s*(?://[^\n]*)?\s*")
 
 
 class _AsmCall:
@@ -213,7 +213,7 @@ def _create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
     """Triton's gdc_wait and gdc_launch_dependents (the inline PTX of Note [Programmatic dependent
     launch]) as no-ops while interpreting: interpreted launches run one after another. Other
     inline assembly stays refused, as Triton's interpreter refuses it."""
-    if not values and len(types) == 1 and _GRID_DEPENDENCY.match(asm):
+    if not values and len(types) == 1 and _GRID_DEPENDENCY.fullmatch(asm):
         return _AsmCall(interp.TensorHandle(np.zeros(1, dtype=np.int32), tl.int32))
     return _ORIGINAL_CREATE_INLINE_ASM(self, asm, constraints, values, types, is_pure, pack)
 

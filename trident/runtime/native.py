@@ -77,7 +77,7 @@ _kernel_handles: dict[tuple, int] = {}
 def register_launch(plan: LaunchPlan) -> int:
     """Native kernel table entry for a launch plan; one per compiled kernel and constexpr set."""
     compiled = plan.compiled
-    key = (plan.step.kernel, plan.binary, plan.key)
+    key = (plan.step.kernel, plan.binary, plan.key, plan.cooperative, plan.pdl)
     handle = _kernel_handles.get(key)
     if handle is not None:
         return handle
