@@ -310,6 +310,21 @@ def test_pdl_knob_spellings():
         assert pdl.wanted("cpu")
 
 
+def test_cuda_before_12_3_takes_no_programmatic_launch(monkeypatch):
+    """Programmatic edges in captured graphs need CUDA 12.3: below it nothing is made
+    programmatic, neither Trident's kernels nor a user kernel that waits first."""
+    monkeypatch.setattr(torch.version, "cuda", "12.2")
+    x = torch.randn(300)
+    with knobs.scope(pdl="all"):
+        assert not pdl.enabled() and not pdl.wanted("cpu")
+        opt = trident.optimize(trident.capture(_user_kernels, x))
+        torch.testing.assert_close(opt(x), x * 2 + 1)
+    assert _programmatic(opt) == {"_waits_first_kernel": False, "_loads_first_kernel": False}
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    with knobs.scope(pdl="all"):
+        assert pdl.enabled()
+
+
 def test_generate_with_every_generated_kernel_programmatic(monkeypatch):
     """HF generate() (tiny Llama, StaticCache) with every Trident kernel and the fused glue
     waiting first: tokens equal eager's, and every launch of Trident's and Inductor's kernels is

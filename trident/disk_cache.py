@@ -25,6 +25,9 @@ import stat
 import tempfile
 from typing import Any, Callable, Optional
 
+import torch
+import triton
+
 from . import knobs, logs
 
 _log = logs.misses
@@ -95,9 +98,6 @@ def read_private(path: str) -> bytes:
 
 
 def key_of(*parts: Any) -> str:
-    import torch
-    import triton
-
     return hashlib.sha256(repr((torch.__version__, triton.__version__) + parts).encode()).hexdigest()
 
 

@@ -7,9 +7,12 @@ import operator
 import re
 import weakref
 
+import sympy
 import torch
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.printers import PythonPrinter
 
 from . import knobs
 from .capture import ensure_triton_driver
@@ -22,18 +25,20 @@ from .passes import (
     partition_regions,
     sink_allocations,
 )
+from .passes.choose_matmuls import choose_matmuls
 from .passes.decode_attention import lower_decode_attention
 from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
-from .passes.choose_matmuls import choose_matmuls
 from .passes.fuse_glue import fuse_glue
 from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .passes.outline_regions import read_sizes_from_inputs
 from .passes.partition_regions import split_symbolic_regions
 from .runtime import SCMRuntime, native
+from .runtime.native import C
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, first_failure
 from .scm.ir import RegionProgram
+from .scm.sizes import SizeExpr, size_of
 
 
 def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -93,8 +98,6 @@ def _direct_forward(gm: torch.fx.GraphModule):
     call: the graph keeps the tensor it captured (Note [Closed-over tensors]), and each lookup
     goes through nn.Module.__getattr__ (~0.5-0.8 us; a 24-layer decoder reads ~290 of them per
     step). In-place updates of those tensors are seen as before: the very tensor is bound."""
-    from .runtime.native import C
-
     code = gm.graph.python_code(root_module="self")
     namespace = dict(code.globals)
 
@@ -220,12 +223,6 @@ def traced_shapes(gm: torch.fx.GraphModule) -> TracedShapes:
     what they rely on natively; this covers the rest (Python code between regions, expressions
     with no native form). A guard over a symbol no input fact binds (a data-dependent size)
     makes the symbolic graph unusable: UnsupportedError."""
-    import sympy
-    from torch.utils._sympy.numbers import int_oo
-    from torch.utils._sympy.printers import PythonPrinter
-
-    from .scm.sizes import SizeExpr, size_of
-
     shape_env = gm.meta["trident_shape_env"]
     printer = PythonPrinter()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -54,20 +54,35 @@ import torch
 from . import knobs
 
 MIN_CAPABILITY = (9, 0)
+MIN_CUDA = (12, 3)
+
+
+def enabled() -> bool:
+    """TRIDENT_PDL is on and this torch's CUDA (if any) records programmatic launches in captured
+    graphs as programmatic edges (CUDA 12.3+): what a launch needs to be made programmatic
+    (scm/specialize.py) besides its kernel's proof."""
+    return bool(knobs.pdl()) and (torch.version.cuda is None or _cuda_version() >= MIN_CUDA)
 
 
 def wanted(device) -> bool:
     """Whether kernels generated for tensors on `device` should wait first and release their
-    dependents early: TRIDENT_PDL 'cuda' and a CUDA device of compute capability 9.0 or later, or
-    'all' (any device; on the CPU the waits are no-ops of the interpreter)."""
-    mode = knobs.pdl()
-    if not mode:
+    dependents early: `enabled()` and, with TRIDENT_PDL 'cuda', a CUDA device of compute
+    capability 9.0 or later; with 'all' also any other device (on the CPU the waits are no-ops of
+    the interpreter)."""
+    if not enabled():
         return False
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        return mode == "all"
+        return knobs.pdl() == "all"
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) >= MIN_CAPABILITY
+
+
+def _cuda_version() -> tuple:
+    try:
+        return tuple(int(p) for p in (torch.version.cuda or "0").split(".")[:2])
+    except ValueError:
+        return (0,)
 
 
 # State spaces an ld/st may name that are not global memory.

@@ -14,9 +14,13 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.utils._triton as torch_triton
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
+
+from .. import triton_state
+from ..runtime.cpu_launcher import InterpretingLauncher
 
 HOST_TARGET = GPUTarget("cuda", 90, 32)
 
@@ -50,8 +54,6 @@ class HostOnlyDriver(DriverBase):
 
     @property
     def launcher_cls(self):
-        from ..runtime.cpu_launcher import InterpretingLauncher  # the runtime stage, loaded on first use
-
         return InterpretingLauncher
 
     def map_python_to_cpp_type(self, ty: str) -> str:
@@ -85,7 +87,6 @@ def ensure_triton_driver() -> None:
     except RuntimeError:
         triton.runtime.driver.set_active(HostOnlyDriver())
     # Dynamo and torch.library.wrap_triton ask this before tracing Triton kernels.
-    import torch.utils._triton as torch_triton
 
     if not torch_triton.has_triton():
         torch_triton.has_triton.cache_clear()
@@ -98,8 +99,6 @@ def install_without_gpu() -> None:
     eager kernels run interpreted. With a GPU, Triton's own driver is left alone. Either way,
     TRITON_INTERPRET=1 device-function calls stop leaving triton.language patched (Note
     [Interpreted device functions end their patch] in trident/triton_state.py)."""
-    from .. import triton_state
-
     triton_state.install()
     if not torch.cuda.is_available():
         ensure_triton_driver()

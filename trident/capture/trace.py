@@ -11,21 +11,26 @@ ATen ops around it become ATen nodes. Nothing runs on a device during capture.
 from __future__ import annotations
 
 import contextlib
-import threading
 import copy
 import functools
 import inspect
 import keyword
-import re
 import os
+import re
+import threading
 import traceback
 import types
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch._dynamo.config as dynamo_config
+import torch.compiler as tc
 import triton
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental import _config
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from triton.runtime.autotuner import Autotuner, Heuristics
@@ -37,9 +42,8 @@ from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
 from .collectives import check_graph, collectives_as_functional
 from .host_driver import ensure_triton_driver
-from .shared_patch import SharedPatch, setter
 from .inline_triton_ops import inline_custom_ops
-
+from .shared_patch import SharedPatch, setter
 
 # `kernel[grid]` is routed through wrap_triton only in the thread that traces: the patched
 # KernelInterface.__getitem__ is installed while any thread traces (counted) and routes a launch
@@ -176,8 +180,6 @@ def _kernel_name(kernel) -> str:
 def _tag_heuristics(gm: torch.fx.GraphModule, log: list) -> None:
     """Mark each launch node made through @triton.heuristics with the Heuristics object and
     the values baked into it (Note [Autotuned launches]: re-checked per specialization)."""
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-
     pending = list(log)
     for node in gm.graph.nodes:
         if node.op != "call_function" or "kernel_idx" not in node.kwargs or not pending:
@@ -207,8 +209,6 @@ def _tag_heuristics(gm: torch.fx.GraphModule, log: list) -> None:
 
 @contextlib.contextmanager
 def _no_real_compute():
-    from torch._subclasses import fake_tensor
-
     original = fake_tensor.should_allow_numbers_as_tensors
     fake_tensor.should_allow_numbers_as_tensors = lambda func: False
     try:
@@ -391,8 +391,6 @@ def _compiling(on: bool):
     skip a data-dependent shortcut (`q_offset == 0` on a cache's tensor) and build the mask every
     size needs, so a prefill can be captured. A static capture keeps the eager paths (a decode
     step's SDPA without a mask, as measured in results/bench_hf_*)."""
-    import torch.compiler as tc
-
     if not on or not hasattr(tc, "_is_compiling_flag"):
         yield
         return
@@ -412,9 +410,6 @@ def _no_duck_sizes():
     The fake-tensor dispatch cache is off meanwhile: with symbolic sizes its hits cost more than
     the dispatches they save (a 16-layer decode step traces in 3.7 s without it, 7.0 s with it,
     on the CPU machine)."""
-    import torch._dynamo.config as dynamo_config
-    from torch.fx.experimental import _config
-
     cache = {"fake_tensor_cache_enabled": False} if hasattr(dynamo_config, "fake_tensor_cache_enabled") else {}
     with _config.patch(use_duck_shape=False), dynamo_config.patch(**cache):
         yield

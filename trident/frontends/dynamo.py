@@ -91,10 +91,17 @@ import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+from torch._dynamo import exc as dynamo_exc
+from torch._dynamo.backends.registry import register_backend
 
-from .. import knobs, logs
+try:  # torch-internal: a build without it loses only the disabled-function rule's list case
+    from torch._dynamo.variables.lists import BaseListVariable
+except ImportError:  # pragma: no cover
+    BaseListVariable = ()
+
+from .. import knobs, logs, triton_state
+from ..capture.trace import _launches_as_hops, capture
 from ..errors import GuardError, TridentError
-from ..capture.trace import capture
 from ..optimize import optimize
 from .cache import CaptureCache, ServedByCache, retry_static
 from .compile import signature
@@ -369,8 +376,6 @@ def _stack_frames() -> frozenset:
     """(file, function name, first line) of every frame on the stack: the function torch.compile wrapped
     runs (Dynamo's transformed code keeps the name) while Dynamo compiles any frame it reaches,
     including functions it calls that got frames of their own after a graph break."""
-    import sys
-
     out = set()
     try:  # the frame being compiled is not running yet: Dynamo's translator holds its code
         from torch._dynamo.symbolic_convert import InstructionTranslator
@@ -816,8 +821,6 @@ def _state_verdict(fn, snapshot: _StateSnapshot) -> Optional[str]:
 
 def _tensors_only(variable) -> bool:
     """Whether a Dynamo variable is a tensor, or a tuple or list of such (nested)."""
-    from torch._dynamo.variables.lists import BaseListVariable
-
     if variable.is_tensor():
         return True
     if isinstance(variable, BaseListVariable):
@@ -839,7 +842,6 @@ def install_disabled_function_rule() -> bool:
         from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
     except Exception:
         return False
-    from torch._dynamo import exc as dynamo_exc
 
     passthrough = tuple(
         getattr(dynamo_exc, name)
@@ -865,8 +867,6 @@ def install_disabled_function_rule() -> bool:
             raise Unsupported(
                 _STATEFUL.get(fn) or f"{_describe_function(fn)}: TRIDENT_DYNAMO_TRACE_DISABLED breaks the graph at it"
             )
-        from .. import triton_state
-        from ..capture.trace import _launches_as_hops
 
         try:
             snapshot = _StateSnapshot(fn) if action == "check" else None
@@ -913,10 +913,6 @@ def register() -> None:
     """Registers the backend as "trident" at `import trident`, unless torch is loading it from the
     entry point right now (trident_scm_backend.py: it registers the same function itself) or
     has already."""
-    import sys
-
-    from torch._dynamo.backends.registry import register_backend
-
     install_disabled_function_rule()
     entry = sys.modules.get("trident_scm_backend")
     if entry is not None and getattr(entry, "LOADING", False):

@@ -36,7 +36,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import state
 

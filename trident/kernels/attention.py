@@ -15,6 +15,7 @@ Numerics as SDPA's fused kernels: scores and softmax in fp32, the output rounded
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -125,8 +126,6 @@ def decode_attention_combine_kernel(
 def dot_precision(dtype) -> str:
     """fp32 inputs multiply exactly ("ieee": SDPA's fp32 kernels do not round to tf32); half
     types take the tensor cores' only mode."""
-    import torch
-
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -143,8 +142,6 @@ def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> i
 def decode_attention(q, k, v, mask=None, scale=None):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
     k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each."""
-    import torch
-
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV

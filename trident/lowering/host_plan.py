@@ -32,6 +32,8 @@ from typing import Optional
 
 import torch
 
+from ..runtime import native
+from ..runtime.native import aten_sizes
 from ..scm import sizes as S
 from ..scm.ir import SCM, AllocStep, AtenStep, LaunchPlan, Param, Specialization, ValueRef
 
@@ -158,16 +160,11 @@ class RegionTables:
         self.atens: dict[str, int] = {}  # step name -> region-local operator call
 
     def lower(self, scm: SCM, spec: Specialization) -> HostPlan:
-        from ..runtime import native
-
         with native.TABLES_LOCK:  # Note [Recycled table slots]: nothing is recycled while entries are bound
             native.recycle_entries()
             return self._lower(scm, spec)
 
     def _lower(self, scm: SCM, spec: Specialization) -> HostPlan:
-        from ..runtime import native
-        from ..runtime.native import aten_sizes
-
         bind = native.C.region_bind
         h = Handles()
         for plan in spec.allocs:
@@ -198,8 +195,6 @@ class RegionTables:
 
 def host_plan(scm: SCM, spec: Specialization, handles: Handles) -> HostPlan:
     """The table of `spec`'s steps, in program order, naming the native entries by `handles`."""
-    from ..runtime.native import aten_sizes
-
     sizes: list = []
     memo: dict = {}
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
 from torch_mlir.execution_engine import ExecutionEngine
 from torch_mlir.passmanager import PassManager
 
@@ -79,8 +80,6 @@ def compile_host(module: ir.Module, name: str, text: Optional[str] = None) -> Ho
 
 def main(argv: list[str]) -> int:
     """Re-run the pipeline on a saved module: python -m trident.lowering.pipeline FILE."""
-    from torch_mlir.dialects import torch as torch_d
-
     with open(argv[1]) as f:
         text = f.read()
     ctx = ir.Context()

@@ -18,15 +18,15 @@ and `scm_host(rt, ctx) -> i64`, which calls it and runs the plan. Together they
 from __future__ import annotations
 
 import numpy
-
 import torch
 from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, func, llvm
 
+from ..runtime.native import scalar_type_code
 from ..scm import sizes as S
-from ..scm.sizes import INT_KEY_CODES
 from ..scm.guards import FactEquals, IntegerKey, SizeRelation
 from ..scm.ir import SCM, LaunchStep, Specialization
+from ..scm.sizes import INT_KEY_CODES
 from .host_plan import HostPlan  # noqa: F401 - the plans it is given (annotations)
 from .region_to_torch import LAUNCH_OP_NAME, op_step
 from .sizes_to_torch import import_size_program, size_function_name
@@ -47,8 +47,6 @@ _DEVICE_TYPE = {"cpu": 0, "cuda": 1}
 
 def dtype_code(dtype: torch.dtype) -> int:
     """c10::ScalarType value of a dtype, as the native prologue encodes it."""
-    from ..runtime.native import scalar_type_code
-
     return scalar_type_code(dtype)
 
 

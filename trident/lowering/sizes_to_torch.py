@@ -31,6 +31,8 @@ from typing import Callable, Sequence
 import sympy
 import torch
 from torch.utils._sympy import functions as F
+from torch_mlir.dialects import torch as torch_d
+from torch_mlir.extras.fx_importer import FxImporter
 
 from ..errors import UnsupportedError
 from ..scm import sizes as S
@@ -172,9 +174,6 @@ def import_size_program(program, values: Sequence, context, index: int):
     """A new torch-dialect module (in `context`) holding `size_function_name(program, index)`:
     the size program `values` of specialization `index` (Note [Sizes through the torch
     dialect])."""
-    from torch_mlir.dialects import torch as torch_d
-    from torch_mlir.extras.fx_importer import FxImporter
-
     torch_d.register_dialect(context)
     importer = FxImporter(context=context)
     importer.import_stateless_graph(size_graph(program, values), func_name=size_function_name(program, index))

@@ -8,6 +8,8 @@ from torch._higher_order_ops.triton_kernel_wrap import (
     triton_kernel_wrapper_functional,
     triton_kernel_wrapper_mutation,
 )
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
 
 from .. import pdl
 
@@ -157,9 +159,6 @@ def resolve_kernel(kernel):
     """(JITFunction, launch options) behind a side-table kernel, or (kernel, None) when it is
     something Trident does not unwrap. torch wraps a kernel launched with num_warps=/num_stages=
     in a one-config Autotuner; that config's options are the launch's options."""
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.jit import JITFunction
-
     if isinstance(kernel, JITFunction):
         return kernel, {}
     if isinstance(kernel, Autotuner) and len(kernel.configs) == 1 and isinstance(kernel.fn, JITFunction):
@@ -181,9 +180,6 @@ def tunable(kernel) -> bool:
     """Whether `kernel` is a multi-config @triton.autotune Trident tunes itself (Note [Autotuned
     launches]): over a plain @triton.jit function (torch's tracer has already folded heuristics
     below the autotuner into the configs), no config with a pre_hook (Python before every launch)."""
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.jit import JITFunction
-
     return (
         isinstance(kernel, Autotuner)
         and len(kernel.configs) > 1

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import disk_cache, logs, pdl, triton_state
 
@@ -201,8 +203,6 @@ def _lower(sub: torch.fx.Graph, inputs: list, config: dict) -> Lowered:
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda", 0)
     fake_mode = FakeTensorMode()

@@ -26,19 +26,22 @@ import inspect
 import operator
 from typing import Callable
 
+import sympy
 import torch
 from torch._higher_order_ops import triton_kernel_wrap as tkw
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._sympy.functions import FloorDiv
+from torch.utils._sympy.numbers import int_oo
 from triton.runtime.jit import JITFunction
 
 from .. import disk_cache, knobs
 from ..errors import UnsupportedError
 from ..scm import sizes as S
 from ..scm.guards import FactEquals, SizeRelation
-from ..scm.refs import kernel_ref, op_name
 from ..scm.ir import DEFAULT, AllocStep, AtenStep, LaunchStep, RegionInput, RegionProgram, TensorFacts, ValueRef
+from ..scm.refs import kernel_ref, op_name
 from .common import (
     ALLOCATION_OPS,
     inplace_root,
@@ -550,9 +553,6 @@ def _symbolic_facts(inputs, steps, value_names, region, refs, size_nodes) -> tup
 
 def _shape_guards(shape_env, symbols: dict) -> list:
     """The shape environment's guards and value ranges over the region's symbols."""
-    import sympy
-    from torch.utils._sympy.numbers import int_oo
-
     out = []
     seen = set()
     for g in shape_env.guards:
@@ -642,9 +642,6 @@ def read_sizes_from_inputs(gm: torch.fx.GraphModule) -> None:
 def _arithmetic(graph: torch.fx.Graph, expr, symbols: dict, inputs: list):
     """FX nodes computing a size expression (symbols, integers, +, *, //) from the inputs'
     sizes and strides, or None for any other form."""
-    import sympy
-    from torch.utils._sympy.functions import FloorDiv
-
     if isinstance(expr, sympy.Integer):
         return int(expr)
     if isinstance(expr, sympy.Symbol):

@@ -22,12 +22,12 @@ are no data of the region. What reads such a "free" int is kept out of regions:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
+from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
-
-import operator
 
 from .common import (
     is_allocation,
@@ -39,6 +39,7 @@ from .common import (
     launch_tuner,
     operator_call_reason,
 )
+from .importable import import_reason
 
 
 @dataclass
@@ -87,8 +88,6 @@ def _is_size(g) -> bool:
 
 def _wrapper_reason(kernel) -> str:
     """Why a wrapped kernel (autotune, heuristics) cannot join a region."""
-    from triton.runtime.autotuner import Autotuner
-
     name = type(kernel).__name__
     if isinstance(kernel, Autotuner):
         if any(c.pre_hook for c in kernel.configs):
@@ -109,7 +108,6 @@ def _region_reason(node: torch.fx.Node) -> str | None:
         if isinstance(val, (tuple, list)) and isinstance(val[node.args[1]], torch.Tensor):
             return None  # a tensor projection of a multi-result op; follows its producer
         return "reads a non-tensor result"
-    from ..lowering.region_to_torch import import_reason  # here: the lowering imports the passes
 
     return operator_call_reason(node) or import_reason(node)
 

@@ -3,6 +3,8 @@ the launches they feed instead of being separated from them by unrelated ops."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .common import is_allocation
@@ -25,8 +27,6 @@ def sink_allocations(gm: torch.fx.GraphModule) -> None:
 def drop_unused_projections(gm: torch.fx.GraphModule) -> None:
     """Erase getitem nodes nobody reads (make_fx keeps one per result, e.g. the ints of
     flash/cuDNN attention); they would otherwise end regions for nothing."""
-    import operator
-
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is operator.getitem and not node.users:
             gm.graph.erase_node(node)

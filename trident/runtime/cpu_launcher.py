@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import sys
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -133,8 +134,6 @@ _libdevice_seen: list = [0, []]  # len(sys.modules) when last scanned, the libde
 def _libdevice_modules() -> list:
     """The imported libdevice modules; sys.modules is scanned again only when it has grown (not
     on every interpreted launch)."""
-    import sys
-
     if len(sys.modules) != _libdevice_seen[0]:
         _libdevice_seen[1] = [m for n, m in list(sys.modules.items()) if m is not None and _is_libdevice(n)]
         _libdevice_seen[0] = len(sys.modules)

@@ -52,7 +52,9 @@ folder (`_drop_orphans`, once a minute old: another process may be about to name
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib.metadata as md
 import json
 import logging
 import os
@@ -63,6 +65,7 @@ import time
 from typing import Any, Optional
 
 import torch
+import triton
 
 from .. import knobs, logs
 from ..disk_cache import make_private_dirs, open_private, private_chain, read_private
@@ -73,10 +76,6 @@ _log = logs.misses
 
 
 def versions(devices) -> dict:
-    import importlib.metadata as md
-
-    import triton
-
     def version(dist):
         try:
             return md.version(dist)
@@ -274,8 +273,6 @@ class PlanCache:
 
     def _dlopen(self, fd: int, path: str):
         """(library, host address, select address) loaded through descriptor `fd`, or Nones."""
-        import ctypes
-
         try:
             lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
             host = ctypes.cast(getattr(lib, "_mlir_scm_host"), ctypes.c_void_p).value

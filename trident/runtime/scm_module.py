@@ -18,19 +18,21 @@ import time
 from typing import Optional, Sequence
 
 import torch
+from torch_mlir import ir
 
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
+from ..kernels.copy import index_write_checks
 from ..lowering import check_region_steps, compile_host, emit_host_module, import_region, import_size_programs
 from ..lowering.host_plan import HostPlan, RegionTables, format_plan
-from ..kernels.copy import index_write_checks
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
 from ..scm.ir import SCM, RegionProgram, Specialization, TensorFacts, TensorGuard
-from ..scm.sizes import SizeExpr
 from ..scm.printer import format_dtype, format_guard, format_scm
+from ..scm.serialize import SerializationError, specialization_from_data, specialization_to_data
+from ..scm.sizes import SizeExpr
 from ..scm.specialize import build_specialization, triton_compile_seconds
-from .persistent import PlanCache
 from . import graphs, native
+from .persistent import PlanCache
 
 _REGISTRY: dict[int, "SCMRuntime"] = {}
 
@@ -215,7 +217,6 @@ class SCMRuntime:
         """Note [Persistent plans]: writes `spec`'s record and its host program's library."""
         if self._plans is None:
             return
-        from ..scm.serialize import SerializationError, specialization_to_data
 
         try:
             payload = specialization_to_data(self.program, spec)
@@ -258,8 +259,6 @@ class SCMRuntime:
         """Installs the specialization a record describes (Note [A closed plan]): its plan as
         recorded; its kernels from Triton (its cache serves those compiled before); its host
         program from `native_record` (Note [Persistent plans]) when that fits, else built."""
-        from ..scm.serialize import specialization_from_data
-
         t0, triton0 = time.perf_counter(), triton_compile_seconds()
         if data.get("index") != len(self.scm.specializations):
             raise TridentError(
@@ -347,8 +346,6 @@ class SCMRuntime:
         program per specialization]); returns its cost split (seconds): torch-dialect import
         (once per region), host MLIR emission, LLVM (MLIR's LLVM lowering and the
         ExecutionEngine)."""
-        from torch_mlir import ir
-
         t0 = time.perf_counter()
         if self._torch_module is None:  # what the region does: the same for every specialization
             self._torch_module = import_region(self.program, ir.Context())
@@ -378,7 +375,6 @@ class SCMRuntime:
             return
         os.makedirs(folder, exist_ok=True)
         stem = os.path.join(folder, f"{self.program.name}.{self.region_id}")
-        from ..scm.serialize import SerializationError, specialization_to_data
 
         records = []
         for spec in self.scm.specializations:  # Note [A closed plan]

@@ -50,6 +50,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from ..layout import span_bytes
+from .ir import TensorFacts
+from .sizes import INT_KEY_CODES, to_text
 
 _MISSING = object()
 
@@ -262,8 +264,6 @@ class SizeRelation:
         )
 
     def record(self) -> dict:
-        from .sizes import to_text
-
         return {"kind": "size_relation", "expr": to_text(self.expr), "why": self.why}
 
 
@@ -305,8 +305,6 @@ class FactEquals:
         )
 
     def record(self) -> dict:
-        from .sizes import to_text
-
         return {"kind": "fact_equals", "input": self.input, "fact": self.kind, "dim": self.dim, "expr": to_text(self.expr)}
 
 
@@ -324,8 +322,6 @@ class IntegerKey:
 
     def key_of(self, value: int) -> int:
         """The Python twin of emit_int_key (trident/lowering/scm_to_llvm.py)."""
-        from .sizes import INT_KEY_CODES
-
         ty = "i32" if -(2**31) <= value <= 2**31 - 1 else "i64"
         if not self.specialize:
             return INT_KEY_CODES[(ty, None)]
@@ -343,8 +339,6 @@ class IntegerKey:
         return f"{self.what} = {self.expr} has another Triton key: Triton compiles another binary for it"
 
     def record(self) -> dict:
-        from .sizes import to_text
-
         return {"kind": "integer_key", "expr": to_text(self.expr), "code": self.code, "specialize": self.specialize,
                 "what": self.what}  # fmt: skip
 
@@ -446,8 +440,6 @@ class GraphFacts:
 
     @staticmethod
     def of(graph: int, inputs: Sequence, staged: Sequence[bool], written: Sequence[bool]) -> "GraphFacts":
-        from .ir import TensorFacts
-
         return GraphFacts(
             graph,
             tuple(TensorFacts.of(t) if isinstance(t, torch.Tensor) else None for t in inputs),
@@ -458,8 +450,6 @@ class GraphFacts:
 
     def reason(self, values: Sequence) -> "tuple[str, int] | None":
         """(Ordinary code, input) of the first fact that keeps this graph from replaying, or None."""
-        from .ir import TensorFacts
-
         for i, (t, want) in enumerate(zip(values, self.facts)):
             got = TensorFacts.of(t) if isinstance(t, torch.Tensor) else None
             if got != want:
@@ -529,8 +519,6 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
     if isinstance(guard, FactEquals):
         return f"{guard.name}.{'shape' if guard.kind == 'size' else 'stride()'}[{guard.dim}] == {guard.expr}"
     if isinstance(guard, IntegerKey):
-        from .sizes import INT_KEY_CODES
-
         key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
         return f"Triton key of {guard.what} = {guard.expr} is {key}"
     if isinstance(guard, TracedShapes):

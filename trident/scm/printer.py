@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .guards import describe
 from .ir import SCM, AllocStep, AtenStep, LaunchStep, Param, Specialization, TensorFacts, TensorGuard, ValueRef
 
 _DTYPE_SHORT = {
@@ -97,8 +98,6 @@ def format_program(scm: SCM) -> list[str]:
 
 
 def format_specialization(spec: Specialization, program=None) -> list[str]:
-    from .guards import describe
-
     symbolic = program is not None and program.symbolic
     names = [i.name for i in program.inputs] if program is not None else []
     lines = [f"  specialization {spec.index}:"]

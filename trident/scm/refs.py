@@ -29,6 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from triton._C.libtriton import get_cache_invalidating_env_vars
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.cache import get_cache_manager
+
+from .. import triton_state
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,6 @@ def _function_digest(fn) -> str:
 
 def _digest(kernel) -> tuple[str, str, str]:
     """(name, key, kind) of a JITFunction, Autotuner or Heuristics."""
-    from triton.runtime.autotuner import Autotuner, Heuristics
-
     h = hashlib.sha256()
     if isinstance(kernel, Autotuner):
         name, inner, _ = _digest(kernel.fn)
@@ -95,7 +99,6 @@ def _digest(kernel) -> tuple[str, str, str]:
             h.update(_function_digest(fn).encode())
         return name, h.hexdigest(), "heuristics"
     name = getattr(getattr(kernel, "fn", None), "__qualname__", None) or getattr(kernel, "__name__", "kernel")
-    from .. import triton_state
 
     try:
         with triton_state.exclusive():  # the dependency walk reads triton.language (Note [Triton's interpreter state])
@@ -159,8 +162,6 @@ def triton_environment() -> str:
     """A digest of the environment settings Triton's compiler keys its cache by
     (`get_cache_invalidating_env_vars`): a compiled kernel named by its hash is the one Triton
     would compile now only while these are the same."""
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
     return hashlib.sha256(repr(sorted(get_cache_invalidating_env_vars().items())).encode()).hexdigest()[:16]
 
 
@@ -214,8 +215,6 @@ def load_compiled(key: str, name: str):
     process); None when Triton's cache does not hold it."""
     if key in _compiled:
         return _compiled[key]
-    from triton.compiler.compiler import CompiledKernel
-    from triton.runtime.cache import get_cache_manager
 
     metadata = f"{name[:150]}.json"  # the file name Triton's compile gives it
     try:

@@ -26,12 +26,12 @@ import dataclasses
 from typing import Any
 
 import torch
+import triton.language as tl
 
 from .. import triton_state
-from .guards import SizeRelation
-from .refs import triton_environment
-from .sizes import from_text
 from ..errors import TridentError
+from . import tuning
+from .guards import SizeRelation
 from .ir import (
     AllocPlan,
     ArenaBuffer,
@@ -42,6 +42,18 @@ from .ir import (
     TensorGuard,
     ValueRef,
     ViewPlan,
+)
+from .refs import triton_environment
+from .sizes import from_text
+from .specialize import (
+    PointerStandIn,
+    _alloc_exprs,
+    _concrete_step,
+    _symbolic_launch,
+    plan_launch,
+    size_environment,
+    unique_size_guards,
+    view_exprs,
 )
 
 FORMAT = 1
@@ -68,7 +80,6 @@ def _enc(v: Any) -> Any:
         return {"tuple": [_enc(x) for x in v]}
     if isinstance(v, torch.dtype):
         return {"torch_dtype": str(v).removeprefix("torch.")}
-    import triton.language as tl
 
     if isinstance(v, tl.constexpr):
         return {"constexpr": _enc(v.value)}
@@ -91,7 +102,6 @@ def _dec(d: Any) -> Any:
         return tuple(_dec(x) for x in v)
     if tag == "torch_dtype":
         return getattr(torch, v)
-    import triton.language as tl
 
     if tag == "constexpr":
         return tl.constexpr(_dec(v))
@@ -167,13 +177,6 @@ def specialization_from_data(program: RegionProgram, data: dict, compile_kernels
 
 
 def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Specialization:
-    from . import tuning
-    from .specialize import PointerStandIn, plan_launch
-
-    from .specialize import (
-        _alloc_exprs, _concrete_step, _symbolic_launch, size_environment, unique_size_guards, view_exprs,
-    )
-
     guards = [
         TensorGuard(g["input"], g["name"], _facts_back(g["facts"]), g["aligned16"], g["residue16"],
                     tuple(g.get("free_sizes", ())), tuple(g.get("free_strides", ())))

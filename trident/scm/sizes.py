@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
 import sympy
+import torch
 from torch.utils._sympy import functions as F
+from torch_mlir import ir
+from torch_mlir.dialects import arith
 
 from ..errors import UnsupportedError
 
@@ -77,8 +80,6 @@ INT_KEY_CODES = {
 
 def size_of(value) -> Size:
     """An int, or the SizeExpr of a SymInt (a constant SymInt is its int)."""
-    import torch
-
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
         if isinstance(expr, sympy.Integer) or expr.is_number:
@@ -104,14 +105,6 @@ def difference(a: Size, b: Size) -> Size:
 
 def is_symbolic(value) -> bool:
     return isinstance(value, SizeExpr)
-
-
-def difference(a, b):
-    """a - b for ints and SizeExprs, symbols that cancel gone (an int when none is left)."""
-    ea = a.expr if isinstance(a, SizeExpr) else sympy.Integer(a)
-    eb = b.expr if isinstance(b, SizeExpr) else sympy.Integer(b)
-    d = sympy.expand(ea - eb)
-    return int(d) if d.is_number else SizeExpr(d)
 
 
 def concrete(value, env: Mapping[str, int]):
@@ -248,9 +241,6 @@ def emit(expr: sympy.Basic, load: Callable[[str], object], const: Callable[[int]
     i1 for a relation. `load(name)` gives the i64 of a symbol, `const(v)` an i64 constant.
     A divisor of 0 is taken as 1 here (Python raises; the guards that select a specialization
     never divide by a size that can be 0 there: sizes 0 and 1 are specialized)."""
-    from torch_mlir import ir
-    from torch_mlir.dialects import arith
-
     i1 = ir.IntegerType.get_signless(1)
     memo: dict = {}
 

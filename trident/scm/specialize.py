@@ -13,34 +13,33 @@ Allocation layouts come from fake-tensor propagation of the region's FX graph.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import weakref
 from typing import Optional, Sequence
 
+import sympy
 import torch
+import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
-
-import dataclasses
-
-import sympy
 from torch.utils._sympy import functions as F
+from triton.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
 
 from .. import knobs, logs, pdl, triton_state
+from ..errors import UnsupportedError
 from ..layout import span
 from . import sizes as S
 from . import tuning
 from .guards import IntegerKey, SizeRelation
-from .refs import load_compiled, register_compiled, signature_mismatch
-from ..errors import UnsupportedError
 from .ir import (
     DEFAULT,
     AllocPlan,
     ArenaBuffer,
     AtenPlan,
     AtenStep,
-    ViewPlan,
     LaunchPlan,
     LaunchStep,
     Param,
@@ -49,7 +48,10 @@ from .ir import (
     TensorFacts,
     TensorGuard,
     ValueRef,
+    ViewPlan,
 )
+from .refs import load_compiled, register_compiled, signature_mismatch
+from .sizes import INT_KEY_CODES
 
 
 class PointerStandIn:
@@ -192,10 +194,6 @@ def _binder(kernel):
     to bind arguments and compute the specialization key, built the way `JITFunction.create_binder`
     builds it (`create_function_from_signature` over the kernel's signature and parameters, for
     the target's backend) instead of read out of the private `device_caches` tuples."""
-    import triton
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-
     target = triton.runtime.driver.active.get_current_target()
     per_target = _BINDERS.setdefault(kernel, {})
     binder = per_target.get(target)
@@ -335,13 +333,13 @@ def plan_launch(
 
 def _programmatic(compiled) -> bool:
     """Whether the launch gets programmatic stream serialization (Note [Programmatic dependent
-    launch]): its kernel was compiled with Triton's launch_pdl, or TRIDENT_PDL is on and its PTX
-    waits before touching global memory."""
+    launch]): its kernel was compiled with Triton's launch_pdl, or PDL is enabled (TRIDENT_PDL,
+    CUDA 12.3+) and its PTX waits before touching global memory."""
     if compiled is None:
         return False
     if getattr(compiled.metadata, "launch_pdl", False):
         return True
-    return bool(knobs.pdl()) and pdl.waits_before_memory(compiled.asm.get("ptx") or "")
+    return pdl.enabled() and pdl.waits_before_memory(compiled.asm.get("ptx") or "")
 
 
 def build_specialization(
@@ -534,7 +532,6 @@ def _symbolic_launch(program: RegionProgram, step: LaunchStep, plan: LaunchPlan,
     plan.params = [
         Param(p.name, p.ty, step.args[p.name]) if S.is_symbolic(step.args.get(p.name)) else p for p in plan.params
     ]
-    from .sizes import INT_KEY_CODES
 
     declared = {p.name: p for p in step.fn.params}
     guards = []

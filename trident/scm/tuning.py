@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import UnsupportedError
-from .ir import LaunchStep, TensorFacts
+from .ir import LaunchStep
 from .refs import live
 
 # (autotuner, config, stand-in args) -> a time; None: take the first pruned config on the CPU.
