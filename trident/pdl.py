@@ -39,6 +39,9 @@ Which kernels wait first:
   Triton launches it (the user's promise, Triton's semantics); one that is not gets it only by
   the PTX rule, like Trident's.
 
+Programmatic launches are recorded as programmatic edges of a captured graph from CUDA 12.3 on:
+below it (`torch.version.cuda`; the driver must be at least that) nothing is made programmatic.
+
 The decision is made where a launch is planned (scm/specialize.py `plan_launch`), recorded in the
 plan (`LaunchPlan.pdl`) and printed by the SCM printer; a restored plan decides again from its
 kernel. TRIDENT_PDL is off by default until measured on the GPU (issue 25).
