@@ -8,22 +8,21 @@ ALL in one run per (model, kernels) case:
     hf_compile        what generate() does by itself: torch.compile(model.__call__, Inductor,
                       mode="reduce-overhead") around the forward
     trident_compile   model.forward = trident.compile(model.forward), generate() as it is (its
-                      automatic compile around it included: Dynamo calls Trident's function)
-    trident_fused     trident_compile with TRIDENT_FUSE_GLUE (issue 25: the ATen glue as
-                      Inductor-generated Triton kernels, Note [Fused glue])
-    trident_tuned     trident_fused with TRIDENT_DECODE_MATMULS (products of few rows on
-                      Trident's GEMV where measured faster, Note [Decode matmuls by measurement])
-                      and TRIDENT_DECODE_ATTENTION=measured
-    trident_pdl       trident_tuned with TRIDENT_PDL (programmatic dependent launch, Note
-                      [Programmatic dependent launch]): its gain alone is trident_tuned / trident_pdl
+                      automatic compile around it included: Dynamo calls Trident's function);
+                      Trident's defaults: the ATen glue fused (Note [Fused glue]), products of
+                      few rows and decode attention on Trident's kernels where measured faster
+    trident_untuned   trident_compile without those three (TRIDENT_FUSE_GLUE='',
+                      TRIDENT_DECODE_MATMULS='', TRIDENT_DECODE_ATTENTION=cuda: the defaults
+                      before e3252af's measurement): their gain is trident_untuned / trident_compile
+    trident_pdl       trident_compile with TRIDENT_PDL (programmatic dependent launch, Note
+                      [Programmatic dependent launch]): its gain alone is trident_compile / trident_pdl
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
-    trident_fused     the same with TRIDENT_FUSE_GLUE
-    trident_tuned     the same with TRIDENT_FUSE_GLUE, TRIDENT_DECODE_MATMULS, attention measured
-    trident_pdl       trident_tuned with TRIDENT_PDL
+    trident_untuned   the same without the fused glue, decode matmuls and measured attention
+    trident_pdl       trident_compile with TRIDENT_PDL
     trident_backend   model.forward = torch.compile(model.forward, backend="trident")
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
@@ -65,16 +64,15 @@ from tools.bench_hf import Loop, build_model, graph_floor  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "hf_compile", "trident_compile", "trident_fused", "trident_tuned", "trident_pdl", "trident_config")
-DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_fused", "trident_tuned", "trident_pdl",
-           "trident_backend")
+STATIC = ("eager", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config")
+DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
-# GPU, 'all' on the CPU); knobs are read per capture.
+# GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
+# knobs with 'all' too, so that the tuned passes run there as they do on the GPU.
 _TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}"}
 COMPILE_VARIANTS = {
-    "trident_compile": {},
-    "trident_fused": {"TRIDENT_FUSE_GLUE": "{mode}"},
-    "trident_tuned": _TUNED,
+    "trident_compile": _TUNED,
+    "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "{mode}"},
     "trident_pdl": {**_TUNED, "TRIDENT_PDL": "{mode}"},
 }
 

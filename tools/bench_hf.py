@@ -6,13 +6,13 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
   compile_default           torch.compile(model.forward)
   compile_reduce_overhead   torch.compile(model.forward, mode="reduce-overhead")
   trident_backend           torch.compile(model.forward, backend="trident")
-  trident_compile           trident.compile(model.forward)
-  trident_fused             the same with TRIDENT_FUSE_GLUE=cuda (ATen glue as Inductor-generated kernels)
-  trident_tuned             the same with TRIDENT_FUSE_GLUE, TRIDENT_DECODE_MATMULS (products of few
-                            rows on Trident's GEMV where measured faster) and
-                            TRIDENT_DECODE_ATTENTION=measured
-  trident_pdl               trident_tuned with TRIDENT_PDL=cuda (programmatic dependent launch): its
-                            gain alone is trident_tuned / trident_pdl
+  trident_compile           trident.compile(model.forward), Trident's defaults (ATen glue fused into
+                            Inductor-generated kernels; products of few rows and decode attention
+                            on Trident's kernels where measured faster)
+  trident_untuned           the same without those three (fuse_glue='', decode_matmuls='',
+                            decode_attention='cuda': the defaults before e3252af's measurement)
+  trident_pdl               trident_compile with TRIDENT_PDL=cuda (programmatic dependent launch):
+                            its gain alone is trident_compile / trident_pdl
   graph_floor               the eager decode step captured once in a torch.cuda.CUDAGraph; each
                             step copies the token and position in and replays (no host work
                             beyond that: the floor of any host-side optimization)
@@ -47,11 +47,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_fused", "trident_tuned", "trident_pdl",
+VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl",
             "trident_backend", "compile_default", "compile_reduce_overhead")
-# issue 25: the knobs each trident.compile variant runs with (off until measured here)
+# issue 25: the knobs each trident.compile variant runs with ('cuda' becomes 'all' on the CPU)
 _TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}
-KNOBS = {"trident_compile": {}, "trident_fused": {"fuse_glue": "cuda"}, "trident_tuned": _TUNED,
+KNOBS = {"trident_compile": _TUNED, "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda"},
          "trident_pdl": {**_TUNED, "pdl": "cuda"}}
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
@@ -285,7 +285,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 continue
             torch._dynamo.reset()
             n_graphs = len(compiled_graphs())
-            scope = trident.knobs.scope(**{k: (v if dev == "cuda" else "all") for k, v in KNOBS.get(key, {}).items()})
+            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v else "all") for k, v in KNOBS.get(key, {}).items()})
             scope.__enter__()  # read when the variant's captures are optimized (its first steps)
             try:
                 t0 = time.time()

@@ -25,7 +25,7 @@ kernels, for tests), "" (off).
 
 Note [Decode attention by measurement]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-With TRIDENT_DECODE_ATTENTION=measured (to become the default once measured on the GPU), where
+With TRIDENT_DECODE_ATTENTION=measured (the default since the H200 measurement at e3252af), where
 the key length is static (a StaticCache) on CUDA, the rewrite is made only when Trident's
 two launches are not measurably slower than what they replace -- the repeat's clones and the
 SDPA backend the trace chose, run as the graph has them -- each timed inside a CUDA graph
