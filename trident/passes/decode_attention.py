@@ -54,6 +54,7 @@ from ..kernels.attention import (
     BLOCK_N,
     SPLITS,
     block_m,
+    combine_grid,
     decode_attention,
     decode_attention_combine_kernel,
     decode_attention_split_kernel,
@@ -249,7 +250,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
             "PRECISION": dot_precision(q.dtype),
         })
-        emit_launch(gm, decode_attention_combine_kernel, (B * hkv, 1, 1), {
+        emit_launch(gm, decode_attention_combine_kernel, combine_grid(B, hkv, G * LQ), {
             "ws_ptr": ws, "out_ptr": out,
             "so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2), **consts,
         })
