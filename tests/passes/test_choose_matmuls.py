@@ -65,7 +65,7 @@ def _run(fn, args, config, **scope):
 def test_a_measured_faster_gemv_replaces_the_product_and_equals_it():
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(1, 300, generator=g), torch.randn(100, 300, generator=g)
-    config = (32, 256, 1, 4)
+    config = (32, 256, 1, 4, 0)
     opt = _run(_linear, [x, w], config)
     assert _launches(opt) == ["axpy_kernel", "gemv_kernel"]
     torch.testing.assert_close(opt(x, w), _linear(x, w), **FP32)
@@ -77,11 +77,73 @@ def test_a_measured_faster_gemv_replaces_the_product_and_equals_it():
 def test_split_k_with_a_bias_is_two_launches_equal_to_addmm():
     g = torch.Generator().manual_seed(1)
     x, w, bias = torch.randn(3, 1024, generator=g), torch.randn(64, 1024, generator=g), torch.randn(64, generator=g)
-    config = (64, 128, 4, 4)
+    config = (64, 128, 4, 4, 0)
     assert config in G.CONFIGS and G.useful(64, 1024, config)
     opt = _run(_linear_bias, [x, w, bias], config)
     assert _launches(opt) == ["axpy_kernel", "gemv_kernel", "gemv_reduce_kernel"]
     torch.testing.assert_close(opt(x, w, bias), _linear_bias(x, w, bias), **FP32)
+
+
+def test_the_last_program_reduces_in_one_launch_bit_for_bit():
+    """Note [The last program reduces]: a split-K product whose last program sums the pieces is
+    one launch, equal bit for bit to the two-launch form (the same sum in split order), with or
+    without an addend, one row or three, call after call (the counters are per call)."""
+    g = torch.Generator().manual_seed(5)
+    for m in (1, 3):
+        x, w, bias = torch.randn(m, 1024, generator=g), torch.randn(80, 1024, generator=g), torch.randn(80, generator=g)
+        for fn, args in ((_linear, [x, w]), (_linear_bias, [x, w, bias])):
+            one = _run(fn, args, (64, 128, 4, 4, 1))
+            two = _run(fn, args, (64, 128, 4, 4, 0))
+            assert _launches(one) == ["axpy_kernel", "gemv_kernel"]
+            assert _launches(two) == ["axpy_kernel", "gemv_kernel", "gemv_reduce_kernel"]
+            want = two(*args)
+            for _ in range(3):
+                assert torch.equal(one(*args), want)
+            torch.testing.assert_close(want, fn(*args), **FP32)
+            assert "SPLIT_K=4, LAST_REDUCES, num_warps=4) [measured: " in trident.explain(one)
+
+
+def test_products_of_a_graph_share_one_counter_allocation():
+    """The counters of every last-program-reduces product come from one zeros allocation per
+    call, made before the first of them, each product at its own offset."""
+
+    def two_products(x, w1, w2):
+        a = K.axpy(x, x)
+        return a @ w1.t(), (a + 1) @ w2.t()
+
+    g = torch.Generator().manual_seed(6)
+    x, w1, w2 = torch.randn(1, 1024, generator=g), torch.randn(96, 1024, generator=g), torch.randn(40, 1024, generator=g)
+    CM.set_timer(_favor((32, 256, 4, 4, 1)))
+    gm = trident.capture(two_products, x, w1, w2)
+    with knobs.scope(decode_matmuls="all"):
+        assert CM.choose_matmuls(gm) == 2
+    zeros = [n for n in gm.graph.nodes if n.target is torch.ops.aten.zeros.default]
+    assert len(zeros) == 1 and zeros[0].args[0] == [3 + 2]  # cdiv(96, 32) + cdiv(40, 32) counters
+    launches = [n for n in gm.graph.nodes if "gemv" in str(n.kwargs.get("kernel_idx", "")) or n.op == "call_function"
+                and "triton_kernel_wrapper" in str(n.target)]
+    offsets = [n.kwargs["kwargs"].get("count_offset") for n in launches if "count_offset" in n.kwargs.get("kwargs", {})]
+    assert offsets == [0, 3], offsets
+    with knobs.scope(decode_matmuls="all"):
+        opt = _run(two_products, [x, w1, w2], (32, 256, 4, 4, 1))
+    for got, want in zip(opt(x, w1, w2), two_products(x, w1, w2)):
+        torch.testing.assert_close(got, want, **FP32)
+
+
+def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
+    """The sm_90 PTX of the one-launch split-K: every thread's piece is stored, then the CTA
+    synchronizes, then one acquire-release atomic at GPU scope counts the arrival; the last
+    program reads the pieces through L2 (ld.global.cg), not L1."""
+    f = torch.zeros(4096)
+    compiled = G.gemv_kernel.warmup(
+        f, f, f, f, f, torch.zeros(64, dtype=torch.int32), 4, 64, 1024, 1, 1, 1, 1024, 0, 1, 64, 1, 0,
+        HAS_C=True, SPLIT_K=4, PRECISION="ieee", BLOCK_M=1, BLOCK_N=32, BLOCK_K=64, LAST_REDUCES=True,
+        grid=(1, 1, 1))
+    ptx = compiled.asm["ptx"]
+    atom = ptx.find("atom.global.gpu.acq_rel.add")
+    assert atom >= 0 and ptx.count("atom.") == 1, ptx
+    store, barrier = ptx.rfind("st.global", 0, atom), ptx.rfind("bar.sync", 0, atom)
+    assert 0 <= store < barrier < atom, (store, barrier, atom)  # the piece, the barrier, the count
+    assert ptx[atom:].count("ld.global.cg") == 4  # the 4 pieces, through L2
 
 
 def test_residual_mm_keeps_its_addend():
@@ -90,7 +152,7 @@ def test_residual_mm_keeps_its_addend():
 
     g = torch.Generator().manual_seed(2)
     x, w, res = torch.randn(2, 1024, generator=g), torch.randn(128, 1024, generator=g), torch.randn(2, 128, generator=g)
-    for config in [(64, 128, 1, 4), (64, 128, 4, 4)]:
+    for config in [(64, 128, 1, 4, 0), (64, 128, 4, 4, 0)]:
         opt = _run(block, [x, w, res], config, gemm_epilogues="all")
         assert "gemv_kernel" in _launches(opt)
         torch.testing.assert_close(opt(x, w, res), block(x, w, res), **FP32)
@@ -107,21 +169,21 @@ def test_the_operator_stays_where_it_is_measured_faster_or_nothing_is_measured()
         opt = trident.optimize(trident.capture(_linear, x, w))
     assert _launches(opt) == ["axpy_kernel"]
     assert "[not measured: no GPU and no timer]" in trident.explain(opt)
-    with knobs.scope(decode_matmuls=""):  # the default: the pass does not run
+    with knobs.scope(decode_matmuls=""):  # off: the pass does not run
         opt = trident.optimize(trident.capture(_linear, x, w))
     assert "decode matmuls" not in trident.explain(opt)
 
 
 def test_more_than_16_rows_is_not_a_decode_product():
     x, w = torch.randn(17, 64), torch.randn(32, 64)
-    opt = _run(_linear, [x, w], (32, 256, 1, 4))
+    opt = _run(_linear, [x, w], (32, 256, 1, 4, 0))
     assert _launches(opt) == ["axpy_kernel"]
     assert "decode matmuls" not in trident.explain(opt)
 
 
 def test_a_shape_is_measured_once():
     calls = []
-    favor = _favor((32, 256, 1, 4))
+    favor = _favor((32, 256, 1, 4, 0))
     CM.set_timer(lambda name, shape, cfg: calls.append((name, cfg)) or favor(name, shape, cfg))
     x, w = torch.randn(1, 64), torch.randn(32, 64)
     with knobs.scope(decode_matmuls="all"):
@@ -177,6 +239,27 @@ def test_every_gemv_config_equals_torch_cuda(dtype):
 
 
 @_CUDA
+def test_last_program_reduces_equals_two_launches_call_after_call_cuda():
+    """Note [The last program reduces] on the GPU: 300 calls reusing one counter buffer (the
+    kernel puts the counters back), each bit for bit the two-launch result (a piece read before it
+    was written, or a lost count, would differ or leave out unwritten)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for m, n, k in [(1, 512, 2048), (1, 2048, 8192), (4, 896, 896)]:
+        a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+        c = torch.randn(n, device="cuda", generator=g).bfloat16()
+        for config in [cfg for cfg in G.CONFIGS if cfg[4] and G.useful(n, k, cfg)]:
+            want = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            CM._run_gemv(a, w.t(), c, want, (*config[:4], 0))
+            counts = torch.zeros(G.counters(n, config), dtype=torch.int32, device="cuda")
+            outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(300)]
+            for out in outs:
+                CM._run_gemv(a, w.t(), c, out, config, counts)
+            assert all(torch.equal(out, want) for out in outs), (m, n, k, config)
+            assert not counts.any()
+
+
+@_CUDA
 def test_measured_choice_on_cuda():
     """On the GPU the pass times the operator and every useful config inside CUDA graphs; the
     result is the operator's (within rounding) whichever wins, and explain() lists the times."""
@@ -195,7 +278,7 @@ def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
     (here: the process's memo cleared) takes it from there without measuring again; an entry
     naming a config the pass does not measure is ignored."""
     x, w = torch.randn(1, 1024), torch.randn(64, 1024)
-    config = (64, 128, 4, 4)
+    config = (64, 128, 4, 4, 0)
     with knobs.scope(cache_dir=str(tmp_path)):
         opt = _run(_linear, [x, w], config)
         assert "gemv_kernel" in _launches(opt)
@@ -214,7 +297,7 @@ def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
 
         (entry,) = pathlib.Path(tmp_path, "decode-matmul").rglob("*.json")
         data = json.loads(entry.read_text())
-        data["value"]["config"] = [48, 128, 1, 4]  # not a config of gemv.CONFIGS
+        data["value"]["config"] = [48, 128, 1, 4, 0]  # not a config of gemv.CONFIGS
         entry.write_text(json.dumps(data))
         CM.set_timer(_favor("aten"))
         with knobs.scope(decode_matmuls="all"):
@@ -229,7 +312,7 @@ def test_bf16_on_the_cpu_keeps_the_operator_where_the_interpreter_cannot_multipl
     g = torch.Generator().manual_seed(0)
     for m, rewritten in ((1, True), (4, False)):
         x, w = torch.randn(m, 256, generator=g).bfloat16(), torch.randn(64, 256, generator=g).bfloat16()
-        opt = _run(_linear, [x, w], (32, 256, 1, 4))
+        opt = _run(_linear, [x, w], (32, 256, 1, 4, 0))
         assert ("gemv_kernel" in _launches(opt)) == rewritten
         torch.testing.assert_close(opt(x, w).float(), _linear(x, w).float(), rtol=2e-2, atol=5e-2)
 

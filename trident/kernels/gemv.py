@@ -10,10 +10,27 @@ the two kernels of a split-K GEMV:
                        (b's K axis is contiguous for an nn.Linear weight seen through .t()) and the
                        matching [BLOCK_M, BLOCK_K] tile of a, accumulating in fp32: for BLOCK_M = 1
                        as a broadcast multiply and a row sum, for more rows with tl.dot (16 rows,
-                       the extra ones masked; fp32 exact, PRECISION "ieee", as cuBLAS's fp32). With SPLIT_K = 1 it adds c and writes out in its
-                       dtype (one rounding, as aten.mm/addmm); else it writes its fp32 partial sum
-                       to ws[split, m, n];
-  gemv_reduce_kernel   out = sum over splits of ws (+ c), rounded once.
+                       the extra ones masked; fp32 exact, PRECISION "ieee", as cuBLAS's fp32). With
+                       SPLIT_K = 1 it adds c and writes out in its dtype (one rounding, as
+                       aten.mm/addmm); else it writes its fp32 partial sum to ws[split, m, n], and
+                       with LAST_REDUCES the last program of its column block to arrive sums the
+                       pieces (Note [The last program reduces]);
+  gemv_reduce_kernel   out = sum over splits of ws (+ c), rounded once: the second launch of a
+                       split-K product without LAST_REDUCES.
+
+Note [The last program reduces]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A split-K product's second launch costs a kernel and a kernel boundary (~1-2 us of an H200 each,
+80 of them per Llama-1B decode step: results/bench_hf_llama_liger_e3252af.json). With
+LAST_REDUCES the programs of a column block count their arrivals instead, as CUTLASS's serial
+split-K does: each stores its fp32 piece, the CTA synchronizes (`tl.debug_barrier`, so every
+thread's store precedes the count), and one atomic add with acquire-release semantics at GPU
+scope counts it in `count[count_offset + n-block]`; the program that sees SPLIT_K - 1 arrivals
+before its own reads the pieces through L2 (`.cg`: never a stale L1 line) in split order --
+the sum, and so the result, is bit for bit the two-launch one -- adds c, writes out and puts the
+counter back to 0. The counters are int32 zeros the pass allocates per call (one allocation for
+every product of a graph: a call never sees another call's counts, whatever stream runs it);
+putting them back makes a buffer reusable as the measurement reuses it.
 
 PDL (both kernels): wait for the kernel before first, release the next one after the loads
 (Note [Programmatic dependent launch]).
@@ -33,15 +50,16 @@ import triton.language as tl
 
 @triton.jit
 def gemv_kernel(
-    a_ptr, b_ptr, c_ptr, out_ptr,
+    a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K: tl.constexpr,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on, count_offset,
     HAS_C: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    LAST_REDUCES: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     if PDL:  # Note [Programmatic dependent launch]
@@ -79,9 +97,22 @@ def gemv_kernel(
             acc += c.to(tl.float32)
         out = out_ptr + rm[:, None] * stride_om + rn[None, :] * stride_on
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:  # out_ptr is the fp32 workspace [SPLIT_K, M, N], contiguous
-        ws = out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
-        tl.store(ws, acc, mask=mask)
+    else:  # ws_ptr: the fp32 workspace [SPLIT_K, M, N], contiguous
+        piece = rm[:, None] * N + rn[None, :]
+        tl.store(ws_ptr + pid_k * M * N + piece, acc, mask=mask)
+        if LAST_REDUCES:  # Note [The last program reduces]
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + count_offset + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):  # in split order: gemv_reduce_kernel's sum
+                    total += tl.load(ws_ptr + s * M * N + piece, mask=mask, other=0.0, cache_modifier=".cg")
+                if HAS_C:
+                    c = tl.load(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, mask=mask, other=0.0)
+                    total += c.to(tl.float32)
+                out = out_ptr + rm[:, None] * stride_om + rn[None, :] * stride_on
+                tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(count_ptr + count_offset + pid_n, 0)
 
 
 @triton.jit
@@ -111,11 +142,13 @@ def gemv_reduce_kernel(
 
 
 # The configurations a decode product is measured over (choose_matmuls): (BLOCK_N, BLOCK_K,
-# SPLIT_K, num_warps). Small N (k/v projections: 256-1024 columns) needs K split to fill 132 SMs;
-# large N (MLP, lm_head) has enough column blocks alone.
+# SPLIT_K, num_warps, LAST_REDUCES). Small N (k/v projections: 256-1024 columns) needs K split to
+# fill 132 SMs; large N (MLP, lm_head) has enough column blocks alone. Each split config is
+# measured both ways: a second launch sums the pieces (0), or the last program does (1).
+_SPLIT = ((32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2))
 CONFIGS = (
-    (32, 256, 1, 4), (64, 128, 1, 4), (64, 256, 1, 8), (128, 128, 1, 8),
-    (32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2),
+    (32, 256, 1, 4, 0), (64, 128, 1, 4, 0), (64, 256, 1, 8, 0), (128, 128, 1, 8, 0),
+    *((*c, last) for c in _SPLIT for last in (0, 1)),
 )
 
 
@@ -125,12 +158,19 @@ def block_m(m: int) -> int:
 
 
 def grid(n: int, k: int, config) -> tuple:
-    block_n, block_k, split_k, _ = config
+    block_n, _, split_k = config[:3]
     return (triton.cdiv(n, block_n), split_k, 1)
+
+
+def counters(n: int, config) -> int:
+    """int32 counters a launch with `config` needs (Note [The last program reduces]): one per
+    column block where the last program reduces, else none."""
+    block_n, _, split_k, _, last = config
+    return triton.cdiv(n, block_n) if split_k > 1 and last else 0
 
 
 def useful(n: int, k: int, config) -> bool:
     """A config whose splits each get at least one block of K and whose column block is not
     more than twice the product's columns."""
-    block_n, block_k, split_k, _ = config
+    block_n, block_k, split_k = config[:3]
     return (split_k == 1 or k >= block_k * split_k) and block_n <= max(32, 2 * triton.next_power_of_2(n))

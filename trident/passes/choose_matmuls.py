@@ -103,7 +103,7 @@ def _fits(node, a, b, c, mode: str) -> bool:
         return False
     if out.stride() != (n, 1):
         return False
-    if vc is not None and not (tuple(vc.shape) in ((n,), (1, n), (m, n))):
+    if vc is not None and tuple(vc.shape) not in ((n,), (1, n), (m, n)):
         return False
     return True
 
@@ -116,35 +116,41 @@ def _c_strides(vc, m: int) -> tuple:
     return (vc.stride(0) if vc.shape[0] == m and m > 1 else 0), vc.stride(1)
 
 
-def _launch_args(va, vb, vc, config, m: int, n: int, k: int, out_is_ws: bool) -> dict:
-    block_n, block_k, split_k, warps = config
-    cm, cn = _c_strides(vc, m)
+def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int = 0) -> dict:
+    """gemv_kernel's scalar and constexpr arguments. The addend is the kernel's where it writes
+    out: one split, or the last program reducing (else gemv_reduce_kernel adds it)."""
+    block_n, block_k, split_k, warps, last = config
+    writes_out = split_k == 1 or bool(last)
+    cm, cn = _c_strides(vc if writes_out else None, m)
     return {
         "M": m, "N": n, "K": k,
         "stride_am": va.stride(0), "stride_ak": va.stride(1), "stride_bk": vb.stride(0), "stride_bn": vb.stride(1),
         "stride_cm": cm, "stride_cn": cn,
-        "stride_om": 0 if out_is_ws else n, "stride_on": 0 if out_is_ws else 1,
-        "HAS_C": vc is not None and split_k == 1, "SPLIT_K": split_k,
+        "stride_om": n if writes_out else 0, "stride_on": 1 if writes_out else 0, "count_offset": count_offset,
+        "HAS_C": vc is not None and writes_out, "SPLIT_K": split_k,
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
-        "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
+        "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
+        "num_warps": warps,
     }
 
 
-def _run_gemv(a, b, c, out, config):
-    """The candidate on real tensors (stand-ins while measuring): the launches the rewrite emits."""
+def _run_gemv(a, b, c, out, config, counts=None):
+    """The candidate on real tensors (stand-ins while measuring): the launches the rewrite emits.
+    `counts`: zeroed int32 counters where the last program reduces (G.counters; made here when
+    not given: the kernel puts them back to 0, so a caller may reuse them)."""
     m, k = a.shape
     n = b.shape[1]
-    split_k = config[2]
-    if split_k == 1:
-        G.gemv_kernel[G.grid(n, k, config)](a, b, c if c is not None else a, out,
-                                              **_launch_args(a, b, c, config, m, n, k, False))
-        return
-    ws = torch.empty(split_k, m, n, dtype=torch.float32, device=a.device)
-    G.gemv_kernel[G.grid(n, k, config)](a, b, a, ws, **_launch_args(a, b, None, config, m, n, k, True))
-    cm, cn = _c_strides(c, m)
-    G.gemv_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-        ws, c if c is not None else ws, out, m, n, cm, cn, n, 1,
-        HAS_C=c is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK)
+    split_k, last = config[2], config[4]
+    ws = torch.empty(split_k, m, n, dtype=torch.float32, device=a.device) if split_k > 1 else out
+    if counts is None:
+        counts = torch.zeros(max(1, G.counters(n, config)), dtype=torch.int32, device=a.device)
+    G.gemv_kernel[G.grid(n, k, config)](a, b, c if c is not None else a, out, ws, counts,
+                                          **_launch_args(a, b, c, config, m, n, k))
+    if split_k > 1 and not last:
+        cm, cn = _c_strides(c, m)
+        G.gemv_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+            ws, c if c is not None else ws, out, m, n, cm, cn, n, 1,
+            HAS_C=c is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK)
 
 
 _L2_BYTES = 64 << 20  # more than an H100/H200's L2 (50 MB): weights are timed as streamed from HBM
@@ -187,16 +193,19 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
     for config in configs:
         try:
             with torch.cuda.device(va.device):
+                # the counters are allocated per call in a region, once for all its products
+                counts = torch.zeros(max(1, G.counters(out.shape[1], config)), dtype=torch.int32, device=a.device)
                 times[_name(config)] = do_bench_cudagraph(
-                    lambda: _run_gemv(a, weight(), c, out, config), rep=20, return_mode="median") * 1e3
+                    lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts), rep=20, return_mode="median") * 1e3
         except Exception as e:  # noqa: BLE001 - a config that fails to compile or run is no candidate
             logs.lowering.debug("gemv config %s failed for %s: %s", config, tuple(out.shape), e)
     return times
 
 
 def _name(config) -> str:
-    block_n, block_k, split_k, warps = config
-    return f"gemv(BLOCK_N={block_n}, BLOCK_K={block_k}, SPLIT_K={split_k}, num_warps={warps})"
+    block_n, block_k, split_k, warps, last = config
+    how = ", LAST_REDUCES" if last else ""
+    return f"gemv(BLOCK_N={block_n}, BLOCK_K={block_k}, SPLIT_K={split_k}{how}, num_warps={warps})"
 
 
 def _choose(node, va, vb, vc) -> dict:
@@ -253,8 +262,8 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
     mode = knobs.decode_matmuls()
     if not mode:
         return 0
-    rewritten = 0
     notes = gm.meta.setdefault("trident_matmul_choices", [])
+    chosen = []  # (node, a, b, c, config) in graph order
     for node in list(gm.graph.nodes):
         parts = _product(node)
         if parts is None:
@@ -269,36 +278,54 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
         n = vb.shape[1]
         label = f"{node.target._opname if hasattr(node.target, '_opname') else node.target} {m}x{k} @ {k}x{n} {va.dtype}"
         notes.append(describe(choice, label))
-        if choice["config"] is None:
-            continue
-        _rewrite(gm, node, a, b, c, va, vb, vc, tuple(choice["config"]))
-        rewritten += 1
-    if rewritten:
+        if choice["config"] is not None:
+            chosen.append((node, a, b, c, tuple(choice["config"])))
+    counts, offset = _counters(gm, chosen), 0
+    for node, a, b, c, config in chosen:
+        _rewrite(gm, node, a, b, c, config, counts, offset)
+        offset += G.counters(node_val(b).shape[1], config)
+    if chosen:
         gm.graph.lint()
         gm.recompile()
-    return rewritten
+    return len(chosen)
 
 
-def _rewrite(gm, node, a, b, c, va, vb, vc, config) -> None:
+def _counters(gm, chosen) -> Optional[torch.fx.Node]:
+    """One int32 zeros allocation, per call, for the counters of every product whose last program
+    reduces (Note [The last program reduces]), made before the first of them; None if none."""
+    need = [(node, G.counters(node_val(b).shape[1], config)) for node, _, b, _, config in chosen]
+    total = sum(n for _, n in need)
+    if not total:
+        return None
+    first = next(node for node, n in need if n)
+    device = node_val(first).device
+    with gm.graph.inserting_before(first):
+        counts = gm.graph.call_function(aten.zeros.default, ([total],), {"dtype": torch.int32, "device": device})
+    counts.meta["val"] = node_val(first).new_zeros((total,), dtype=torch.int32)
+    return counts
+
+
+def _rewrite(gm, node, a, b, c, config, counts, count_offset: int) -> None:
+    va, vb = node_val(a), node_val(b)
+    vc = node_val(c) if c is not None else None
     m, k = va.shape
     n = vb.shape[1]
-    split_k = config[2]
+    split_k, last = config[2], config[4]
     out_val = node_val(node)
     with gm.graph.inserting_before(node):
         out = gm.graph.call_function(aten.empty_strided.default, ([m, n], [n, 1]),
                                      {"dtype": va.dtype, "device": va.device})
         out.meta["val"] = out_val
-        if split_k == 1:
-            emit_launch(gm, G.gemv_kernel, G.grid(n, k, config), {
-                "a_ptr": a, "b_ptr": b, "c_ptr": c if c is not None else a, "out_ptr": out,
-                **_launch_args(va, vb, vc, config, m, n, k, False)})
-        else:
+        ws = out
+        if split_k > 1:
             ws = gm.graph.call_function(aten.empty_strided.default, ([split_k, m, n], [m * n, n, 1]),
                                         {"dtype": torch.float32, "device": va.device})
             ws.meta["val"] = out_val.new_empty((split_k, m, n), dtype=torch.float32)
-            emit_launch(gm, G.gemv_kernel, G.grid(n, k, config), {
-                "a_ptr": a, "b_ptr": b, "c_ptr": a, "out_ptr": ws,
-                **_launch_args(va, vb, None, config, m, n, k, True)})
+        emit_launch(gm, G.gemv_kernel, G.grid(n, k, config), {
+            "a_ptr": a, "b_ptr": b, "c_ptr": c if c is not None else a, "out_ptr": out, "ws_ptr": ws,
+            "count_ptr": counts if last and split_k > 1 else out,
+            **_launch_args(va, vb, vc, config, m, n, k, count_offset if last else 0)})
+        if split_k > 1 and not last:
             cm, cn = _c_strides(vc, m)
             emit_launch(gm, G.gemv_reduce_kernel, (math.ceil(m * n / _REDUCE_BLOCK), 1, 1), {
                 "ws_ptr": ws, "c_ptr": c if c is not None else ws, "out_ptr": out, "M": m, "N": n,
