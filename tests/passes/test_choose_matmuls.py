@@ -123,10 +123,13 @@ def test_products_of_a_graph_share_one_counter_allocation():
                 and "triton_kernel_wrapper" in str(n.target)]
     offsets = [n.kwargs["kwargs"].get("count_offset") for n in launches if "count_offset" in n.kwargs.get("kwargs", {})]
     assert offsets == [0, 3], offsets
-    with knobs.scope(decode_matmuls="all"):
+    with knobs.scope(graphs="all"):  # ordinary calls, then graph replays (emulated on the CPU)
         opt = _run(two_products, [x, w1, w2], (32, 256, 4, 4, 1))
-    for got, want in zip(opt(x, w1, w2), two_products(x, w1, w2)):
-        torch.testing.assert_close(got, want, **FP32)
+        for _ in range(5):
+            x = torch.randn(1, 1024, generator=g)
+            for got, want in zip(opt(x, w1, w2), two_products(x, w1, w2)):
+                torch.testing.assert_close(got, want, **FP32)
+    assert sum(v["graph_replays"] for v in trident.cache_info(opt).values()) == 3
 
 
 def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
