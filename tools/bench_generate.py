@@ -72,7 +72,8 @@ DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_untuned", "t
 _TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}"}
 COMPILE_VARIANTS = {
     "trident_compile": _TUNED,
-    "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "{mode}"},
+    # e3252af's defaults, literally (on the CPU too: 'cuda' leaves CPU tensors alone)
+    "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "cuda"},
     "trident_pdl": {**_TUNED, "TRIDENT_PDL": "{mode}"},
 }
 

@@ -49,10 +49,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl",
             "trident_backend", "compile_default", "compile_reduce_overhead")
-# issue 25: the knobs each trident.compile variant runs with ('cuda' becomes 'all' on the CPU)
+# issue 25: the knobs each trident.compile variant runs with (on the CPU those of _TUNED become
+# 'all', so that the passes run there too; trident_untuned's are e3252af's defaults, literally)
 _TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}
 KNOBS = {"trident_compile": _TUNED, "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda"},
          "trident_pdl": {**_TUNED, "pdl": "cuda"}}
+_LITERAL = {"trident_untuned"}
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)
@@ -285,7 +287,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 continue
             torch._dynamo.reset()
             n_graphs = len(compiled_graphs())
-            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v else "all") for k, v in KNOBS.get(key, {}).items()})
+            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v or key in _LITERAL else "all")
+                                           for k, v in KNOBS.get(key, {}).items()})
             scope.__enter__()  # read when the variant's captures are optimized (its first steps)
             try:
                 t0 = time.time()

@@ -132,6 +132,28 @@ def test_products_of_a_graph_share_one_counter_allocation():
     assert sum(v["graph_replays"] for v in trident.cache_info(opt).values()) == 3
 
 
+def test_counters_are_allocated_per_device():
+    """Products on two devices get one counter allocation each, on their own device (review of
+    the pass, 2026-12-03: one allocation on the first product's device was handed to all)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    config = (32, 256, 4, 4, 1)
+    chosen = []
+    with FakeTensorMode():
+        for device in ("cpu", "cuda", "cpu"):
+            b = gm.graph.placeholder(f"b{len(chosen)}")
+            b.meta["val"] = torch.empty(1024, 64, device=device)
+            node = gm.graph.call_function(torch.ops.aten.mm.default, (b, b))
+            node.meta["val"] = torch.empty(1, 64, device=device)
+            chosen.append((node, b, b, None, config))
+        where = CM._counters(gm, chosen)
+    (cpu0, off0), (cuda, off1), (cpu1, off2) = (where[n] for n, *_ in chosen)
+    assert cpu0 is cpu1 and cpu0 is not cuda and (off0, off1, off2) == (0, 0, 2)
+    assert cpu0.kwargs["device"].type == "cpu" and cuda.kwargs["device"].type == "cuda"
+    assert cpu0.args[0] == [4] and cuda.args[0] == [2]
+
+
 def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
     """The sm_90 PTX of the one-launch split-K: every thread's piece is stored, then the CTA
     synchronizes, then one acquire-release atomic at GPU scope counts the arrival; the last
@@ -147,6 +169,8 @@ def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
     store, barrier = ptx.rfind("st.global", 0, atom), ptx.rfind("bar.sync", 0, atom)
     assert 0 <= store < barrier < atom, (store, barrier, atom)  # the piece, the barrier, the count
     assert ptx[atom:].count("ld.global.cg") == 4  # the 4 pieces, through L2
+    # the count is shared from the one thread that made it through a barrier before any reads
+    assert 0 <= ptx.find("bar.sync", atom) < ptx.find("ld.global.cg", atom)
 
 
 def test_residual_mm_keeps_its_addend():

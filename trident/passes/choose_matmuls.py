@@ -8,7 +8,8 @@ each `aten.mm(a, b)`, `aten.addmm(c, a, b)` (beta = alpha = 1) and `trident.resi
 of a static capture with at most 16 rows, one dtype among bf16/fp16/fp32 and every tensor on a
 device the knob allows (TRIDENT_DECODE_MATMULS: 'cuda', 'all' for the CPU tests, '' off), this
 pass measures the operator against the configurations of trident/kernels/gemv.py
-(`gemv_kernel`, split-K with `gemv_reduce_kernel`) on stand-in tensors of the product's sizes,
+(`gemv_kernel`; split-K with `gemv_reduce_kernel` or with its last program reducing, Note [The
+last program reduces]) on stand-in tensors of the product's sizes,
 strides and dtype, and keeps the fastest: the operator stays, or becomes those launches, which
 the SCM serves like any kernel (its guards, native launches, graph replay). As @triton.autotune
 chooses a config, the choice is made once per product shape -- remembered for the process and,
@@ -195,6 +196,7 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
             with torch.cuda.device(va.device):
                 # the counters are allocated per call in a region, once for all its products
                 counts = torch.zeros(max(1, G.counters(out.shape[1], config)), dtype=torch.int32, device=a.device)
+                torch.cuda.synchronize(a.device)  # do_bench_cudagraph runs on a stream of its own
                 times[_name(config)] = do_bench_cudagraph(
                     lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts), rep=20, return_mode="median") * 1e3
         except Exception as e:  # noqa: BLE001 - a config that fails to compile or run is no candidate
@@ -280,32 +282,39 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
         notes.append(describe(choice, label))
         if choice["config"] is not None:
             chosen.append((node, a, b, c, tuple(choice["config"])))
-    counts, offset = _counters(gm, chosen), 0
+    counts = _counters(gm, chosen)
     for node, a, b, c, config in chosen:
-        _rewrite(gm, node, a, b, c, config, counts, offset)
-        offset += G.counters(node_val(b).shape[1], config)
+        _rewrite(gm, node, a, b, c, config, *counts.get(node, (None, 0)))
     if chosen:
         gm.graph.lint()
         gm.recompile()
     return len(chosen)
 
 
-def _counters(gm, chosen) -> Optional[torch.fx.Node]:
-    """One int32 zeros allocation, per call, for the counters of every product whose last program
-    reduces (Note [The last program reduces]), made before the first of them; None if none."""
-    need = [(node, G.counters(node_val(b).shape[1], config)) for node, _, b, _, config in chosen]
-    total = sum(n for _, n in need)
-    if not total:
-        return None
-    first = next(node for node, n in need if n)
-    device = node_val(first).device
-    with gm.graph.inserting_before(first):
-        counts = gm.graph.call_function(aten.zeros.default, ([total],), {"dtype": torch.int32, "device": device})
-    counts.meta["val"] = node_val(first).new_zeros((total,), dtype=torch.int32)
-    return counts
+def _counters(gm, chosen) -> dict:
+    """int32 zeros allocated per call for the counters of the products whose last program reduces
+    (Note [The last program reduces]): one allocation per device, made before the first of its
+    products; {product node: (that allocation's node, the product's offset in it)}."""
+    per_device: dict = {}  # device -> [(node, counters)]
+    for node, _, b, _, config in chosen:
+        n = G.counters(node_val(b).shape[1], config)
+        if n:
+            per_device.setdefault(node_val(node).device, []).append((node, n))
+    where = {}
+    for device, products in per_device.items():
+        first = products[0][0]
+        with gm.graph.inserting_before(first):
+            counts = gm.graph.call_function(aten.zeros.default, ([sum(n for _, n in products)],),
+                                            {"dtype": torch.int32, "device": device})
+        counts.meta["val"] = node_val(first).new_zeros((sum(n for _, n in products),), dtype=torch.int32)
+        offset = 0
+        for node, n in products:
+            where[node] = (counts, offset)
+            offset += n
+    return where
 
 
-def _rewrite(gm, node, a, b, c, config, counts, count_offset: int) -> None:
+def _rewrite(gm, node, a, b, c, config, counts: Optional[torch.fx.Node], count_offset: int) -> None:
     va, vb = node_val(a), node_val(b)
     vc = node_val(c) if c is not None else None
     m, k = va.shape
@@ -323,8 +332,8 @@ def _rewrite(gm, node, a, b, c, config, counts, count_offset: int) -> None:
             ws.meta["val"] = out_val.new_empty((split_k, m, n), dtype=torch.float32)
         emit_launch(gm, G.gemv_kernel, G.grid(n, k, config), {
             "a_ptr": a, "b_ptr": b, "c_ptr": c if c is not None else a, "out_ptr": out, "ws_ptr": ws,
-            "count_ptr": counts if last and split_k > 1 else out,
-            **_launch_args(va, vb, vc, config, m, n, k, count_offset if last else 0)})
+            "count_ptr": counts if counts is not None else out,
+            **_launch_args(va, vb, vc, config, m, n, k, count_offset)})
         if split_k > 1 and not last:
             cm, cn = _c_strides(vc, m)
             emit_launch(gm, G.gemv_reduce_kernel, (math.ceil(m * n / _REDUCE_BLOCK), 1, 1), {

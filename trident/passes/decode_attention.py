@@ -20,8 +20,9 @@ static batch, heads and head size (<= 256), q/k/v of one floating dtype, key and
 symbolic), the mask absent, boolean or floating, with unit stride over keys and static strides
 elsewhere. The output keeps the layout the SDPA op gave it. Numerics: fp32 scores and softmax
 as the fused SDPA kernels; results equal SDPA's within the dtype's tolerance (tests compare).
-Knob TRIDENT_DECODE_ATTENTION: "cuda" (default), "all" (CPU too: the interpreter runs the
-kernels, for tests), "" (off).
+Knob TRIDENT_DECODE_ATTENTION: "measured" (default: CUDA, static lengths where measured no
+slower, Note [Decode attention by measurement]), "cuda" (CUDA, unmeasured), "all" (CPU too: the
+interpreter runs the kernels, for tests), "" (off).
 
 Note [Decode attention by measurement]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -31,7 +32,8 @@ two launches are not measurably slower than what they replace -- the repeat's cl
 SDPA backend the trace chose, run as the graph has them -- each timed inside a CUDA graph
 (`triton.testing.do_bench_cudagraph`, median) on stand-ins of the same layouts (a boolean mask
 all true, a float mask of zeros); the SDPA path stays when it takes at most `_MARGIN` of the
-kernel's time. The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
+kernel's time, or when nothing could be timed (a capture of the caller's running: measured
+again at the next capture). The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
 (`decode-attention` entries), and `explain()` lists it with the times. A symbolic length (a
 DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
 measurement existed (its clones of the grown cache cost eager more each step). Without a GPU
@@ -331,7 +333,8 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                     times = _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale)
             else:
                 times = {"sdpa": _timer("sdpa", shape), "kernel": _timer("kernel", shape)}
-            kernel = not ("sdpa" in times and "kernel" in times and times["sdpa"] <= _MARGIN * times["kernel"])
+            # nothing measured (another capture running, a failure): what the graph has stays
+            kernel = "kernel" in times and not ("sdpa" in times and times["sdpa"] <= _MARGIN * times["kernel"])
             choice = {"kernel": kernel, "us": {k2: round(v, 3) for k2, v in times.items()}}
             if "sdpa" in times and "kernel" in times:
                 disk_cache.store("decode-attention", disk_key, choice)
