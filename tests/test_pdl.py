@@ -100,6 +100,8 @@ def _warmup(kernel, pdl_on: bool):
     constexprs = {
         "gemv_kernel": dict(K=64, HAS_C=True, SPLIT_K=1, PRECISION="ieee", BLOCK_M=1, BLOCK_N=32, BLOCK_K=64),
         "gemv_reduce_kernel": dict(HAS_C=True, SPLIT_K=2, BLOCK=128),
+        "gemv_group_kernel": dict(K=64, N0=64, N1=32, N2=48, MEMBERS=3, HAS_C=True, SPLIT_K=2, PRECISION="ieee",
+                                  BLOCK_M=1, BLOCK_N=32, BLOCK_K=32, LAST_REDUCES=True),
         "strided_copy_kernel": dict(DST_CONTIGUOUS=False, OFFSETS_64=False, BLOCK=128),
         "strided_copy2_kernel": dict(DST_CONTIGUOUS=False, OFFSETS_64=False, BLOCK=128),
         "index_copy_kernel": dict(ATEN_RULES=True, WRAP_NEGATIVE=False, OFFSETS_64=False, BLOCK=128),
@@ -116,7 +118,7 @@ def _warmup(kernel, pdl_on: bool):
 def _trident_kernels():
     from trident.kernels import attention, copy, gemv
 
-    return [gemv.gemv_kernel, gemv.gemv_reduce_kernel, copy.strided_copy_kernel, copy.strided_copy2_kernel,
+    return [gemv.gemv_kernel, gemv.gemv_reduce_kernel, gemv.gemv_group_kernel, copy.strided_copy_kernel, copy.strided_copy2_kernel,
             copy.index_copy_kernel, copy.index_copy2_kernel, copy.cache_write_kernel,
             attention.decode_attention_split_kernel, attention.decode_attention_combine_kernel]
 

@@ -146,12 +146,89 @@ def test_counters_are_allocated_per_device():
             b.meta["val"] = torch.empty(1024, 64, device=device)
             node = gm.graph.call_function(torch.ops.aten.mm.default, (b, b))
             node.meta["val"] = torch.empty(1, 64, device=device)
-            chosen.append((node, b, b, None, config))
-        where = CM._counters(gm, chosen)
-    (cpu0, off0), (cuda, off1), (cpu1, off2) = (where[n] for n, *_ in chosen)
+            chosen.append(([(node, b, b, None)], config))
+        where = CM._counters(chosen)
+    (cpu0, off0), (cuda, off1), (cpu1, off2) = (where[members[0][0]] for members, _ in chosen)
     assert cpu0 is cpu1 and cpu0 is not cuda and (off0, off1, off2) == (0, 0, 2)
     assert cpu0.kwargs["device"].type == "cpu" and cuda.kwargs["device"].type == "cuda"
     assert cpu0.args[0] == [4] and cuda.args[0] == [2]
+
+
+def _qkv(x, wq, wk, wv, *biases):
+    """Three products of one row block, written as HF writes q/k/v projections (each weight's
+    transpose read just before its product, views of each result between them)."""
+    h = K.axpy(x, x)
+    if biases:
+        q, k, v = (torch.nn.functional.linear(h, w, b) for w, b in zip((wq, wk, wv), biases))
+    else:
+        q, k, v = (torch.nn.functional.linear(h, w) for w in (wq, wk, wv))
+    return q.view(h.shape[0], 4, -1), k * 2, v
+
+
+def _group_timer(config, group_us=0.5):
+    """Alone each product's GEMV `config` takes 1.0 and the operator 2.0; the group takes `group_us`
+    with `config`, 5.0 with others."""
+
+    def timer(name, shape, cfg):
+        if name == "group":
+            return group_us if cfg == config else 5.0
+        return 2.0 if name == "aten" else (1.0 if cfg == config else 3.0)
+
+    return timer
+
+
+@pytest.mark.parametrize("config", [(32, 256, 1, 4, 0), (32, 256, 2, 4, 1)], ids=["one_split", "last_reduces"])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_products_of_one_row_block_become_one_launch(config, rows, bias):
+    """Note [Products sharing a row block]: q, k and v of one `a` (with a bias row each, or not)
+    are one launch of gemv_group_kernel where it is measured faster than the three alone; the
+    results equal the operator's; explain() lists the group and its times."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(rows, 512, generator=g)
+    ws = [torch.randn(n, 512, generator=g) for n in (64, 32, 48)]
+    args = [x, *ws] + ([torch.randn(n, generator=g) for n in (64, 32, 48)] if bias else [])
+    CM.set_timer(_group_timer(config))
+    with knobs.scope(decode_matmuls="all"):
+        opt = trident.optimize(trident.capture(_qkv, *[t.clone() for t in args]))
+    assert _launches(opt) == ["axpy_kernel", "gemv_group_kernel"], _launches(opt)
+    text = trident.explain(opt)
+    assert "group of mm" in text or "group of addmm" in text, text
+    assert "members 3.00 us" in text, text
+    for _ in range(3):
+        x = torch.randn(rows, 512, generator=g)
+        for got, want in zip(opt(x, *args[1:]), _qkv(x, *args[1:])):
+            torch.testing.assert_close(got, want, **FP32)
+
+
+def test_a_group_slower_than_its_members_alone_is_not_made():
+    g = torch.Generator().manual_seed(12)
+    args = [torch.randn(1, 512, generator=g)] + [torch.randn(n, 512, generator=g) for n in (64, 32, 48)]
+    CM.set_timer(_group_timer((32, 256, 1, 4, 0), group_us=2.9))  # 3 x 1.0 alone: 2.9 > 0.95 x 3
+    with knobs.scope(decode_matmuls="all"):
+        opt = trident.optimize(trident.capture(_qkv, *args))
+    assert _launches(opt) == ["axpy_kernel"] + ["gemv_kernel"] * 3, _launches(opt)
+    assert "group of mm" in trident.explain(opt)
+
+
+def test_a_write_between_products_keeps_them_apart():
+    """A launch between two products of one `a` (here it writes `a`'s storage) keeps them as they
+    are: the second must read what the launch wrote."""
+
+    def fn(x, w1, w2):
+        h = K.axpy(x, x)
+        y1 = h @ w1.t()
+        K.inplace_mul(h)  # h *= factor, in place by a Triton launch, between the products
+        return y1, h @ w2.t()
+
+    g = torch.Generator().manual_seed(13)
+    args = [torch.randn(1, 512, generator=g), torch.randn(64, 512, generator=g), torch.randn(32, 512, generator=g)]
+    CM.set_timer(_group_timer((32, 256, 1, 4, 0)))
+    with knobs.scope(decode_matmuls="all"):
+        opt = trident.optimize(trident.capture(fn, *[t.clone() for t in args]))
+    assert "gemv_group_kernel" not in _launches(opt)
+    for got, want in zip(opt(*[t.clone() for t in args]), fn(*[t.clone() for t in args])):
+        torch.testing.assert_close(got, want, **FP32)
 
 
 def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():

@@ -49,23 +49,17 @@ import triton.language as tl
 
 
 @triton.jit
-def gemv_kernel(
+def _gemv_program(
     a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K: tl.constexpr,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on, count_offset,
-    HAS_C: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    LAST_REDUCES: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on, count_index,
+    pid_n, pid_k,
+    HAS_C: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LAST_REDUCES: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # Note [Programmatic dependent launch]
-        tl.extra.cuda.gdc_wait()
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    """Program (pid_n, pid_k) of one product: columns [pid_n * BLOCK_N, ...) of out = a @ b (+ c),
+    split pid_k of K; ws_ptr is this product's workspace, count_index its column block's counter."""
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_mask = rn < N
@@ -102,7 +96,7 @@ def gemv_kernel(
         tl.store(ws_ptr + pid_k * M * N + piece, acc, mask=mask)
         if LAST_REDUCES:  # Note [The last program reduces]
             tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + count_offset + pid_n, 1, sem="acq_rel", scope="gpu")
+            arrived = tl.atomic_add(count_ptr + count_index, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for s in range(SPLIT_K):  # in split order: gemv_reduce_kernel's sum
@@ -112,7 +106,71 @@ def gemv_kernel(
                     total += c.to(tl.float32)
                 out = out_ptr + rm[:, None] * stride_om + rn[None, :] * stride_on
                 tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
-                tl.store(count_ptr + count_offset + pid_n, 0)
+                tl.store(count_ptr + count_index, 0)
+
+
+@triton.jit
+def gemv_kernel(
+    a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr,
+    M, N, K: tl.constexpr,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on, count_offset,
+    HAS_C: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LAST_REDUCES: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
+    if PDL:  # Note [Programmatic dependent launch]
+        tl.extra.cuda.gdc_wait()
+    pid_n = tl.program_id(0)
+    _gemv_program(a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
+                  count_offset + pid_n, pid_n, tl.program_id(1),
+                  HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL)
+
+
+@triton.jit
+def gemv_group_kernel(
+    a_ptr, b0_ptr, b1_ptr, b2_ptr, c0_ptr, c1_ptr, c2_ptr, out0_ptr, out1_ptr, out2_ptr, ws_ptr, count_ptr,
+    M, K: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cn, count_offset,
+    MEMBERS: tl.constexpr,
+    HAS_C: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LAST_REDUCES: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
+    """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
+    launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
+    out is [M, N_i] contiguous, its addend a bias row [N_i]; the workspace holds the members'
+    [SPLIT_K, M, N_i] pieces one after the other, the counters one per column block."""
+    if PDL:  # Note [Programmatic dependent launch]
+        tl.extra.cuda.gdc_wait()
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    NB0: tl.constexpr = (N0 + BLOCK_N - 1) // BLOCK_N
+    NB1: tl.constexpr = (N1 + BLOCK_N - 1) // BLOCK_N
+    if pid < NB0:
+        _gemv_program(a_ptr, b0_ptr, c0_ptr, out0_ptr, ws_ptr, count_ptr, M, N0, K,
+                      stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N0, 1, count_offset + pid, pid, pid_k,
+                      HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL)
+    elif pid < NB0 + NB1:
+        _gemv_program(a_ptr, b1_ptr, c1_ptr, out1_ptr, ws_ptr + SPLIT_K * M * N0, count_ptr, M, N1, K,
+                      stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N1, 1, count_offset + pid, pid - NB0,
+                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL)
+    else:
+        if MEMBERS == 3:
+            _gemv_program(a_ptr, b2_ptr, c2_ptr, out2_ptr, ws_ptr + SPLIT_K * M * (N0 + N1), count_ptr, M, N2, K,
+                          stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N2, 1, count_offset + pid,
+                          pid - NB0 - NB1, pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+                          LAST_REDUCES, PDL)
 
 
 @triton.jit
@@ -160,6 +218,12 @@ def block_m(m: int) -> int:
 def grid(n: int, k: int, config) -> tuple:
     block_n, _, split_k = config[:3]
     return (triton.cdiv(n, block_n), split_k, 1)
+
+
+def group_grid(ns, config) -> tuple:
+    """gemv_group_kernel's grid: the members' column blocks one after the other, times the splits."""
+    block_n, _, split_k = config[:3]
+    return (sum(triton.cdiv(n, block_n) for n in ns), split_k, 1)
 
 
 def counters(n: int, config) -> int:

@@ -42,7 +42,7 @@ from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import gemv as G
-from .common import bound_args, emit_launch, node_val, stand_in
+from .common import bound_args, emit_launch, is_launch, node_val, stand_in
 
 aten = torch.ops.aten
 
@@ -250,6 +250,230 @@ def _choose(node, va, vb, vc) -> dict:
     return choice
 
 
+# Note [Products sharing a row block]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A decode step multiplies one row block by several weights in a row: q, k and v of the normed
+# hidden state, gate and up of the MLP's input. Each product alone is a few microseconds of
+# latency more than of bandwidth (k and v read 2 MB each at Llama-1B), and each is a kernel
+# boundary. Two or three products of the same `a` (mm, or addmm with a bias row each: same inner
+# size, dtype, device and weight layout) become one launch of `gemv_group_kernel` where that is
+# measured faster than the sum of what each member runs alone (its operator or its own GEMV
+# config): one grid over the members' column blocks. The group is launched where its first
+# member was; the members' weights and biases must be defined before it, or be views/attribute
+# reads that can be moved there, and nothing between the first and the last member may write
+# (no launch, no mutating operator), so that every member reads what it read before. Split-K
+# groups sum their pieces in their last program (Note [The last program reduces]). Measured and
+# remembered as single products are (`decode-matmul-group` entries), listed by explain().
+
+_GROUPABLE = (aten.mm.default, aten.addmm.default)
+_MOVABLE = {aten.t.default, aten.permute.default, aten.transpose.int, aten.view.default, aten._unsafe_view.default,
+            aten.reshape.default, aten.expand.default, aten.alias.default}
+
+
+def _groups(gm, products) -> list:
+    """Runs of 2-3 measured products sharing `a` that may be one launch (their inputs moved ahead
+    of the first where needed)."""
+    by_rows: dict = {}
+    for p in products:
+        node, a, b, c, choice = p
+        if node.target not in _GROUPABLE or "aten" not in choice["us"]:
+            continue
+        vb = node_val(b)
+        vc = node_val(c) if c is not None else None
+        if vc is not None and (vc.dim() != 1 or tuple(vc.stride()) != (1,)):
+            continue
+        by_rows.setdefault((a, tuple(vb.stride()), vb.shape[0], vc is not None), []).append(p)
+    groups = []
+    for members in by_rows.values():
+        for i in range(0, len(members) - 1, 3):
+            chunk = members[i:i + 3]
+            if len(chunk) >= 2 and _quiet_between(chunk[0][0], chunk[-1][0]) and _move_inputs(gm, chunk):
+                groups.append(chunk)
+    return groups
+
+
+def _quiet_between(first, last) -> bool:
+    """Nothing strictly between two nodes writes: no launch, no operator with a mutable schema."""
+    node = first.next
+    while node is not last:
+        if node.op == "call_function" and (is_launch(node) or getattr(getattr(node.target, "_schema", None),
+                                                                         "is_mutable", False)):
+            return False
+        node = node.next
+    return True
+
+
+def _move_inputs(gm, members) -> bool:
+    """Whether every member's weight and bias is defined before the first member, after moving
+    there the views and attribute reads that define it (nothing is moved unless all can be)."""
+    first = members[0][0]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    moves: list = []
+
+    def ready(x, depth=0) -> bool:
+        if not isinstance(x, torch.fx.Node) or order[x] < order[first] or x in moves:
+            return True
+        movable = x.op == "get_attr" or (x.op == "call_function" and x.target in _MOVABLE)
+        if depth > 4 or not movable or not all(ready(y, depth + 1) for y in x.all_input_nodes):
+            return False
+        moves.append(x)  # after its inputs
+        return True
+
+    if not all(ready(x) for _, _, b, c, _ in members for x in (b, c)):
+        return False
+    for x in moves:
+        first.prepend(x)
+    return True
+
+
+def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0) -> dict:
+    block_n, block_k, split_k, warps, last = config
+    m, k = va.shape
+    return {
+        "M": m, "K": k, "N0": ns[0], "N1": ns[1], "N2": ns[2] if len(ns) > 2 else 0,
+        "stride_am": va.stride(0), "stride_ak": va.stride(1), "stride_bk": vb.stride(0), "stride_bn": vb.stride(1),
+        "stride_cn": 1, "count_offset": count_offset, "MEMBERS": len(ns), "HAS_C": has_c, "SPLIT_K": split_k,
+        "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
+        "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
+        "num_warps": warps,
+    }
+
+
+def _three(xs, fill) -> list:
+    return (list(xs) + [fill] * 3)[:3]
+
+
+def _run_group(a, bs, cs, outs, config, counts=None):
+    """A group candidate on real tensors: the one launch _rewrite_group emits."""
+    m = a.shape[0]
+    ns = [b.shape[1] for b in bs]
+    split_k = config[2]
+    ws = torch.empty(split_k * m * sum(ns), dtype=torch.float32, device=a.device) if split_k > 1 else outs[0]
+    if counts is None:
+        counts = torch.zeros(max(1, sum(G.counters(n, config) for n in ns)), dtype=torch.int32, device=a.device)
+    G.gemv_group_kernel[G.group_grid(ns, config)](
+        a, *_three(bs, bs[0]), *_three([c if c is not None else a for c in cs], a), *_three(outs, outs[0]), ws, counts,
+        **_group_args(a, bs[0], ns, cs[0] is not None, config))
+
+
+def _measure_group_cuda(va, vbs, vcs, configs) -> dict:
+    """As _measure_cuda, for a group: each config's one launch, the weights rotating together."""
+    if torch.cuda.is_current_stream_capturing():
+        return {}
+    times = {}
+    try:
+        with torch.cuda.device(va.device):
+            g = torch.Generator().manual_seed(0)
+            a = stand_in(va, g)
+            size = sum(vb.numel() * vb.element_size() for vb in vbs)
+            copies = max(1, min(32, -(-2 * _L2_BYTES // max(1, size))))
+            weights = [[stand_in(vb, g) for vb in vbs] for _ in range(copies)]
+            cs = [stand_in(vc, g) if vc is not None else None for vc in vcs]
+            outs = [torch.empty(a.shape[0], vb.shape[1], dtype=a.dtype, device=a.device) for vb in vbs]
+            turn = [0]
+
+            def weight():
+                turn[0] += 1
+                return weights[turn[0] % copies]
+
+            for config in configs:
+                try:
+                    counts = torch.zeros(max(1, sum(G.counters(vb.shape[1], config) for vb in vbs)),
+                                         dtype=torch.int32, device=a.device)
+                    torch.cuda.synchronize(a.device)
+                    times[_name(config)] = do_bench_cudagraph(
+                        lambda config=config, counts=counts: _run_group(a, weight(), cs, outs, config, counts),
+                        rep=20, return_mode="median") * 1e3
+                except Exception as e:  # noqa: BLE001 - a config that fails is no candidate
+                    logs.lowering.debug("gemv group config %s failed: %s", config, e)
+    except Exception as e:  # noqa: BLE001 - no measurement: the members stay as they are
+        logs.lowering.debug("decode matmul group not measured: %s", e)
+        return {}
+    return times
+
+
+def _alone_us(choice: dict) -> float:
+    """What a product takes alone: its chosen config's time, or its operator's."""
+    if choice["config"] is not None:
+        return choice["us"][_name(tuple(choice["config"]))]
+    return choice["us"]["aten"]
+
+
+def _choose_group(members) -> dict:
+    """The group's choice: {"config": [...] or None, "us": {"members": their sum alone, config: ...}}."""
+    node, a, b, c, _ = members[0]
+    va, vbs = node_val(a), [node_val(p[2]) for p in members]
+    vcs = [node_val(p[3]) if p[3] is not None else None for p in members]
+    m, k = va.shape
+    ns = [vb.shape[1] for vb in vbs]
+    device = torch.cuda.get_device_name(va.device) if va.device.type == "cuda" else va.device.type
+    alone = sum(_alone_us(p[4]) for p in members)
+    key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None,
+           round(alone, 3), device)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    configs = [cfg for cfg in G.CONFIGS if (cfg[2] == 1 or cfg[4]) and all(G.useful(n, k, cfg) for n in ns)]
+    disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
+
+    def valid(v) -> bool:
+        return (isinstance(v, dict) and isinstance(v.get("us"), dict) and
+                all(isinstance(t, (int, float)) for t in v["us"].values()) and
+                (v.get("config") is None or (isinstance(v["config"], list) and tuple(v["config"]) in configs)))
+
+    cached = disk_cache.load("decode-matmul-group", disk_key, valid)
+    if cached is not None:
+        choice = {**cached, "source": "TRIDENT_CACHE_DIR"}
+    else:
+        if va.device.type == "cuda":
+            with triton_state.exclusive():  # compiles Triton kernels (Note [Triton's interpreter state])
+                times = _measure_group_cuda(va, vbs, vcs, configs)
+        elif _timer is not None:
+            shape = {"rows": m, "cols": ns, "inner": k, "dtype": va.dtype}
+            times = {_name(cfg): _timer("group", shape, cfg) for cfg in configs}
+        else:
+            times = {}
+        best = min((cfg for cfg in configs if _name(cfg) in times), key=lambda cfg: times[_name(cfg)], default=None)
+        chosen = best if best is not None and times[_name(best)] <= _MARGIN * alone else None
+        choice = {"config": list(chosen) if chosen else None,
+                  "us": {"members": round(alone, 3), **{k2: round(v, 3) for k2, v in times.items()}}}
+        if times:
+            disk_cache.store("decode-matmul-group", disk_key, choice)
+    if len(choice["us"]) > 1 or va.device.type != "cuda":
+        _CHOICES[key] = choice
+    return choice
+
+
+def _rewrite_group(gm, members, config, counts: Optional[torch.fx.Node], count_offset: int) -> None:
+    first = members[0][0]
+    a = members[0][1]
+    va, vbs = node_val(a), [node_val(p[2]) for p in members]
+    m = va.shape[0]
+    ns = [vb.shape[1] for vb in vbs]
+    split_k = config[2]
+    with gm.graph.inserting_before(first):
+        outs = []
+        for node, *_ in members:
+            out = gm.graph.call_function(aten.empty_strided.default, ([m, node_val(node).shape[1]], [node_val(node).shape[1], 1]),
+                                         {"dtype": va.dtype, "device": va.device})
+            out.meta["val"] = node_val(node)
+            outs.append(out)
+        ws = outs[0]
+        if split_k > 1:
+            ws = gm.graph.call_function(aten.empty_strided.default, ([split_k * m * sum(ns)], [1]),
+                                        {"dtype": torch.float32, "device": va.device})
+            ws.meta["val"] = node_val(first).new_empty((split_k * m * sum(ns),), dtype=torch.float32)
+        bs, cs = [p[2] for p in members], [p[3] if p[3] is not None else a for p in members]
+        emit_launch(gm, G.gemv_group_kernel, G.group_grid(ns, config), {
+            **dict(zip(("b0_ptr", "b1_ptr", "b2_ptr"), _three(bs, bs[0]))),
+            **dict(zip(("c0_ptr", "c1_ptr", "c2_ptr"), _three(cs, cs[0]))),
+            **dict(zip(("out0_ptr", "out1_ptr", "out2_ptr"), _three(outs, outs[0]))),
+            "a_ptr": a, "ws_ptr": ws, "count_ptr": counts if counts is not None else outs[0],
+            **_group_args(va, vbs[0], ns, members[0][3] is not None, config, count_offset)})
+    for (node, *_), out in zip(members, outs):
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+
+
 def describe(choice: dict, shape) -> str:
     """One line of explain(): the product, what runs it, and the times measured."""
     what = _name(tuple(choice["config"])) if choice["config"] else "the operator (cuBLAS on CUDA)"
@@ -259,13 +483,14 @@ def describe(choice: dict, shape) -> str:
 
 
 def choose_matmuls(gm: torch.fx.GraphModule) -> int:
-    """Rewrite each decode product the measurement gives to Trident's GEMV; returns how many.
-    Every product considered is listed in gm.meta["trident_matmul_choices"]."""
+    """Rewrite each decode product the measurement gives to Trident's GEMV (alone, or with the
+    products sharing its rows: Note [Products sharing a row block]); returns how many products.
+    Every product and group considered is listed in gm.meta["trident_matmul_choices"]."""
     mode = knobs.decode_matmuls()
     if not mode:
         return 0
     notes = gm.meta.setdefault("trident_matmul_choices", [])
-    chosen = []  # (node, a, b, c, config) in graph order
+    products = []  # (node, a, b, c, choice) in graph order
     for node in list(gm.graph.nodes):
         parts = _product(node)
         if parts is None:
@@ -276,39 +501,56 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
         va, vb = node_val(a), node_val(b)
         vc = node_val(c) if c is not None else None
         choice = _choose(node, va, vb, vc)
-        m, k = va.shape
-        n = vb.shape[1]
-        label = f"{node.target._opname if hasattr(node.target, '_opname') else node.target} {m}x{k} @ {k}x{n} {va.dtype}"
-        notes.append(describe(choice, label))
+        notes.append(describe(choice, _label(node, va, vb)))
+        products.append((node, a, b, c, choice))
+    units = []  # each launch to emit: (members [(node, a, b, c)], config)
+    grouped = set()
+    for members in _groups(gm, products):
+        choice = _choose_group(members)
+        notes.append(describe(choice, "group of " + ", ".join(_label(m[0], node_val(m[1]), node_val(m[2]))
+                                                             for m in members)))
         if choice["config"] is not None:
-            chosen.append((node, a, b, c, tuple(choice["config"])))
-    counts = _counters(gm, chosen)
-    for node, a, b, c, config in chosen:
-        _rewrite(gm, node, a, b, c, config, *counts.get(node, (None, 0)))
-    if chosen:
+            units.append(([m[:4] for m in members], tuple(choice["config"])))
+            grouped.update(m[0] for m in members)
+    units += [([p[:4]], tuple(p[4]["config"])) for p in products if p[0] not in grouped and p[4]["config"] is not None]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    units.sort(key=lambda u: order[u[0][0][0]])
+    counts = _counters(units)
+    for members, config in units:
+        if len(members) == 1:
+            _rewrite(gm, *members[0], config, *counts.get(members[0][0], (None, 0)))
+        else:
+            _rewrite_group(gm, members, config, *counts.get(members[0][0], (None, 0)))
+    if units:
         gm.graph.lint()
         gm.recompile()
-    return len(chosen)
+    return sum(len(members) for members, _ in units)
 
 
-def _counters(gm, chosen) -> dict:
-    """int32 zeros allocated per call for the counters of the products whose last program reduces
-    (Note [The last program reduces]): one allocation per device, made before the first of its
-    products; {product node: (that allocation's node, the product's offset in it)}."""
-    per_device: dict = {}  # device -> [(node, counters)]
-    for node, _, b, _, config in chosen:
-        n = G.counters(node_val(b).shape[1], config)
+def _label(node, va, vb) -> str:
+    m, k = va.shape
+    name = node.target._opname if hasattr(node.target, "_opname") else node.target
+    return f"{name} {m}x{k} @ {k}x{vb.shape[1]} {va.dtype}"
+
+
+def _counters(units) -> dict:
+    """int32 zeros allocated per call for the counters of the launches whose last program reduces
+    (Note [The last program reduces]): one allocation per device, made before the first launch
+    that needs it; {a launch's first product node: (that allocation's node, its offset in it)}."""
+    per_device: dict = {}  # device -> [(first product node, counters)]
+    for members, config in units:
+        n = sum(G.counters(node_val(b).shape[1], config) for _, _, b, _ in members)
         if n:
-            per_device.setdefault(node_val(node).device, []).append((node, n))
+            first = members[0][0]
+            per_device.setdefault(node_val(first).device, []).append((first, n))
     where = {}
-    for device, products in per_device.items():
-        first = products[0][0]
-        with gm.graph.inserting_before(first):
-            counts = gm.graph.call_function(aten.zeros.default, ([sum(n for _, n in products)],),
-                                            {"dtype": torch.int32, "device": device})
-        counts.meta["val"] = node_val(first).new_zeros((sum(n for _, n in products),), dtype=torch.int32)
+    for device, launches in per_device.items():
+        first, total = launches[0][0], sum(n for _, n in launches)
+        with first.graph.inserting_before(first):
+            counts = first.graph.call_function(aten.zeros.default, ([total],), {"dtype": torch.int32, "device": device})
+        counts.meta["val"] = node_val(first).new_zeros((total,), dtype=torch.int32)
         offset = 0
-        for node, n in products:
+        for node, n in launches:
             where[node] = (counts, offset)
             offset += n
     return where
