@@ -42,7 +42,8 @@ from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import gemv as G
-from .common import bound_args, emit_launch, is_launch, node_val, stand_in
+from .common import bound_args, emit_launch, node_val, stand_in
+from .cse import written_nodes
 
 aten = torch.ops.aten
 
@@ -266,13 +267,25 @@ def _choose(node, va, vb, vc) -> dict:
 # remembered as single products are (`decode-matmul-group` entries), listed by explain().
 
 _GROUPABLE = (aten.mm.default, aten.addmm.default)
-_MOVABLE = {aten.t.default, aten.permute.default, aten.transpose.int, aten.view.default, aten._unsafe_view.default,
-            aten.reshape.default, aten.expand.default, aten.alias.default}
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.alias.default, aten.reshape.default}
+_MOVABLE = {aten.t.default, aten.permute.default, aten.transpose.int, aten.expand.default, *_VIEWS}
+
+
+def _rows(a: torch.fx.Node) -> tuple:
+    """What identifies a product's rows across the views HF takes of one activation (each
+    F.linear of a [B, T, H] input views it as [B * T, H] anew): the node under the views, and the
+    layout read."""
+    base = a
+    while base.op == "call_function" and base.target in _VIEWS and isinstance(base.args[0], torch.fx.Node):
+        base = base.args[0]
+    va = node_val(a)
+    return base, tuple(va.shape), tuple(va.stride()), va.storage_offset()
 
 
 def _groups(gm, products) -> list:
-    """Runs of 2-3 measured products sharing `a` that may be one launch (their inputs moved ahead
-    of the first where needed)."""
+    """Runs of 2-3 measured products reading one row block that may be one launch, each with the
+    nodes to move ahead of its first member: [(members, moves)]. A run of three that cannot be
+    one launch is tried as pairs."""
     by_rows: dict = {}
     for p in products:
         node, a, b, c, choice = p
@@ -282,32 +295,39 @@ def _groups(gm, products) -> list:
         vc = node_val(c) if c is not None else None
         if vc is not None and (vc.dim() != 1 or tuple(vc.stride()) != (1,)):
             continue
-        by_rows.setdefault((a, tuple(vb.stride()), vb.shape[0], vc is not None), []).append(p)
+        by_rows.setdefault((_rows(a), tuple(vb.stride()), vb.shape[0], vc is not None), []).append(p)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     groups = []
     for members in by_rows.values():
-        for i in range(0, len(members) - 1, 3):
-            chunk = members[i:i + 3]
-            if len(chunk) >= 2 and _quiet_between(chunk[0][0], chunk[-1][0]) and _move_inputs(gm, chunk):
-                groups.append(chunk)
+        i = 0
+        while i < len(members) - 1:
+            for size in (3, 2):
+                chunk = members[i:i + size]
+                moves = _moves(chunk, order) if len(chunk) == size and _quiet_between(chunk[0][0], chunk[-1][0]) else None
+                if moves is not None:
+                    groups.append((chunk, moves))
+                    i += size
+                    break
+            else:
+                i += 1
     return groups
 
 
 def _quiet_between(first, last) -> bool:
-    """Nothing strictly between two nodes writes: no launch, no operator with a mutable schema."""
+    """Nothing strictly between two nodes writes (cse's written_nodes: launches by what they
+    write, operators by their schema, anything else as writing anything)."""
     node = first.next
     while node is not last:
-        if node.op == "call_function" and (is_launch(node) or getattr(getattr(node.target, "_schema", None),
-                                                                         "is_mutable", False)):
+        if written_nodes(node):  # [] for none; WRITES_ANYTHING (non-empty) for an unknown effect
             return False
         node = node.next
     return True
 
 
-def _move_inputs(gm, members) -> bool:
-    """Whether every member's weight and bias is defined before the first member, after moving
-    there the views and attribute reads that define it (nothing is moved unless all can be)."""
+def _moves(members, order) -> Optional[list]:
+    """The views and attribute reads defining the members' weights and biases that must move
+    ahead of the first member (inputs first), or None when one of those cannot move."""
     first = members[0][0]
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     moves: list = []
 
     def ready(x, depth=0) -> bool:
@@ -320,10 +340,8 @@ def _move_inputs(gm, members) -> bool:
         return True
 
     if not all(ready(x) for _, _, b, c, _ in members for x in (b, c)):
-        return False
-    for x in moves:
-        first.prepend(x)
-    return True
+        return None
+    return moves
 
 
 def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0) -> dict:
@@ -393,10 +411,10 @@ def _measure_group_cuda(va, vbs, vcs, configs) -> dict:
 
 
 def _alone_us(choice: dict) -> float:
-    """What a product takes alone: its chosen config's time, or its operator's."""
-    if choice["config"] is not None:
-        return choice["us"][_name(tuple(choice["config"]))]
-    return choice["us"]["aten"]
+    """What a product takes alone: its chosen config's time, or its operator's (inf when an entry
+    does not hold it: no group is then made)."""
+    name = _name(tuple(choice["config"])) if choice["config"] is not None else "aten"
+    return float(choice["us"].get(name, math.inf))
 
 
 def _choose_group(members) -> dict:
@@ -408,21 +426,20 @@ def _choose_group(members) -> dict:
     ns = [vb.shape[1] for vb in vbs]
     device = torch.cuda.get_device_name(va.device) if va.device.type == "cuda" else va.device.type
     alone = sum(_alone_us(p[4]) for p in members)
-    key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None,
-           round(alone, 3), device)
+    key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device)
     if key in _CHOICES:
-        return _CHOICES[key]
+        return _decide_group(_CHOICES[key], alone)
     configs = [cfg for cfg in G.CONFIGS if (cfg[2] == 1 or cfg[4]) and all(G.useful(n, k, cfg) for n in ns)]
     disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
-    def valid(v) -> bool:
+    def valid(v) -> bool:  # the group's own times (each config's): whether to group is decided per use
         return (isinstance(v, dict) and isinstance(v.get("us"), dict) and
                 all(isinstance(t, (int, float)) for t in v["us"].values()) and
-                (v.get("config") is None or (isinstance(v["config"], list) and tuple(v["config"]) in configs)))
+                all(n in {_name(cfg) for cfg in configs} for n in v["us"]))
 
     cached = disk_cache.load("decode-matmul-group", disk_key, valid)
     if cached is not None:
-        choice = {**cached, "source": "TRIDENT_CACHE_DIR"}
+        times = {"us": cached["us"], "source": "TRIDENT_CACHE_DIR"}
     else:
         if va.device.type == "cuda":
             with triton_state.exclusive():  # compiles Triton kernels (Note [Triton's interpreter state])
@@ -432,15 +449,26 @@ def _choose_group(members) -> dict:
             times = {_name(cfg): _timer("group", shape, cfg) for cfg in configs}
         else:
             times = {}
-        best = min((cfg for cfg in configs if _name(cfg) in times), key=lambda cfg: times[_name(cfg)], default=None)
-        chosen = best if best is not None and times[_name(best)] <= _MARGIN * alone else None
-        choice = {"config": list(chosen) if chosen else None,
-                  "us": {"members": round(alone, 3), **{k2: round(v, 3) for k2, v in times.items()}}}
-        if times:
-            disk_cache.store("decode-matmul-group", disk_key, choice)
-    if len(choice["us"]) > 1 or va.device.type != "cuda":
-        _CHOICES[key] = choice
-    return choice
+        times = {"us": {k2: round(v, 3) for k2, v in times.items()}}
+        if times["us"]:
+            disk_cache.store("decode-matmul-group", disk_key, times)
+    if times["us"] or va.device.type != "cuda":  # a GPU measurement that failed is tried again later
+        _CHOICES[key] = times
+    return _decide_group(times, alone)
+
+
+def _decide_group(times: dict, alone: float) -> dict:
+    """The group's choice from its measured times and what its members take alone: the fastest
+    config where it beats them by _MARGIN, else None (the members stay as they are)."""
+    us = times["us"]
+    best = min(us, key=us.get, default=None)
+    chosen = list(_config_named(best)) if best is not None and us[best] <= _MARGIN * alone else None
+    choice = {"config": chosen, "us": {**us, "members": round(alone, 3)} if us else {}}
+    return {**choice, "source": times["source"]} if times.get("source") else choice
+
+
+def _config_named(name: str) -> tuple:
+    return next(cfg for cfg in G.CONFIGS if _name(cfg) == name)
 
 
 def _rewrite_group(gm, members, config, counts: Optional[torch.fx.Node], count_offset: int) -> None:
@@ -474,9 +502,10 @@ def _rewrite_group(gm, members, config, counts: Optional[torch.fx.Node], count_o
         gm.graph.erase_node(node)
 
 
-def describe(choice: dict, shape) -> str:
-    """One line of explain(): the product, what runs it, and the times measured."""
-    what = _name(tuple(choice["config"])) if choice["config"] else "the operator (cuBLAS on CUDA)"
+def describe(choice: dict, shape, group: bool = False) -> str:
+    """One line of explain(): the product (or group of products), what runs it, and the times measured."""
+    alone = "the members as listed alone" if group else "the operator (cuBLAS on CUDA)"
+    what = _name(tuple(choice["config"])) if choice["config"] else alone
     us = ", ".join(f"{k} {v:.2f} us" for k, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
     where = f", from {choice['source']}" if choice.get("source") else ""
     return f"{shape}: {what}" + (f" [measured{where}: {us}]" if us else " [not measured: no GPU and no timer]")
@@ -505,11 +534,15 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
         products.append((node, a, b, c, choice))
     units = []  # each launch to emit: (members [(node, a, b, c)], config)
     grouped = set()
-    for members in _groups(gm, products):
+    for members, moves in _groups(gm, products):
         choice = _choose_group(members)
         notes.append(describe(choice, "group of " + ", ".join(_label(m[0], node_val(m[1]), node_val(m[2]))
-                                                             for m in members)))
+                                                             for m in members), group=True))
         if choice["config"] is not None:
+            now = {n: i for i, n in enumerate(gm.graph.nodes)}  # an earlier group may have moved some
+            for x in moves:  # the weights' views and attribute reads, ahead of the first member
+                if now[x] > now[members[0][0]]:
+                    members[0][0].prepend(x)
             units.append(([m[:4] for m in members], tuple(choice["config"])))
             grouped.update(m[0] for m in members)
     units += [([p[:4]], tuple(p[4]["config"])) for p in products if p[0] not in grouped and p[4]["config"] is not None]
