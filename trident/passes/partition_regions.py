@@ -184,7 +184,11 @@ def _sink_views(nodes: list) -> list:
     would leave its piece and be recomputed by Python between the calls (Note [Values leaving a
     region]); next to its reader, the reading piece's host program makes it natively."""
     members = set(nodes)
-    order = {n: float(i) for i, n in enumerate(nodes)}
+    # positions in the whole graph, kept exact through the moves: a moved node takes the midpoint
+    # of its new neighbours (two views sunk before one user, then their common input before the
+    # first of them, must see which of the two now stands first: a tie put a transpose after one
+    # of its slices)
+    order = {n: float(i) for i, n in enumerate(nodes[0].graph.nodes)}
     for node in reversed(nodes):
         if not is_view_op(node):
             continue
@@ -193,8 +197,8 @@ def _sink_views(nodes: list) -> list:
             continue  # read outside the run too (a size of it): it stays where it is
         first = min(users, key=order.__getitem__)
         if first is not node.next:
+            order[node] = (order[first.prev] + order[first]) / 2
             first.prepend(node)
-            order[node] = order[first] - 0.5  # (only to pick first users: views rarely read views)
     final = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     return sorted(nodes, key=final.__getitem__)
 
