@@ -28,12 +28,13 @@ from tests.decode_model import Config, decode_step, make_caches, make_weights, m
 from trident.optimize import _regions
 
 torch.manual_seed(0)
+dev = sys.argv[1]
 cfg = Config()
-weights, cos, sin = make_weights(cfg, "cpu")
-caches = make_caches(cfg, "cpu")
-x, pos = torch.randn(1, cfg.hidden), torch.tensor([1])
+weights, cos, sin = make_weights(cfg, dev)
+caches = make_caches(cfg, dev)
+x, pos = torch.randn(1, cfg.hidden, device=dev), torch.tensor([1], device=dev)
 decode = trident.optimize(trident.capture(functools.partial(decode_step, cfg), x, pos, cos, sin, *caches, *weights))
-v = torch.randn(3000)
+v = torch.randn(3000, device=dev)
 tuned = trident.optimize(trident.capture(K.tuned_scale, v))
 outs = [decode(x, pos, cos, sin, *caches, *weights), decode(misaligned(x), pos, cos, sin, *caches, *weights), tuned(v)]
 report = {"sums": [float(o.double().sum()) for o in outs], "regions": [], "ttir_analyses": len(analyses),
@@ -62,17 +63,24 @@ def dirs(tmp_path):
     return {"TRIDENT_CACHE_DIR": str(tmp_path / "plans" / "trident"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
 
 
-def _run(dirs):
+def _run(dirs, device="cpu"):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **dirs)
     env.pop("TRIDENT_LOG", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", CHILD, device], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def test_second_process_restores_every_specialization(dirs):
-    first, _ = _run(dirs)
-    assert [r["restored"] for r in first["regions"]] == [[False, False], [False]]  # built: decode 2, tuned 1
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_second_process_restores_every_specialization(dirs, device):
+    """On the GPU too (issue 23: compute-sanitizer runs over this test there): the second process
+    launches restored cubins and host programs only."""
+    first, _ = _run(dirs, device)
+    built = [r["restored"] for r in first["regions"]]
+    if device == "cpu":
+        assert built == [[False, False], [False]]  # built: decode 2, tuned 1
+    else:  # CUDA's default passes (fused glue, decode matmuls) may cut the regions otherwise
+        assert len(built) >= 2 and all(n == [False] * len(n) for n in built) and [False, False] in built
     root = dirs["TRIDENT_CACHE_DIR"]
     assert os.stat(root).st_mode & 0o777 == 0o700
     for folder, _, names in os.walk(root):  # folders 0700, files (records, libraries, analyses) 0600
@@ -80,11 +88,12 @@ def test_second_process_restores_every_specialization(dirs):
         for name in names:
             assert os.stat(os.path.join(folder, name)).st_mode & 0o777 == 0o600, name
     triton_files = _files(dirs["TRITON_CACHE_DIR"])
-    second, _ = _run(dirs)
-    assert [r["restored"] for r in second["regions"]] == [[True, True], [True]]
+    second, _ = _run(dirs, device)
+    every = [[True] * len(n) for n in built]
+    assert [r["restored"] for r in second["regions"]] == every
     # no MLIR build: each host program is the shared library the first process wrote
-    assert [r["native_restored"] for r in second["regions"]] == [[True, True], [True]]
-    assert [r["misses"] for r in second["regions"]] == [0, 0]  # the misaligned call hit spec 1
+    assert [r["native_restored"] for r in second["regions"]] == every
+    assert [r["misses"] for r in second["regions"]] == [0] * len(built)  # the misaligned call hit spec 1
     assert second["sums"] == first["sums"]
     assert _files(dirs["TRITON_CACHE_DIR"]) == triton_files  # Triton compiled nothing
     # Note [Cached analyses], refs.load_compiled: no TTIR analysis of what a launch writes, and
