@@ -59,7 +59,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.bench_hf import Loop, build_model, graph_floor  # noqa: E402
+from tools.bench_hf import Loop, build_model, choices, graph_floor  # noqa: E402
 
 PROMPT = 16
 NEW = 64
@@ -345,6 +345,7 @@ def _regions_summary(opt) -> dict:
     programs = [SCMRuntime.get(r).program for r in opt.meta.get("trident_regions", ())]
     launches = [s.kernel_name for p in programs for s in p.launches]
     return {"symbolic": bool(opt.meta.get("trident_symbolic")), "regions": len(info),
+            "choices": choices(trident.explain(opt)),
             "launches": len(launches), "fused_glue_launches": sum(n.startswith("triton_") for n in launches),
             "steps": sum(len(p.steps) for p in programs),
             "hits": sum(v["hits"] for v in info.values()),

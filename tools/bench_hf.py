@@ -354,10 +354,24 @@ def run_case(kind: str, kernels: str, args) -> dict:
     return res
 
 
+def choices(text: str) -> list:
+    """explain()'s lines on what each decode product and attention runs on, with every time
+    measured (the sections "decode matmuls:" and "decode attention:"): the per-config times
+    say which GEMV configurations win on this GPU."""
+    out, keep = [], False
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            keep = line in ("decode matmuls:", "decode attention:")
+        if keep:
+            out.append(line.strip())
+    return out
+
+
 def _trident_facts(trident, fwd, graphs, key) -> dict:
     """How the calls were served: cache_info of every capture (hits, misses, graph replays)."""
     if key in KNOBS:  # trident.compile variants
-        return {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls, "cache_info": trident.cache_info(fwd)}
+        return {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls, "cache_info": trident.cache_info(fwd),
+                "choices": choices(trident.explain(fwd))}
     return {
         "dynamo_graphs": len(graphs),
         "eager_calls": sum(g.eager_calls for g in graphs),
