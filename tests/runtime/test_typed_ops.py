@@ -220,7 +220,8 @@ def test_typed_entry_matches_eager(case, device):
 
     x, y = _quarters(4, 8, device=device), _quarters(4, 8, device=device)
     i = torch.tensor([2, 0, 3], device=device)
-    with knobs.scope(triton_copies=""):  # keep clone / index_copy_ ATen calls on CUDA too
+    # keep clone / index_copy_ and the elementwise ops ATen calls on CUDA too (not fused glue)
+    with knobs.scope(triton_copies="", fuse_glue=""):
         opt = trident.optimize(trident.capture(fn, x, y, i))
     assert sum(n.target is torch.ops.trident.scm.default for n in opt.graph.nodes) == 1, opt.code
     steps = [s for op in ops for s in _steps_of(opt, op)]
