@@ -21,8 +21,10 @@ import torch._higher_order_ops.triton_kernel_wrap as tkw
 import triton.runtime.cache
 import trident
 analyses = []
-_identify = tkw.identify_accessed_tensors
-tkw.identify_accessed_tensors = lambda *a, **k: analyses.append(1) or _identify(*a, **k)
+# torch's TTIR analysis of what a launch writes (renamed after torch 2.11)
+_name = "identify_accessed_tensors" if hasattr(tkw, "identify_accessed_tensors") else "identify_mutated_tensors"
+_identify = getattr(tkw, _name)
+setattr(tkw, _name, lambda *a, **k: analyses.append(1) or _identify(*a, **k))
 from tests import kernels as K
 from tests.decode_model import Config, decode_step, make_caches, make_weights, misaligned
 from trident.optimize import _regions

@@ -429,7 +429,7 @@ def _choose_group(members) -> dict:
     key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device)
     if key in _CHOICES:
         return _decide_group(_CHOICES[key], alone)
-    configs = [cfg for cfg in G.CONFIGS if (cfg[2] == 1 or cfg[4]) and all(G.useful(n, k, cfg) for n in ns)]
+    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg) for n in ns)]
     disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # the group's own times (each config's): whether to group is decided per use
