@@ -294,6 +294,33 @@ def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
     assert 0 <= ptx.find("bar.sync", atom) < ptx.find("ld.global.cg", atom)
 
 
+def test_candidates_compile_ahead_in_threads(monkeypatch):
+    """precompile: every candidate's Triton compile runs in a worker thread (Triton's
+    AsyncCompileMode) and is done when it returns: the measurement's launches then compile
+    nothing (here sm_90 cubins through the host-only driver)."""
+    import threading
+
+    from triton.runtime import driver
+
+    G.gemv_kernel.device_caches[driver.active.get_current_device()]  # binds `compile` (Triton does on first use)
+    seen = []
+    real = G.gemv_kernel.compile
+
+    def recording(*args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(G.gemv_kernel, "compile", recording)
+    k, n = 1088, 96  # an inner size no other test compiles (K is a constexpr)
+    a, w, out = torch.randn(1, k), torch.randn(n, k), torch.empty(1, n)
+    configs = [c for c in G.CONFIGS if G.useful(n, k, c)][:3]
+    CM.precompile([lambda c=c: CM._run_gemv(a, w.t(), None, out, c, compile_only=True) for c in configs])
+    assert len(seen) == len(configs) and all(name.startswith("trident-compile") for name in seen), seen
+    for c in configs:  # compiled: Triton's cache of the function has them
+        CM._run_gemv(a, w.t(), None, out, c, compile_only=True)
+    assert len(seen) == len(configs)
+
+
 def test_residual_mm_keeps_its_addend():
     def block(x, w, res):
         return res + K.axpy(x, x) @ w.t()

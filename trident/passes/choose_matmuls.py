@@ -33,11 +33,14 @@ cuBLAS algorithms). residual_mm's own numerics (Note [Residual adds in the GEMM]
 from __future__ import annotations
 
 import math
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 import torch
 import triton
+from triton.runtime._async_compile import AsyncCompileMode
 from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
@@ -136,18 +139,22 @@ def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int =
     }
 
 
-def _run_gemv(a, b, c, out, config, counts=None):
+def _run_gemv(a, b, c, out, config, counts=None, compile_only=False):
     """The candidate on real tensors (stand-ins while measuring): the launches the rewrite emits.
     `counts`: zeroed int32 counters where the last program reduces (G.counters; made here when
-    not given: the kernel puts them back to 0, so a caller may reuse them)."""
+    not given: the kernel puts them back to 0, so a caller may reuse them). `compile_only`: the
+    kernels compiled for these arguments (Triton's warmup), nothing launched."""
     m, k = a.shape
     n = b.shape[1]
     split_k, last = config[2], config[4]
     ws = torch.empty(split_k, m, n, dtype=torch.float32, device=a.device) if split_k > 1 else out
     if counts is None:
         counts = torch.zeros(max(1, G.counters(n, config)), dtype=torch.int32, device=a.device)
-    G.gemv_kernel[G.grid(n, k, config)](a, b, c if c is not None else a, out, ws, counts,
-                                          **_launch_args(a, b, c, config, m, n, k))
+    args = (a, b, c if c is not None else a, out, ws, counts)
+    if compile_only:
+        G.gemv_kernel.warmup(*args, grid=G.grid(n, k, config), **_launch_args(a, b, c, config, m, n, k))
+        return
+    G.gemv_kernel[G.grid(n, k, config)](*args, **_launch_args(a, b, c, config, m, n, k))
     if split_k > 1 and not last:
         cm, cn = _c_strides(c, m)
         G.gemv_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
@@ -156,6 +163,25 @@ def _run_gemv(a, b, c, out, config, counts=None):
 
 
 _L2_BYTES = 64 << 20  # more than an H100/H200's L2 (50 MB): weights are timed as streamed from HBM
+
+
+def precompile(compiles) -> None:
+    """Compile every candidate before any is timed, Triton's compiles running in threads
+    (Triton's own AsyncCompileMode: a JIT function's warmup submits its compile to the executor
+    and the mode waits for all of them on exit). Each candidate is one more Triton compile on a
+    capture's first call (~0.3-0.5 s each, ~50 for a Llama decode step); the compiles' native
+    parts (LLVM, ptxas) run in parallel. A candidate that fails to compile here fails again when
+    timed, and is then no candidate."""
+    if len(compiles) < 2:
+        return
+    workers = max(1, min(len(compiles), 8, (os.cpu_count() or 2)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trident-compile") as pool:
+        with AsyncCompileMode(pool, ignore_errors=True):
+            for compile_one in compiles:
+                try:
+                    compile_one()
+                except Exception as e:  # noqa: BLE001 - timed (and refused) later
+                    logs.lowering.debug("candidate not compiled ahead: %s", e)
 
 
 def _measure_cuda(target, va, vb, vc, configs) -> dict:
@@ -192,6 +218,8 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
     except Exception as e:  # noqa: BLE001 - no measurement: the operator stays
         logs.lowering.debug("decode matmul %s x %s not measured: %s", tuple(va.shape), tuple(vb.shape), e)
         return {}
+    with torch.cuda.device(va.device):
+        precompile([lambda config=config: _run_gemv(a, bs[0], c, out, config, compile_only=True) for config in configs])
     for config in configs:
         try:
             with torch.cuda.device(va.device):
@@ -361,17 +389,20 @@ def _three(xs, fill) -> list:
     return (list(xs) + [fill] * 3)[:3]
 
 
-def _run_group(a, bs, cs, outs, config, counts=None):
-    """A group candidate on real tensors: the one launch _rewrite_group emits."""
+def _run_group(a, bs, cs, outs, config, counts=None, compile_only=False):
+    """A group candidate on real tensors: the one launch _rewrite_group emits (`compile_only`:
+    compiled for these arguments, not launched)."""
     m = a.shape[0]
     ns = [b.shape[1] for b in bs]
     split_k = config[2]
     ws = torch.empty(split_k * m * sum(ns), dtype=torch.float32, device=a.device) if split_k > 1 else outs[0]
     if counts is None:
         counts = torch.zeros(max(1, sum(G.counters(n, config) for n in ns)), dtype=torch.int32, device=a.device)
-    G.gemv_group_kernel[G.group_grid(ns, config)](
-        a, *_three(bs, bs[0]), *_three([c if c is not None else a for c in cs], a), *_three(outs, outs[0]), ws, counts,
-        **_group_args(a, bs[0], ns, cs[0] is not None, config))
+    args = (a, *_three(bs, bs[0]), *_three([c if c is not None else a for c in cs], a), *_three(outs, outs[0]), ws, counts)
+    if compile_only:
+        G.gemv_group_kernel.warmup(*args, grid=G.group_grid(ns, config), **_group_args(a, bs[0], ns, cs[0] is not None, config))
+        return
+    G.gemv_group_kernel[G.group_grid(ns, config)](*args, **_group_args(a, bs[0], ns, cs[0] is not None, config))
 
 
 def _measure_group_cuda(va, vbs, vcs, configs) -> dict:
@@ -394,6 +425,8 @@ def _measure_group_cuda(va, vbs, vcs, configs) -> dict:
                 turn[0] += 1
                 return weights[turn[0] % copies]
 
+            precompile([lambda config=config: _run_group(a, weights[0], cs, outs, config, compile_only=True)
+                        for config in configs])
             for config in configs:
                 try:
                     counts = torch.zeros(max(1, sum(G.counters(vb.shape[1], config) for vb in vbs)),
