@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import trident
 from trident import knobs
+from trident.kernels import attention as A
 from trident.kernels.attention import decode_attention
 from trident.runtime import SCMRuntime
 
@@ -86,19 +87,24 @@ def _optimize(fn, *example, dynamic=False, mode="all"):
         return trident.optimize(trident.capture(fn, *example, dynamic=dynamic))
 
 
-def test_repeat_kv_and_sdpa_become_two_launches(device):
-    """GQA decode as HF writes it: the clones of the repeat and the SDPA call are gone, the two
-    kernels read the cache in place; results equal eager's."""
+@pytest.mark.parametrize("lq", [1, 3])
+def test_repeat_kv_and_sdpa_become_kernels(device, lq):
+    """GQA decode as HF writes it: the clones of the repeat and the SDPA call are gone, the
+    kernels read the cache in place; results equal eager's. One launch where the split kernel's
+    last program combines (4 query rows per kv head: Note [The last split combines]), the
+    combine kernel after it for more rows (12)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 8, 1, 64, generator=g).to(device)
+    q = torch.randn(1, 8, lq, 64, generator=g).to(device)
     k, v = (torch.randn(1, 2, 37, 64, generator=g).to(device) for _ in range(2))
-    mask = (torch.rand(1, 1, 1, 37, generator=g) > 0.2).to(device)
+    mask = (torch.rand(1, 1, lq, 37, generator=g) > 0.2).to(device)
     opt = _optimize(_hf_attention, q, k, v, mask)
     names = _launches(opt)
-    assert names.count("decode_attention_split_kernel") == 1 and names.count("decode_attention_combine_kernel") == 1
+    assert names.count("decode_attention_split_kernel") == 1
+    assert names.count("decode_attention_combine_kernel") == (0 if lq == 1 else 1), names
     assert not any("attention" in n and n.startswith("aten.") for n in names), names
     assert "aten.clone.default" not in names, names
-    torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
+    for _ in range(3):  # the counters are put back: call after call
+        torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
 
 
 def test_growing_cache_in_a_symbolic_capture(device):
@@ -215,3 +221,40 @@ def test_static_length_is_measured_on_cuda(dtype):
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-5, atol=2e-5)
     for _ in range(3):
         torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), **tol)
+
+
+def test_the_last_split_combines_after_its_count_on_sm90():
+    """Note [The last split combines] in the sm_90 PTX: the pieces are stored, the CTA
+    synchronizes, one acquire-release atomic at GPU scope counts the arrival, and the combining
+    program reads the pieces through L2 (ld.global.cg) after it."""
+    f, i32 = torch.zeros(1 << 16), torch.zeros(64, dtype=torch.int32)
+    compiled = A.decode_attention_split_kernel.warmup(
+        f, f, f, f, f, 37, 0.125, 512, 64, 64, 0, 0, 0,
+        KV_HEADS=2, G=4, LQ=1, D=64, BLOCK_M=16, BLOCK_D=64, BLOCK_N=32, HAS_MASK=False, MASK_BOOL=False,
+        SPLITS=16, PRECISION="ieee", out_ptr=f, count_ptr=i32, so_b=512, so_h=64, so_l=64, count_offset=0,
+        COMBINE=True, grid=(1, 1, 1))
+    ptx = compiled.asm["ptx"]
+    atom = ptx.find("atom.global.gpu.acq_rel.add")
+    assert atom >= 0 and ptx.count("atom.") == 1, ptx
+    store, barrier = ptx.rfind("st.global", 0, atom), ptx.rfind("bar.sync", 0, atom)
+    assert 0 <= store < barrier < atom, (store, barrier, atom)
+    assert "ld.global.cg" in ptx[atom:] and "ld.global.cg" not in ptx[:atom]
+
+
+@pytest.mark.cuda
+def test_the_last_split_combines_call_after_call_cuda():
+    """Note [The last split combines] on the GPU: 300 calls sharing one counter buffer, each bit
+    for bit the first (a piece read before it was written, or a lost count, would differ), the
+    counters back at 0; and the two-kernel form (more rows than COMBINE_ROWS) agrees with SDPA."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(2, 32, 1, 64, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(2, 8, 300, 64, device="cuda", generator=g).bfloat16() for _ in range(2))
+    counts = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
+    want = decode_attention(q, k, v, None, None, counts)
+    outs = [decode_attention(q, k, v, None, None, counts) for _ in range(300)]
+    assert all(torch.equal(o, want) for o in outs) and not counts.any()
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
+    torch.testing.assert_close(want, ref, rtol=2e-2, atol=2e-2)
+    q3 = torch.randn(2, 32, 3, 64, device="cuda", generator=g).bfloat16()  # 12 rows per kv head
+    ref3 = F.scaled_dot_product_attention(q3, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
+    torch.testing.assert_close(decode_attention(q3, k, v), ref3, rtol=2e-2, atol=2e-2)

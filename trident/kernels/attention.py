@@ -6,7 +6,22 @@ cache split over programs (flash-decoding) and the pieces combined by a second k
                                    G * Lq query rows of kv head bh to keys [s * chunk, (s+1) * chunk)
                                    and writes its running max, sum and unnormalized output
     decode_attention_combine_kernel grid (batch * kv_heads, G * Lq): rescales and sums the SPLITS
-                                   pieces of one query row
+                                   pieces of one query row (for up to COMBINE_ROWS rows the split
+                                   kernel's last program does this instead: Note [The last split
+                                   combines])
+
+Note [The last split combines]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The combine is a kernel and a kernel boundary per layer (~1.5 us of an H200 each, 16 per
+Llama-1B step: results/bench_hf_llama_liger_c73d461.json). With COMBINE the split kernel's
+programs of a kv head count their arrivals as the GEMV's do (Note [The last program reduces] in
+gemv.py): each stores its piece, the CTA synchronizes, one acquire-release atomic at GPU scope
+counts it in `count[count_offset + bh]`, and the program that sees SPLITS - 1 arrivals before
+its own combines every query row of the head (the combine kernel's code per row, the pieces read
+through L2) and puts the counter back to 0. The counters are int32 zeros allocated once per call
+for every attention of a graph (decode_attention.py `_counters`). Used where the head has at most
+COMBINE_ROWS query rows (G * Lq: decode with grouped heads); more rows (a prefill, speculative
+verification) keep the combine kernel, whose programs share them.
 
 Layouts: q [B, H, Lq, D] and out [B, H, Lq, D] with any strides; k and v [B, Hkv, S, D]
 contiguous (a DynamicCache's concatenation, a StaticCache's buffers); the mask, when given,
@@ -22,6 +37,39 @@ import triton.language as tl
 
 SPLITS = 16  # programs per kv head over the cache (fixed: the workspace has a static size)
 BLOCK_N = 32  # keys per step
+COMBINE_ROWS = 8  # query rows per kv head the split kernel's last program combines at most
+
+
+def combines_in_split(rows: int) -> bool:
+    """Note [The last split combines]: whether a head of `rows` query rows (G * Lq) is combined by
+    the split kernel's last program."""
+    return rows <= COMBINE_ROWS
+
+
+@triton.jit
+def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
+                 KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
+    """Rescale and sum the SPLITS pieces of query row `row` of kv head `bh`, all loaded at once;
+    write the row of out. CACHE: the loads' cache modifier ('.cg' where a piece may sit stale
+    in this SM's L1: the fused combine of Note [The last split combines])."""
+    row = tl.program_id(0) * 0 + row  # a tensor also where a static_range gave an int (the interpreter)
+    b = bh // KV_HEADS
+    kvh = bh % KV_HEADS
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    base = (bh * SPLITS + s) * (BLOCK_M * (BLOCK_D + 2))  # [SPLITS]
+    m = tl.load(ws_ptr + base + row, cache_modifier=CACHE)
+    sums = tl.load(ws_ptr + base + BLOCK_M + row, cache_modifier=CACHE)
+    acc = tl.load(ws_ptr + base[:, None] + 2 * BLOCK_M + row * BLOCK_D + d[None, :], cache_modifier=CACHE)
+    m_max = tl.max(m, 0)
+    # a row whose every key is masked keeps m = -inf in every piece: weights exp(-inf) = 0, never NaN
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+    total = tl.sum(w * sums, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(total == 0.0, 1.0, total)
+    head = kvh * G + row // LQ
+    pos = row % LQ
+    tl.store(out_ptr + b * so_b + head * so_h + pos * so_l + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit
@@ -34,6 +82,8 @@ def decode_attention_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False,
+    out_ptr=None, count_ptr=None, so_b=0, so_h=0, so_l=0, count_offset=0,
+    COMBINE: tl.constexpr = False,
 ):
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
@@ -85,6 +135,14 @@ def decode_attention_split_kernel(
     tl.store(ws_ptr + base + rows, m_i)
     tl.store(ws_ptr + base + BLOCK_M + rows, l_i)
     tl.store(ws_ptr + base + 2 * BLOCK_M + rows[:, None] * BLOCK_D + d[None, :], acc)
+    if COMBINE:  # Note [The last split combines]
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + count_offset + bh, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            for row in tl.static_range(G * LQ):
+                _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
+                             KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, ".cg")
+            tl.store(count_ptr + count_offset + bh, 0)
 
 
 @triton.jit
@@ -100,26 +158,9 @@ def decode_attention_combine_kernel(
     # layer on the H200, results/bench_hf_llama_liger_e3252af.json)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    bh = tl.program_id(0)
-    row = tl.program_id(1)
-    b = bh // KV_HEADS
-    kvh = bh % KV_HEADS
-    s = tl.arange(0, SPLITS)
-    d = tl.arange(0, BLOCK_D)
-    base = (bh * SPLITS + s) * (BLOCK_M * (BLOCK_D + 2))  # [SPLITS]
-    m = tl.load(ws_ptr + base + row)
-    sums = tl.load(ws_ptr + base + BLOCK_M + row)
-    acc = tl.load(ws_ptr + base[:, None] + 2 * BLOCK_M + row * BLOCK_D + d[None, :])  # [SPLITS, BLOCK_D]
-    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    m_max = tl.max(m, 0)
-    # a row whose every key is masked keeps m = -inf in every piece: weights exp(-inf) = 0, never NaN
-    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
-    total = tl.sum(w * sums, 0)
-    out = tl.sum(w[:, None] * acc, 0) / tl.where(total == 0.0, 1.0, total)
-    head = kvh * G + row // LQ
-    pos = row % LQ
-    tl.store(out_ptr + b * so_b + head * so_h + pos * so_l + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+    _combine_row(ws_ptr, out_ptr, tl.program_id(0), tl.program_id(1), so_b, so_h, so_l,
+                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "")
 
 
 def combine_grid(batch: int, kv_heads: int, rows: int) -> tuple:
@@ -143,9 +184,11 @@ def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> i
     return batch * kv_heads * SPLITS * block_m(rows) * (triton.next_power_of_2(head_dim) + 2)
 
 
-def decode_attention(q, k, v, mask=None, scale=None):
+def decode_attention(q, k, v, mask=None, scale=None, counts=None):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
-    k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each."""
+    k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each; the launches the pass
+    emits. `counts`: B * Hkv int32 zeros where the split kernel combines (made here when not given;
+    the kernel puts them back to 0, so a caller may reuse them)."""
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
@@ -156,11 +199,19 @@ def decode_attention(q, k, v, mask=None, scale=None):
     m = mask if has_mask else q
     ms = [mask.stride(i) if mask.size(i) > 1 else 0 for i in range(3)] if has_mask else [0, 0, 0]
     BM, BD = block_m(G * LQ), triton.next_power_of_2(D)
+    combine = {}
+    if combines_in_split(G * LQ):
+        if counts is None:
+            counts = torch.zeros(B * HKV, dtype=torch.int32, device=q.device)
+        combine = dict(out_ptr=out, count_ptr=counts, so_b=out.stride(0), so_h=out.stride(1), so_l=out.stride(2),
+                       count_offset=0, COMBINE=True)
     decode_attention_split_kernel[(B * HKV, SPLITS)](
         q, k, v, m, ws, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
         KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=BLOCK_N,
         HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=SPLITS,
-        PRECISION=dot_precision(q.dtype))
+        PRECISION=dot_precision(q.dtype), **combine)
+    if combine:
+        return out
     decode_attention_combine_kernel[combine_grid(B, HKV, G * LQ)](
         ws, out, out.stride(0), out.stride(1), out.stride(2),
         KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, SPLITS=SPLITS)

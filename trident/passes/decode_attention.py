@@ -57,6 +57,7 @@ from ..kernels.attention import (
     SPLITS,
     block_m,
     combine_grid,
+    combines_in_split,
     decode_attention,
     decode_attention_combine_kernel,
     decode_attention_split_kernel,
@@ -242,6 +243,11 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         ws.meta["val"] = _fake_like(q, ws_val)
         bm, bd = block_m(G * LQ), 1 << (D - 1).bit_length()
         consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=SPLITS)
+        out_strides = {"so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2)}
+        combine = {}
+        if combines_in_split(G * LQ):  # Note [The last split combines]
+            counts, offset = _counters(gm, q, B * hkv)
+            combine = {"out_ptr": out, "count_ptr": counts, **out_strides, "count_offset": offset, "COMBINE": True}
         emit_launch(gm, decode_attention_split_kernel, (B * hkv, SPLITS, 1), {
             "q_ptr": q_node, "k_ptr": k_node, "v_ptr": v_node,
             "mask_ptr": mask_node if mask_node is not None else q_node, "ws_ptr": ws,
@@ -250,12 +256,12 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
             **consts, "BLOCK_N": BLOCK_N,
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
-            "PRECISION": dot_precision(q.dtype),
+            "PRECISION": dot_precision(q.dtype), **combine,
         })
-        emit_launch(gm, decode_attention_combine_kernel, combine_grid(B, hkv, G * LQ), {
-            "ws_ptr": ws, "out_ptr": out,
-            "so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2), **consts,
-        })
+        if not combine:
+            emit_launch(gm, decode_attention_combine_kernel, combine_grid(B, hkv, G * LQ), {
+                "ws_ptr": ws, "out_ptr": out, **out_strides, **consts,
+            })
     for o in outs:
         o.replace_all_uses_with(out)
     if tuple_op:
@@ -266,6 +272,27 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         if n.graph is gm.graph and not n.users:
             gm.graph.erase_node(n)
     return True
+
+
+_COUNTERS = "trident_attention_counters"  # gm.meta while the pass runs: {device: [zeros node, used]}
+
+
+def _counters(gm, like: torch.Tensor, n: int):
+    """`n` int32 counters of Note [The last split combines], from ONE zeros allocation per call and
+    device that every decode attention of the graph shares (one fill kernel per call, not one per
+    layer), made at the graph's start and grown as attentions are rewritten; (its node, offset)."""
+    per_device = gm.meta.setdefault(_COUNTERS, {})
+    state = per_device.get(like.device)
+    if state is None:
+        first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+        with gm.graph.inserting_before(first):
+            node = gm.graph.call_function(aten.zeros.default, ([0],), {"dtype": torch.int32, "device": like.device})
+        state = per_device[like.device] = [node, 0]
+    node, offset = state
+    state[1] += n
+    node.args = ([state[1]],)
+    node.meta["val"] = _fake_like(like, torch.zeros(state[1], dtype=torch.int32, device=like.device))
+    return node, offset
 
 
 def _fake_like(like: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -283,9 +310,12 @@ def lower_decode_attention(gm: torch.fx.GraphModule) -> int:
     if not mode:
         return 0
     count = 0
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target in _SDPA and _rewrite(gm, node, mode):
-            count += 1
+    try:
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and node.target in _SDPA and _rewrite(gm, node, mode):
+                count += 1
+    finally:
+        gm.meta.pop(_COUNTERS, None)
     if count:
         gm.graph.lint()
         gm.recompile()
@@ -386,7 +416,9 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
             qs, ks, vs = by_node[q_node], by_node[k_node], by_node[v_node]
             ms = by_node.get(mask_node)
             times = {"sdpa": do_bench_cudagraph(lambda: traced(*values), rep=20, return_mode="median") * 1e3}
-            times["kernel"] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale), rep=20,
+            counts = torch.zeros(qs.shape[0] * ks.shape[1], dtype=torch.int32, device=qs.device)
+            torch.cuda.synchronize(qs.device)  # do_bench_cudagraph runs on a stream of its own
+            times["kernel"] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale, counts), rep=20,
                                                  return_mode="median") * 1e3
             return times
     except Exception as e:  # noqa: BLE001 - not measured: the kernel is taken, as without measurement
