@@ -80,7 +80,7 @@ def test_ptx_rule_wants_one_entry():
     assert not pdl.waits_before_memory("")
 
 
-def _warmup(kernel, pdl_on: bool):
+def _warmup(kernel, pdl_on: bool, **overrides):
     """Compile `kernel` for sm_90 (the host-only driver) with small arguments of the right kinds."""
     f = torch.zeros(4096)
     i64 = torch.zeros(64, dtype=torch.int64)
@@ -112,7 +112,7 @@ def _warmup(kernel, pdl_on: bool):
                                               HAS_MASK=True, MASK_BOOL=False, SPLITS=4, PRECISION="ieee"),
         "decode_attention_combine_kernel": dict(KV_HEADS=2, G=2, LQ=1, D=16, BLOCK_M=16, BLOCK_D=16, SPLITS=4),
     }[kernel.__name__]
-    return kernel.warmup(**args, **constexprs, PDL=pdl_on, grid=(1, 1, 1))
+    return kernel.warmup(**{**args, **constexprs, **overrides}, PDL=pdl_on, grid=(1, 1, 1))
 
 
 def _trident_kernels():
@@ -129,6 +129,17 @@ def test_trident_kernels_wait_first_when_asked(kernel):
     memory access (the rule a launch is made programmatic by) and releases its dependents."""
     ptx = _warmup(kernel, True).asm["ptx"]
     assert pdl.waits_before_memory(ptx)
+    assert "griddepcontrol.launch_dependents" in ptx
+
+
+def test_the_combining_split_kernel_waits_first():
+    """The form of the attention split kernel the pass emits for decode (its last program
+    combines: Note [The last split combines]) waits before any memory access too."""
+    from trident.kernels import attention
+
+    ptx = _warmup(attention.decode_attention_split_kernel, True, COMBINE=True,
+                  count_ptr=torch.zeros(64, dtype=torch.int32), count_offset=0).asm["ptx"]
+    assert pdl.waits_before_memory(ptx) and "atom.global.gpu.acq_rel.add" in ptx
     assert "griddepcontrol.launch_dependents" in ptx
 
 

@@ -321,6 +321,22 @@ def test_candidates_compile_ahead_in_threads(monkeypatch):
     assert len(seen) == len(configs)
 
 
+def test_an_interrupted_precompile_leaves_no_compile_mode_behind():
+    """An interrupt while candidates compile ahead reaches the caller, and Triton's compile mode
+    is unset (Triton's own exit does not unset it when interrupted: every later compile of the
+    thread would go to a pool that is gone)."""
+    from triton.runtime import _async_compile
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        CM.precompile([lambda: None, interrupted])
+    assert _async_compile.active_mode.get() is None
+    CM.precompile([lambda: None, lambda: None])  # and it works again
+    assert _async_compile.active_mode.get() is None
+
+
 def test_residual_mm_keeps_its_addend():
     def block(x, w, res):
         return res + K.axpy(x, x) @ w.t()

@@ -103,7 +103,7 @@ def test_repeat_kv_and_sdpa_become_kernels(device, lq):
     assert names.count("decode_attention_combine_kernel") == (0 if lq == 1 else 1), names
     assert not any("attention" in n and n.startswith("aten.") for n in names), names
     assert "aten.clone.default" not in names, names
-    for _ in range(3):  # the counters are put back: call after call
+    for _ in range(3):  # call after call (each call zeroes its counters)
         torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
 
 
@@ -243,16 +243,24 @@ def test_the_last_split_combines_after_its_count_on_sm90():
 
 @pytest.mark.cuda
 def test_the_last_split_combines_call_after_call_cuda():
-    """Note [The last split combines] on the GPU: 300 calls sharing one counter buffer, each bit
-    for bit the first (a piece read before it was written, or a lost count, would differ), the
-    counters back at 0; and the two-kernel form (more rows than COMBINE_ROWS) agrees with SDPA."""
+    """Note [The last split combines] on the GPU: 300 calls sharing one counter buffer, two
+    inputs in turn (the workspace a call reuses holds the other input's pieces: a piece read
+    before it was written, or a lost count, would differ), each bit for bit its input's first
+    result, the counters back at 0; and the two-kernel form (more rows than COMBINE_ROWS)
+    agrees with SDPA."""
     g = torch.Generator(device="cuda").manual_seed(3)
-    q = torch.randn(2, 32, 1, 64, device="cuda", generator=g).bfloat16()
-    k, v = (torch.randn(2, 8, 300, 64, device="cuda", generator=g).bfloat16() for _ in range(2))
+    inputs = [(torch.randn(2, 32, 1, 64, device="cuda", generator=g).bfloat16(),
+               *(torch.randn(2, 8, 300, 64, device="cuda", generator=g).bfloat16() for _ in range(2)))
+              for _ in range(2)]
     counts = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
-    want = decode_attention(q, k, v, None, None, counts)
-    outs = [decode_attention(q, k, v, None, None, counts) for _ in range(300)]
-    assert all(torch.equal(o, want) for o in outs) and not counts.any()
+    wants = [decode_attention(q, k, v, None, None, counts) for q, k, v in inputs]
+    assert not torch.equal(wants[0], wants[1])
+    for i in range(300):
+        q, k, v = inputs[i % 2]
+        assert torch.equal(decode_attention(q, k, v, None, None, counts), wants[i % 2]), i
+    assert not counts.any()
+    q, k, v = inputs[0]
+    want = wants[0]
     ref = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
     torch.testing.assert_close(want, ref, rtol=2e-2, atol=2e-2)
     q3 = torch.randn(2, 32, 3, 64, device="cuda", generator=g).bfloat16()  # 12 rows per kv head

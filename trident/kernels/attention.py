@@ -49,10 +49,12 @@ def combines_in_split(rows: int) -> bool:
 @triton.jit
 def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
                  KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+                 PDL: tl.constexpr):
     """Rescale and sum the SPLITS pieces of query row `row` of kv head `bh`, all loaded at once;
     write the row of out. CACHE: the loads' cache modifier ('.cg' where a piece may sit stale
-    in this SM's L1: the fused combine of Note [The last split combines])."""
+    in this SM's L1: the fused combine of Note [The last split combines]). PDL: release the
+    dependents after the loads (Note [Programmatic dependent launch])."""
     row = tl.program_id(0) * 0 + row  # a tensor also where a static_range gave an int (the interpreter)
     b = bh // KV_HEADS
     kvh = bh % KV_HEADS
@@ -62,6 +64,8 @@ def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
     m = tl.load(ws_ptr + base + row, cache_modifier=CACHE)
     sums = tl.load(ws_ptr + base + BLOCK_M + row, cache_modifier=CACHE)
     acc = tl.load(ws_ptr + base[:, None] + 2 * BLOCK_M + row * BLOCK_D + d[None, :], cache_modifier=CACHE)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     m_max = tl.max(m, 0)
     # a row whose every key is masked keeps m = -inf in every piece: weights exp(-inf) = 0, never NaN
     w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
@@ -72,7 +76,8 @@ def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
     tl.store(out_ptr + b * so_b + head * so_h + pos * so_l + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
-@triton.jit
+# count_offset differs per layer: not specialized (one compiled kernel for every layer)
+@triton.jit(do_not_specialize=["count_offset"])
 def decode_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, ws_ptr,
     S, scale,
@@ -141,7 +146,7 @@ def decode_attention_split_kernel(
         if arrived == SPLITS - 1:
             for row in tl.static_range(G * LQ):
                 _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
-                             KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, ".cg")
+                             KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, ".cg", False)
             tl.store(count_ptr + count_offset + bh, 0)
 
 
@@ -158,9 +163,8 @@ def decode_attention_combine_kernel(
     # layer on the H200, results/bench_hf_llama_liger_e3252af.json)
     if PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     _combine_row(ws_ptr, out_ptr, tl.program_id(0), tl.program_id(1), so_b, so_h, so_l,
-                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "")
+                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "", PDL)
 
 
 def combine_grid(batch: int, kv_heads: int, rows: int) -> tuple:

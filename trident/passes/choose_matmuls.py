@@ -40,8 +40,12 @@ from typing import Any, Callable, Optional
 
 import torch
 import triton
-from triton.runtime._async_compile import AsyncCompileMode
 from triton.testing import do_bench_cudagraph
+
+try:  # Triton's compile-in-an-executor mode (3.6: private module); without it candidates compile when timed
+    from triton.runtime import _async_compile
+except ImportError:  # pragma: no cover - another Triton
+    _async_compile = None
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import gemv as G
@@ -172,16 +176,29 @@ def precompile(compiles) -> None:
     capture's first call (~0.3-0.5 s each, ~50 for a Llama decode step); the compiles' native
     parts (LLVM, ptxas) run in parallel. A candidate that fails to compile here fails again when
     timed, and is then no candidate."""
-    if len(compiles) < 2:
-        return
+    if len(compiles) < 2 or _async_compile is None or _async_compile.active_mode.get() is not None:
+        return  # one to compile, no such mode, or the caller's own mode active: compiled when timed
     workers = max(1, min(len(compiles), 8, (os.cpu_count() or 2)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trident-compile") as pool:
-        with AsyncCompileMode(pool, ignore_errors=True):
-            for compile_one in compiles:
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trident-compile") as pool:
+            mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+            token = _async_compile.active_mode.set(mode)  # what AsyncCompileMode.__enter__ does
+            try:
+                for compile_one in compiles:
+                    try:
+                        compile_one()
+                    except Exception as e:  # noqa: BLE001 - timed (and refused) later
+                        logs.lowering.debug("candidate not compiled ahead: %s", e)
+            finally:
+                # Triton's __exit__ waits for the compiles, then unsets the mode without a
+                # `finally`: an interrupt while waiting would leave every later compile of
+                # this thread submitted to a pool that is gone. Unset it here whatever happens.
                 try:
-                    compile_one()
-                except Exception as e:  # noqa: BLE001 - timed (and refused) later
-                    logs.lowering.debug("candidate not compiled ahead: %s", e)
+                    mode.__exit__(None, None, None)
+                finally:
+                    _async_compile.active_mode.reset(token)
+    except Exception as e:  # noqa: BLE001 - compiling ahead is an optimization only
+        logs.lowering.debug("candidates not compiled ahead: %s", e)
 
 
 def _measure_cuda(target, va, vb, vc, configs) -> dict:

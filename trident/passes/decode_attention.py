@@ -291,7 +291,7 @@ def _counters(gm, like: torch.Tensor, n: int):
     node, offset = state
     state[1] += n
     node.args = ([state[1]],)
-    node.meta["val"] = _fake_like(like, torch.zeros(state[1], dtype=torch.int32, device=like.device))
+    node.meta["val"] = like.new_zeros((state[1],), dtype=torch.int32)  # like's kind: fake in a trace
     return node, offset
 
 
