@@ -87,20 +87,37 @@ def _optimize(fn, *example, dynamic=False, mode="all"):
         return trident.optimize(trident.capture(fn, *example, dynamic=dynamic))
 
 
-@pytest.mark.parametrize("lq", [1, 3])
-def test_repeat_kv_and_sdpa_become_kernels(device, lq):
+@pytest.mark.parametrize("lq,fused_faster", [(1, True), (1, False), (3, True)])
+def test_repeat_kv_and_sdpa_become_kernels(device, lq, fused_faster):
     """GQA decode as HF writes it: the clones of the repeat and the SDPA call are gone, the
     kernels read the cache in place; results equal eager's. One launch where the split kernel's
-    last program combines (4 query rows per kv head: Note [The last split combines]), the
-    combine kernel after it for more rows (12)."""
+    last program combines (4 query rows per kv head: Note [The last split combines]) and that
+    form measured faster (a timer stands for the GPU), the combine kernel after it where the two
+    launches measured faster or for more rows (12, where the combining form is not timed)."""
+    from trident.passes import decode_attention as DA
+
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, lq, 64, generator=g).to(device)
     k, v = (torch.randn(1, 2, 37, 64, generator=g).to(device) for _ in range(2))
     mask = (torch.rand(1, 1, lq, 37, generator=g) > 0.2).to(device)
-    opt = _optimize(_hf_attention, q, k, v, mask)
+    timed = []
+
+    def timer(name, shape):
+        timed.append(name)
+        return {"sdpa": 10.0, "kernel": 2.0, DA._FUSED: 1.0 if fused_faster else 3.0}[name]
+
+    DA.set_timer(timer)
+    try:
+        opt = _optimize(_hf_attention, q, k, v, mask)
+    finally:
+        DA.set_timer(None)
+    assert (DA._FUSED in timed) == (lq == 1), timed
+    fused = lq == 1 and fused_faster
     names = _launches(opt)
     assert names.count("decode_attention_split_kernel") == 1
-    assert names.count("decode_attention_combine_kernel") == (0 if lq == 1 else 1), names
+    assert names.count("decode_attention_combine_kernel") == (0 if fused else 1), names
+    how = "(the last split combines)" if fused else "and its combine kernel"
+    assert f"Trident's flash-decoding kernel {how}" in trident.explain(opt)
     assert not any("attention" in n and n.startswith("aten.") for n in names), names
     assert "aten.clone.default" not in names, names
     for _ in range(3):  # call after call (each call zeroes its counters)
@@ -205,7 +222,8 @@ def test_the_faster_measured_path_is_kept(faster, tmp_path):
 def test_without_a_timer_or_gpu_nothing_is_measured_and_the_kernel_is_taken():
     q, k, v, mask = _gqa_case()
     opt = _optimize(_hf_attention, q, k, v, mask)
-    assert "decode_attention_split_kernel" in _launches(opt)
+    names = _launches(opt)  # the two launches: the faster form where it was measured
+    assert "decode_attention_split_kernel" in names and "decode_attention_combine_kernel" in names, names
     assert "decode attention:" not in trident.explain(opt)
 
 

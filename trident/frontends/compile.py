@@ -3,9 +3,11 @@
 Note [What trident.compile guards]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The first call with a given input signature runs `fn` eagerly (state that programs create
-lazily on their first call, an HF Cache's tensors, then exists as real tensors); the second
-captures it (trident.capture, over the flattened tensors) and optimizes it; later calls with
-that signature go straight into the optimized graph, whose guards on tensors are native:
+lazily on their first call, an HF Cache's tensors, then exists as real tensors); the function's
+next call captures it (trident.capture, over the flattened tensors, from the state as it was
+before that first call: Note [Captured after its first call]) and optimizes it, unless the next
+call is of the same family and gets the family's symbolic capture; later calls with that
+signature, its second one included, go straight into the optimized graph, whose guards on tensors are native:
 torch's own TensorGuards (the C++ checks of Dynamo's frames: dtype, device, sizes, strides,
 dispatch keys; ~0.1 µs a tensor) pick the capture among those of one structure, then the SCM's
 guards run as always. Python computes per call only what is not a tensor:
@@ -206,6 +208,18 @@ class _Outputs:
     dynamic_ints: tuple  # positions among the call's ints passed as symbolic sizes
 
 
+@dataclass
+class _Pending:
+    """A signature's first call, kept until the next call (Note [Captured after its first call])."""
+
+    call: "_Call"
+    key: tuple
+    family: tuple
+    before: Any  # state.Snapshot of the objects it was passed, taken before it ran
+    dynamic_ints: tuple
+    static: tuple
+
+
 CHECKS = 4  # generated structure checks per function (Note [Generated structure checks])
 
 
@@ -263,6 +277,7 @@ class CompiledFunction(ServedByCache):
         # path reads it without the lock
         self._guarded: dict[tuple, list] = {}
         self._seen: set = set()  # signatures called once (eagerly)
+        self._pending: Optional[_Pending] = None  # Note [Captured after its first call]
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
         self._checks: tuple = ()  # _Check per structure that served a call, most recent first
         self._check_tried: set = set()  # structures a check was made (or refused) for
@@ -300,6 +315,8 @@ class CompiledFunction(ServedByCache):
             if e.ints_of(ints) == e.int_values and e.guards.check(*call.tensors):
                 if call.walk is not None and call.structure not in self._check_tried:
                     self._add_check(call)
+                if self._pending is not None:
+                    self._settle(None)
                 return self._run(e.opt, e.key, call, e.info)
         if call.walk is None:  # the miss path reads the walk
             call = _Call(args, kwargs, self.dynamic)
@@ -344,10 +361,13 @@ class CompiledFunction(ServedByCache):
                 table.clear()
             self._guarded = {}  # replaced, never mutated: a check's looked_up entries go stale with it
             self._seen = set()
+            self._pending = None
             self._checks, self._check_tried = (), set()
             self._generation = _generation[0]
 
     def _miss(self, call: _Call):
+        if self._pending is not None:
+            self._settle(call)
         key = call.key()
         opt = self.captures.get(key)
         if opt is None and key in self.cache.refused:  # Trident cannot capture it: eager, as the backend does
@@ -383,31 +403,87 @@ class CompiledFunction(ServedByCache):
             elif opt is None and self.cache.full():
                 reason = self.cache.overflow()
             elif opt is None:
-                if symbolic:
-                    try:
-                        opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints, static=static)
-                    except Exception as e:  # noqa: BLE001 - served by a static capture instead
-                        self._symbolic_failed.add(family)
-                        logs.misses.info(
-                            "trident.compile(%s): no symbolic capture (%s: %s); capturing these sizes statically",
-                            self._name, type(e).__name__, str(e).splitlines()[0],
-                        )
-                if opt is None:
-                    try:
-                        opt = self._capture(call, key)
-                    except TridentError as e:
-                        if not symbolic and self.dynamic is not False and family not in self._symbolic_failed:
-                            try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
-                                opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
-                            except Exception:  # noqa: BLE001 - the static error is the one to report
-                                self._symbolic_failed.add(family)
-                        if opt is None:
-                            reason = self.cache.refuse(key, e)
-                if opt is not None and key not in self.captures:
-                    self._register(call, key, opt)
+                opt, reason = self._capture_new(call, key, family, symbolic, dynamic_ints, static)
+        if first and not self.cache.full():
+            return self._eager_first(call, key, family, reason, dynamic_ints, static)
         if opt is None:
             return self._eager(call, reason)
         return self._run(opt, key, call)
+
+    def _capture_new(self, call: _Call, key, family, symbolic: bool, dynamic_ints: tuple, static: tuple):
+        """(the capture registered for `key`, None) or (None, why the call runs eagerly): a
+        symbolic capture first where asked, then a static one (Note [Symbolic sizes]). Under the lock."""
+        opt = reason = None
+        if symbolic:
+            try:
+                opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints, static=static)
+            except Exception as e:  # noqa: BLE001 - served by a static capture instead
+                self._symbolic_failed.add(family)
+                logs.misses.info(
+                    "trident.compile(%s): no symbolic capture (%s: %s); capturing these sizes statically",
+                    self._name, type(e).__name__, str(e).splitlines()[0],
+                )
+        if opt is None:
+            try:
+                opt = self._capture(call, key)
+            except TridentError as e:
+                if not symbolic and self.dynamic is not False and family not in self._symbolic_failed:
+                    try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
+                        opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
+                    except Exception:  # noqa: BLE001 - the static error is the one to report
+                        self._symbolic_failed.add(family)
+                if opt is None:
+                    reason = self.cache.refuse(key, e)
+        if opt is not None and key not in self.captures:
+            self._register(call, key, opt)
+        return opt, reason
+
+    # Note [Captured after its first call]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A signature's first call runs eagerly (state a program makes on its first call -- an HF
+    # Cache's layers, a module's lazily built tables -- then exists). Capturing it only when it
+    # came again put that capture, and its measurements, on the second sighting: HF generate()
+    # makes its prefill once per call, so the second generate() paid the prefill's capture
+    # (391 ms/token on the H200 at c26d638, where eager runs 15). So the first call is kept,
+    # pending (its arguments and a `state.Snapshot` of the objects it was passed, taken before
+    # it ran), and the function's next call settles it before running:
+    #   * the next call is of the same family with other sizes or ints, and will get the
+    #     family's symbolic capture (Note [Symbolic sizes]): that capture serves both, and the
+    #     pending one is dropped (a decode's first step, whose second step comes next);
+    #   * the next call has the same signature: it is captured as before, from that call;
+    #   * otherwise (another family, a hit, dynamic=False): the pending call is captured now,
+    #     as the second sighting would have been, from its own state: the objects get back what
+    #     they held before it ran, the trace runs on them (Note [State the function is passed]),
+    #     and they get back what they hold now.
+    # A signature called once and never followed by another call is never captured. The trace
+    # runs the function's Python once more, as any capture does (side effects outside the state
+    # it is passed are NOT guarded: Note [What trident.compile guards]).
+    def _eager_first(self, call: _Call, key, family, reason: str, dynamic_ints: tuple, static: tuple):
+        before = state.Snapshot(call.walk)
+        result = self._eager(call, reason)
+        self._pending = _Pending(call, key, family, before, dynamic_ints, static)
+        return result
+
+    def _settle(self, call: Optional[_Call]) -> None:
+        """Capture or drop the pending first call (Note [Captured after its first call]);
+        `call`: the call now missing, None for a hit."""
+        with self.cache.lock:
+            p, self._pending = self._pending, None
+            if p is None or p.key in self.captures or p.key in self.cache.refused or self.cache.full():
+                return
+            if call is not None:
+                key = call.key()
+                if key == p.key:  # its second sighting: captured from this call
+                    return
+                if (call.family() == p.family and self.dynamic is not False
+                        and p.family not in self._symbolic_failed):
+                    return  # the family's symbolic capture, made for this call, serves both
+            after = state.Snapshot(state.walk(p.call.roots))
+            p.before.restore()
+            try:
+                self._capture_new(p.call, p.key, p.family, self.dynamic is True, p.dynamic_ints, p.static)
+            finally:
+                after.restore()
 
     @property
     def _name(self) -> str:

@@ -21,7 +21,11 @@ its own combines every query row of the head (the combine kernel's code per row,
 through L2) and puts the counter back to 0. The counters are int32 zeros allocated once per call
 for every attention of a graph (decode_attention.py `_counters`). Used where the head has at most
 COMBINE_ROWS query rows (G * Lq: decode with grouped heads); more rows (a prefill, speculative
-verification) keep the combine kernel, whose programs share them.
+verification) keep the combine kernel, whose programs share them. Where the pass measures
+(Note [Decode attention by measurement]) it times both forms and keeps the faster: on the H200
+the combining form was the slower in Llama-1B's decode (7.2 us a layer against 3.3 + 1.5 us for
+the two launches, results/bench_hf_llama_c26d638.json), the one last program's serial combine
+costing more than the kernel boundary it saves.
 
 Layouts: q [B, H, Lq, D] and out [B, H, Lq, D] with any strides; k and v [B, Hkv, S, D]
 contiguous (a DynamicCache's concatenation, a StaticCache's buffers); the mask, when given,
@@ -188,11 +192,13 @@ def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> i
     return batch * kv_heads * SPLITS * block_m(rows) * (triton.next_power_of_2(head_dim) + 2)
 
 
-def decode_attention(q, k, v, mask=None, scale=None, counts=None):
+def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
     k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each; the launches the pass
-    emits. `counts`: B * Hkv int32 zeros where the split kernel combines (made here when not given;
-    the kernel puts them back to 0, so a caller may reuse them)."""
+    emits. `combine`: whether the split kernel's last program combines (Note [The last split
+    combines]; None: where the head has at most COMBINE_ROWS query rows; False: the combine
+    kernel). `counts`: B * Hkv int32 zeros where the split kernel combines (made here when not
+    given; the kernel puts them back to 0, so a caller may reuse them)."""
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
@@ -203,8 +209,9 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None):
     m = mask if has_mask else q
     ms = [mask.stride(i) if mask.size(i) > 1 else 0 for i in range(3)] if has_mask else [0, 0, 0]
     BM, BD = block_m(G * LQ), triton.next_power_of_2(D)
+    fused = combines_in_split(G * LQ) if combine is None else bool(combine) and combines_in_split(G * LQ)
     combine = {}
-    if combines_in_split(G * LQ):
+    if fused:
         if counts is None:
             counts = torch.zeros(B * HKV, dtype=torch.int32, device=q.device)
         combine = dict(out_ptr=out, count_ptr=counts, so_b=out.stride(0), so_h=out.stride(1), so_l=out.stride(2),

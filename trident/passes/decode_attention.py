@@ -36,8 +36,11 @@ kernel's time, or when nothing could be timed (a capture of the caller's running
 again at the next capture). The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
 (`decode-attention` entries), and `explain()` lists it with the times. A symbolic length (a
 DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
-measurement existed (its clones of the grown cache cost eager more each step). Without a GPU
-nothing is timed (tests install a timer with `set_timer`).
+measurement existed (its clones of the grown cache cost eager more each step). Where the head
+has at most COMBINE_ROWS query rows the kernel is timed in both forms (Note [The last split
+combines]: one launch whose last program combines, or the split and combine kernels) and the
+faster is kept; unmeasured, the two launches are (the faster on the H200 at Llama-1B's decode).
+Without a GPU nothing is timed (tests install a timer with `set_timer`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from __future__ import annotations
 import math
 import operator
 import sys
+from typing import Optional
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -224,7 +228,8 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     if not isinstance(out_val, torch.Tensor) or any(type(s) is not int for s in out_val.stride()):
         return False
     S = k.shape[2]
-    if not _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, k_chain + v_chain, scale, mode):
+    fused = _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, k_chain + v_chain, scale, mode)
+    if fused is None:
         return False
     with gm.graph.inserting_before(node):
         if isinstance(S, torch.SymInt):
@@ -245,7 +250,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=SPLITS)
         out_strides = {"so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2)}
         combine = {}
-        if combines_in_split(G * LQ):  # Note [The last split combines]
+        if fused:  # Note [The last split combines]
             counts, offset = _counters(gm, q, B * hkv)
             combine = {"out_ptr": out, "count_ptr": counts, **out_strides, "count_offset": offset, "COMBINE": True}
         emit_launch(gm, decode_attention_split_kernel, (B * hkv, SPLITS, 1), {
@@ -329,21 +334,24 @@ _timer = None
 
 def set_timer(timer) -> None:
     """Install (or remove, with None) the timer used where no GPU is: `timer(name, shape)` gives
-    the microseconds of 'sdpa' or 'kernel' for `shape` (B, H, Hkv, Lq, S, D, dtype)."""
+    the microseconds of 'sdpa', 'kernel' (two launches) or `_FUSED` (the last split combines) for
+    `shape` (B, H, Hkv, Lq, S, D, dtype)."""
     global _timer
     _timer = timer
     _CHOICES.clear()
 
 
-def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mode: str) -> bool:
-    """Note [Decode attention by measurement]: whether the rewrite is made."""
+def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mode: str) -> Optional[bool]:
+    """Note [Decode attention by measurement]: None where the traced path is kept; else whether
+    the split kernel's last program combines (Note [The last split combines])."""
     q, k = node_val(q_node), node_val(k_node)
     mask = node_val(mask_node)
     S = k.shape[2]
+    B, H, LQ, D = q.shape
+    can_fuse = combines_in_split(H // k.shape[1] * LQ)
     measured = mode == "measured" if q.device.type == "cuda" else _timer is not None
     if type(S) is not int or not measured:
-        return True
-    B, H, LQ, D = q.shape
+        return False  # unmeasured: the two launches (the faster form where it was measured)
     shape = (B, H, k.shape[1], LQ, S, D, str(q.dtype))
     device = torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
     mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape), tuple(mask.stride()))
@@ -354,7 +362,7 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                                      disk_cache.source_digest(sys.modules[__name__], attention_module))
         choice = disk_cache.load("decode-attention", disk_key, lambda v: (
             isinstance(v, dict) and isinstance(v.get("us"), dict) and isinstance(v.get("kernel"), bool)
-            and all(isinstance(t, (int, float)) for t in v["us"].values())))
+            and isinstance(v.get("fused"), bool) and all(isinstance(t, (int, float)) for t in v["us"].values())))
         if choice is not None:
             choice = {**choice, "source": "TRIDENT_CACHE_DIR"}
         else:
@@ -363,19 +371,30 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                     times = _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale)
             else:
                 times = {"sdpa": _timer("sdpa", shape), "kernel": _timer("kernel", shape)}
+                if can_fuse:
+                    times[_FUSED] = _timer(_FUSED, shape)
+            # the faster form of the kernel (Note [The last split combines]), then against SDPA;
             # nothing measured (another capture running, a failure): what the graph has stays
-            kernel = "kernel" in times and not ("sdpa" in times and times["sdpa"] <= _MARGIN * times["kernel"])
-            choice = {"kernel": kernel, "us": {k2: round(v, 3) for k2, v in times.items()}}
+            fused = _FUSED in times and ("kernel" not in times or times[_FUSED] < times["kernel"])
+            best = times.get(_FUSED if fused else "kernel")
+            kernel = best is not None and not ("sdpa" in times and times["sdpa"] <= _MARGIN * best)
+            if best is None:
+                fused = can_fuse
+            choice = {"kernel": kernel, "fused": fused, "us": {k2: round(v, 3) for k2, v in times.items()}}
             if "sdpa" in times and "kernel" in times:
                 disk_cache.store("decode-attention", disk_key, choice)
         if choice["us"]:  # a measurement that failed (another capture running) is tried again later
             _CHOICES[key] = choice
     us = ", ".join(f"{k2} {v:.2f} us" for k2, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
     where = f", from {choice['source']}" if choice.get("source") else ""
-    what = "Trident's flash-decoding kernel" if choice["kernel"] else f"{node.target} as traced"
+    how = " (the last split combines)" if choice["fused"] else " and its combine kernel"
+    what = f"Trident's flash-decoding kernel{how}" if choice["kernel"] else f"{node.target} as traced"
     gm.meta.setdefault("trident_attention_choices", []).append(
         f"B={B} H={H} Hkv={k.shape[1]} Lq={LQ} S={S} D={D} {q.dtype}: {what} [measured{where}: {us or 'nothing'}]")
-    return choice["kernel"]
+    return choice["fused"] if choice["kernel"] else None
+
+
+_FUSED = "kernel_last_split_combines"  # the measured name of Note [The last split combines]'s form
 
 
 def _chain_key(chain, node) -> tuple:
@@ -418,8 +437,12 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
             times = {"sdpa": do_bench_cudagraph(lambda: traced(*values), rep=20, return_mode="median") * 1e3}
             counts = torch.zeros(qs.shape[0] * ks.shape[1], dtype=torch.int32, device=qs.device)
             torch.cuda.synchronize(qs.device)  # do_bench_cudagraph runs on a stream of its own
-            times["kernel"] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale, counts), rep=20,
-                                                 return_mode="median") * 1e3
+            times["kernel"] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale, combine=False),
+                                                 rep=20, return_mode="median") * 1e3
+            if combines_in_split(qs.shape[1] // ks.shape[1] * qs.shape[2]):
+                times[_FUSED] = do_bench_cudagraph(
+                    lambda: decode_attention(qs, ks, vs, ms, scale, counts, combine=True), rep=20,
+                    return_mode="median") * 1e3
             return times
     except Exception as e:  # noqa: BLE001 - not measured: the kernel is taken, as without measurement
         logs.lowering.debug("decode attention not measured: %s: %s", type(e).__name__, e)
