@@ -314,3 +314,69 @@ def test_a_replaced_state_is_freed_when_the_cache_drops_it(device):
             gc.garbage.clear()
             gc.enable()
     assert compiled.eager_calls == 3, compiled.eager_log
+
+
+def test_a_pending_first_call_leaves_every_object_as_eager_does(monkeypatch):
+    """Note [Captured after its first call]: settling the first call puts its objects back as
+    they were before it ran for the trace, then as they are now -- objects it detached included
+    (the caller's own update of one survives) -- and a capture that fails there (an error in
+    compiling) never fails the call settling it."""
+    from trident.frontends import compile as C
+
+    class S:
+        def __init__(self):
+            self.n = 0
+
+    class Holder:
+        def __init__(self):
+            self.cur = S()
+
+    def f(x, obj):
+        if isinstance(obj, Holder):
+            obj.cur.n += 1
+            obj.cur = S()  # a fresh state; the old one is the caller's
+            return x + 1
+        return x * obj.n
+
+    compiled = trident.compile(f)
+    h = Holder()
+    old = h.cur
+    compiled(torch.ones(2), h)  # pending
+    old.n = 5  # the caller's own update of the detached state
+    torch.testing.assert_close(compiled(torch.ones(3), old), torch.full((3,), 5.0))
+    assert old.n == 5 and h.cur.n == 0 and h.cur is not old
+
+    calls = [0]
+    real = C.optimize
+
+    def failing_once(gm, *a, **k):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("a compile failure")
+        return real(gm, *a, **k)
+
+    monkeypatch.setattr(C, "optimize", failing_once)
+    g = trident.compile(lambda x: x * 2 + 1)
+    g(torch.ones(3))  # pending
+    torch.testing.assert_close(g(torch.ones(2, 2)), torch.full((2, 2), 3.0))  # settles: the capture fails
+    torch.testing.assert_close(g(torch.ones(3)), torch.full((3,), 3.0))  # its second sighting captures
+    assert calls[0] >= 2
+
+
+def test_a_pending_first_call_is_not_captured_under_another_autocast():
+    """A first call is captured from the next call only under the same grad, autocast and
+    default-dtype context (not part of the key): a plain call after it stays float32."""
+    w = torch.randn(8, 8)
+
+    def f(x):
+        return x @ w
+
+    compiled = trident.compile(f)
+    x = torch.randn(4, 8)
+    compiled(x)  # pending, plain
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled(torch.randn(3, 5, 8))  # another family, under autocast: the pending call is dropped
+    for _ in range(2):
+        got = compiled(x)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, f(x))

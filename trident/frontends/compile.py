@@ -218,6 +218,15 @@ class _Pending:
     before: Any  # state.Snapshot of the objects it was passed, taken before it ran
     dynamic_ints: tuple
     static: tuple
+    thread: int  # the thread that made it: settled from that thread only
+    context: tuple  # _context() when it ran: settled under the same only
+
+
+def _context() -> tuple:
+    """What a trace depends on besides the call's key: grad and inference modes, autocast, the
+    default dtype (Note [Captured after its first call])."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
+            *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")))
 
 
 CHECKS = 4  # generated structure checks per function (Note [Generated structure checks])
@@ -455,35 +464,54 @@ class CompiledFunction(ServedByCache):
     #     as the second sighting would have been, from its own state: the objects get back what
     #     they held before it ran, the trace runs on them (Note [State the function is passed]),
     #     and they get back what they hold now.
+    # Dropped instead: a pending call settled from another thread (its objects may be in use
+    # there) or under another autocast, grad or default-dtype context (not part of the key);
+    # with dynamic=False (a static capture per signature: every decode step would be one). A
+    # capture that fails here is logged and left to the signature's second sighting: the call
+    # settling it runs as it would have. A hit settles only when the capture cache's lock is
+    # free (the hit path never waits for a capture). The pending call holds its arguments and
+    # the tensors its state held until the next call.
     # A signature called once and never followed by another call is never captured. The trace
     # runs the function's Python once more, as any capture does (side effects outside the state
     # it is passed are NOT guarded: Note [What trident.compile guards]).
     def _eager_first(self, call: _Call, key, family, reason: str, dynamic_ints: tuple, static: tuple):
+        if self.dynamic is False:
+            return self._eager(call, reason)
         before = state.Snapshot(call.walk)
         result = self._eager(call, reason)
-        self._pending = _Pending(call, key, family, before, dynamic_ints, static)
+        self._pending = _Pending(call, key, family, before, dynamic_ints, static, threading.get_ident(), _context())
         return result
 
     def _settle(self, call: Optional[_Call]) -> None:
         """Capture or drop the pending first call (Note [Captured after its first call]);
         `call`: the call now missing, None for a hit."""
-        with self.cache.lock:
+        if not self.cache.lock.acquire(blocking=call is not None):
+            return
+        try:
             p, self._pending = self._pending, None
             if p is None or p.key in self.captures or p.key in self.cache.refused or self.cache.full():
+                return
+            if p.thread != threading.get_ident() or p.context != _context():
                 return
             if call is not None:
                 key = call.key()
                 if key == p.key:  # its second sighting: captured from this call
                     return
-                if (call.family() == p.family and self.dynamic is not False
-                        and p.family not in self._symbolic_failed):
+                if call.family() == p.family and p.family not in self._symbolic_failed:
                     return  # the family's symbolic capture, made for this call, serves both
             after = state.Snapshot(state.walk(p.call.roots))
+            after.cover(p.before)  # everything the restore below touches gets its contents back
             p.before.restore()
             try:
                 self._capture_new(p.call, p.key, p.family, self.dynamic is True, p.dynamic_ints, p.static)
+            except Exception as e:  # noqa: BLE001 - left to the second sighting, which raises it there
+                logs.misses.info("trident.compile(%s): the first call's capture failed (%s: %s); "
+                                 "captured at its next call instead", self._name, type(e).__name__,
+                                 str(e).splitlines()[0] if str(e) else "")
             finally:
                 after.restore()
+        finally:
+            self.cache.lock.release()
 
     @property
     def _name(self) -> str:

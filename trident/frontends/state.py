@@ -197,6 +197,16 @@ class Snapshot:
             else:
                 self.saved.append((obj, dict(obj.__dict__)))
 
+    def cover(self, other: "Snapshot") -> None:
+        """Also hold, with their contents now, the objects `other` would restore that this
+        snapshot does not reach (detached since, or past a walk's limits)."""
+        have = {id(obj) for obj, _ in self.saved}
+        for obj, _ in other.saved:
+            if id(obj) not in have:
+                have.add(id(obj))
+                self.saved.append((obj, list(obj) if isinstance(obj, list) else dict(obj) if isinstance(obj, dict)
+                                   else dict(obj.__dict__)))
+
     def restore(self) -> None:
         for obj, saved in self.saved:
             if isinstance(obj, list):
