@@ -44,10 +44,12 @@ def test_new_sizes_get_one_symbolic_capture():
         for alpha in (2.0, 2.0, 2.0, -1.0):
             torch.testing.assert_close(compiled(x, (a, b), opts={"alpha": alpha}), alpha * x + a + b)
     # per alpha (a value of the signature): its first call eager; alpha=2.0: a static capture of
-    # n=100, then one symbolic capture for every later size; alpha=-1.0: one symbolic capture
+    # n=100, then one symbolic capture for every later size; alpha=-1.0: its n=100 call captured
+    # statically when the next (another family) comes (Note [Captured after its first call]),
+    # then one symbolic capture
     assert compiled.eager_calls == 2
     symbolic = [opt for opt in compiled.captures.values() if opt.meta["trident_symbolic"]]
-    assert len(compiled.captures) == 3 and len(symbolic) == 2
+    assert len(compiled.captures) == 4 and len(symbolic) == 2
     for opt in symbolic:
         (stats,) = trident.cache_info(opt).values()
         assert stats["specializations"] <= 2  # n % 16 == 0 or not (4000 % 16 == 0)
@@ -192,7 +194,7 @@ def test_python_scalars_of_objects_passed_are_state():
     """A traced call reads an object's Python scalars: replaying a capture with the values it
     saw would compute with the old ones. An int that changes between calls is made symbolic
     (Note [State the function is passed]): counts 0, 1 and the first of "2 or more" run
-    eagerly (each a new structure's first call), then ONE capture serves every later count, and
+    eagerly (each a new structure's first call), then ONE symbolic capture serves every later count, and
     the counter it advances is written back to the caller's object after each call."""
 
     table = torch.arange(16.0)
@@ -209,7 +211,10 @@ def test_python_scalars_of_objects_passed_are_state():
     for i in range(8):
         torch.testing.assert_close(compiled(x, y, state), i * x + y)
     assert state.layers[0].calls == 8
-    assert len(compiled.captures) == 1 and compiled.eager_calls == 3
+    # counts 0 and 1 are captured when the next call comes (Note [Captured after its first
+    # call]); count 2's first call is served by the symbolic capture made at count 3
+    assert len(compiled.captures) == 3 and compiled.eager_calls == 3
+    assert sum(opt.meta["trident_symbolic"] for opt in compiled.captures.values()) == 1
     assert "state.layers[0].calls: 1 -> 2" in "\n".join(compiled.eager_log)
     # a state that stays put is captured as before: eager once, captured, then hits
     reads = trident.compile(lambda x, y, state: _axpy(x, y, float(state.layers[0].calls) + 1.0))
