@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+import triton
 
 import trident
 from tests import kernels as K
@@ -167,8 +168,20 @@ def test_a_miss_waits_for_an_interpreted_launch_in_another_thread(monkeypatch, t
 
     from trident import triton_state
 
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # B's compile really generates code
-    opt = trident.optimize(trident.capture(K.axpy, torch.randn(1000), torch.randn(1000)))
+    # B's compile really generates code: a kernel object of its own (Triton's in-memory cache of
+    # K.axpy_kernel may hold float64 already) and a Triton cache dir of its own. K.axpy_kernel is
+    # not used: its in-memory cache would keep kernels whose files are in this test's dir, and a
+    # later test that looks a kernel up in Triton's cache dir (test_refs) would not find it there.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    kernel = triton.jit(K.axpy_kernel.fn)
+
+    def axpy(x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n, 2.5, BLOCK=128)
+        return out
+
+    opt = trident.optimize(trident.capture(axpy, torch.randn(1000), torch.randn(1000)))
     inside, resume = threading.Event(), threading.Event()
     original = interp.interpreter_builder.set_grid_idx
 

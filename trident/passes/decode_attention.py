@@ -378,8 +378,6 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
             fused = _FUSED in times and ("kernel" not in times or times[_FUSED] < times["kernel"])
             best = times.get(_FUSED if fused else "kernel")
             kernel = best is not None and not ("sdpa" in times and times["sdpa"] <= _MARGIN * best)
-            if best is None:
-                fused = can_fuse
             choice = {"kernel": kernel, "fused": fused, "us": {k2: round(v, 3) for k2, v in times.items()}}
             if "sdpa" in times and "kernel" in times:
                 disk_cache.store("decode-attention", disk_key, choice)
