@@ -6,11 +6,25 @@ class TridentError(RuntimeError):
 
 
 class CaptureError(TridentError):
-    """The function could not be captured into an FX graph of Triton launches and ATen ops."""
+    """The function could not be captured into an FX graph of Triton launches and ATen ops.
+
+    data_dependent: True when the trace failed because the function decides something from a
+    tensor's values (a size from nonzero, a branch or a Triton constexpr on `.item()`): one graph
+    cannot hold that, Dynamo's graph breaks can (Note [Data-dependent calls through Dynamo]).
+    """
+
+    def __init__(self, message: str, *, data_dependent: bool = False):
+        super().__init__(message)
+        self.data_dependent = data_dependent
 
 
 class UnsupportedError(TridentError):
-    """The graph uses something Trident does not handle (yet); the message says what."""
+    """The graph uses something Trident does not handle (yet); the message says what.
+    data_dependent: as CaptureError's (a pass needed a size only the data gives)."""
+
+    def __init__(self, message: str, *, data_dependent: bool = False):
+        super().__init__(message)
+        self.data_dependent = data_dependent
 
 
 class LoweringError(TridentError):

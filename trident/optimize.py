@@ -15,7 +15,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
 from . import knobs
-from .capture import ensure_triton_driver
+from .capture import data_dependent, ensure_triton_driver
 from .errors import GuardError, OperatorError, TridentError, UnsupportedError
 from .passes import (
     decompose_functional_launches,
@@ -301,6 +301,22 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Replace every region of Triton launches (and the allocations feeding them) with ONE
     torch.ops.trident.scm call. Returns a new GraphModule; `gm` is left unchanged."""
     ensure_triton_driver()
+    try:
+        return _optimize(gm)
+    except TridentError:
+        raise
+    except Exception as e:
+        if not data_dependent(e):
+            raise
+        # a size only the data gives (a region input sized by nonzero) where a pass needs a
+        # number: refused like a capture that decides on data (Note [Data-dependent calls
+        # through Dynamo]), never torch's exception out of a front door
+        raise UnsupportedError(
+            f"Trident needs a value only the data gives to plan this graph ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})", data_dependent=True) from e
+
+
+def _optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new = _copy_graph_module(gm)
     symbolic = gm.meta.get("trident_shape_env") is not None
     with _one_recompile(new):

@@ -60,6 +60,48 @@ def test_compiled_triton_runs_interpreted_on_the_cpu(tmp_path):
     assert r["trident"] == "ok" and r["eager_after"] == "ok" and r["eager_untuned_after"] == "ok"
 
 
+_PROBE = """
+import torch, triton
+
+def device():  # flash-linear-attention's fla/utils/_device.py, at its import
+    try:
+        return triton.runtime.driver.active.get_current_target().backend
+    except Exception:
+        return "cpu"
+
+def cores():  # Liger-Kernel's and flash-linear-attention's core count probes
+    try:
+        return triton.runtime.driver.active.utils.get_device_properties(0)["multiprocessor_count"]
+    except Exception:
+        return 1
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host-only driver is for machines without a GPU")
+def test_libraries_probing_the_driver_see_no_gpu():
+    """Note [The host target is Triton's and torch's to ask]: a library that asks Triton's driver
+    which device it runs on gets, after `import trident`, what it gets without Trident on this
+    machine (the RuntimeError of no active driver), so it keeps its CPU path (flash-linear-attention
+    asked torch.cuda for the GPU's name next and failed to import); Triton itself still compiles
+    for sm_90 and launches (interpreted) through the host-only driver."""
+    import types
+
+    import triton
+
+    import trident  # sets up the host-only driver
+    from tests import kernels as K
+
+    lib = types.ModuleType("mylib._device")
+    exec(compile(_PROBE, "mylib/_device.py", "exec"), lib.__dict__)
+    assert (lib.device(), lib.cores()) == ("cpu", 1)
+    with pytest.raises(RuntimeError, match=r"0 active drivers.*no device for tests\.capture\.test_triton_interop"):
+        triton.runtime.driver.active.get_current_target()  # this test module is no Triton either
+    x, y = torch.randn(300), torch.randn(300)
+    torch.testing.assert_close(K.axpy(x, y), K.axpy_ref(x, y))  # Triton asks, and launches
+    opt = trident.optimize(trident.capture(K.axpy, x, y))  # Trident asks (sm_90 cubins)
+    torch.testing.assert_close(opt(x, y), K.axpy_ref(x, y))
+
+
 @pytest.mark.cuda
 def test_users_triton_on_the_gpu_before_and_after_capture():
     """On a GPU Triton's own driver stays active: the user's kernels run eagerly before and after

@@ -3,14 +3,22 @@ tensor's value, a `nonzero`-sized output. Each call returns eager's result; a va
 cannot hold cuts the region (with the reason in explain()), a branch on data runs eagerly in
 trident.compile (reason logged) and breaks the graph in the backend; trident.capture refuses a
 branch with a TridentError that names the user's line and says what to do, never torch's
-internal exception."""
+internal exception. A function whose trace needs a data-dependent value goes through
+torch.compile(backend="trident") from trident.compile (Note [Data-dependent calls through
+Dynamo]), and the trace that failed leaves no fake tensor in the library's memos (Note [A failed
+trace leaves no fake tensors behind])."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
+import triton
+from torch._subclasses import FakeTensor
 
 import trident
+from tests import kernels as K
 from tests.kernels import axpy
 
 
@@ -59,7 +67,7 @@ def test_data_dependent_values_give_eager_results(fn, door):
             _door(door, fn, x, y)
         text = str(info.value)
         assert "test_data_dependent.py" in text and "bool(z.sum() > 0)" in text, text
-        assert "trident.compile(fn) runs such calls eagerly" in text, text
+        assert "trident.compile(fn) serves such calls through torch.compile(fn, backend='trident')" in text, text
         assert "Traceback" not in text and len(text.splitlines()) == 2, text
         return
     g = _door(door, fn, x, y)
@@ -71,7 +79,100 @@ def test_data_dependent_values_give_eager_results(fn, door):
         text = trident.explain(g)
         if fn is branch_on_sum:
             assert "0 capture(s)" in text and "raised at" in text and "test_data_dependent.py" in text, text
+            assert "went through torch.compile(backend='trident')" in text, text
         else:
             assert "1 capture(s)" in text, text
     if door == "optimize" and fn in (scaled_by_max, shifted_by_first):
         assert "traced non-tensor value (SymFloat)" in trident.explain(g) or "SymInt" in trident.explain(g)
+
+
+_MEMO: collections.deque = collections.deque(maxlen=4)  # flash-linear-attention's tensor_cache
+
+
+def _lengths(mask):
+    """The row lengths of a mask, memoized by argument identity, as fla's `tensor_cache` does."""
+    for args, result in _MEMO:
+        if args[0] is mask:
+            return result
+    result = mask.sum(-1)
+    _MEMO.append(((mask,), result))
+    return result
+
+
+class Unpadded(torch.nn.Module):
+    """A recurrent layer as flash-linear-attention writes one: the tokens the attention mask
+    keeps are gathered (nonzero: a data-dependent count T), a kernel runs over them with a block
+    size computed from T (a Triton constexpr: no one graph holds it), the state is replaced."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x, attention_mask, state):
+        q_len = x.shape[1]
+        keep = torch.nonzero(attention_mask[:, -q_len:].flatten()).flatten()
+        lengths = _lengths(attention_mask)
+        h = self.proj(x).reshape(-1, 16).index_select(0, keep).contiguous()
+        out = torch.empty_like(h)
+        n = h.numel()
+        block = max(16, triton.next_power_of_2(n))  # a constexpr from the data
+        K.axpy_kernel[(triton.cdiv(n, block),)](h, h, out, n, 0.5, BLOCK=block)
+        state["h"] = state["h"] * 0.5 + out.sum(0)
+        return out * lengths.sum(), state
+
+
+def _steps(layer, door):
+    """generate()-like: a prompt, then one token per step with a mask one longer each time."""
+    state = {"h": torch.zeros(16)}
+    outs = []
+    for step in range(6):
+        q_len = 4 if step == 0 else 1
+        x = torch.randn(1, q_len, 16, generator=torch.Generator().manual_seed(step))
+        mask = torch.ones(1, 4 + step, dtype=torch.long)
+        out, state = door(x, mask, state)
+        outs.append(out)
+    return outs, state
+
+
+def test_trident_compile_serves_a_data_dependent_function_through_dynamo():
+    torch._dynamo.reset()
+    layer = Unpadded()
+    want, want_state = _steps(layer, layer)
+    _MEMO.clear()
+    compiled = trident.compile(layer)
+    got, state = _steps(layer, compiled)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(state["h"], want_state["h"])
+    fn = compiled._compiled
+    # the first prompt runs eagerly (Note [Captured after its first call]); its capture, tried
+    # at the next call, fails on the block size: from then on the family goes through Dynamo
+    assert fn.dynamo_calls >= 4 and fn.eager_calls <= 2 and not fn.captures, trident.explain(compiled)
+    text = trident.explain(compiled)
+    assert "went through torch.compile(backend='trident')" in text and "the trace decides on a tensor's values" in text
+    assert "through torch.compile: graph" in text, text  # the backend captured the graphs between the breaks
+    assert not [e for e in _MEMO if any(isinstance(t, FakeTensor) for t in (*e[0], e[1]))]
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_failed_capture_leaves_no_fake_tensor_in_memos(dynamic):
+    """The static trace fails at nonzero; the symbolic one traces, and planning fails on the
+    block size (a data-dependent UnsupportedError, never torch's exception). Either way the
+    memo loses the trace's entries and keeps the caller's. Without the cleanup Dynamo, compiling
+    the function next, inlined the memo and failed on its fake tensor ("unhashable type:
+    non-nested SymInt")."""
+    layer = Unpadded()
+    mask = torch.ones(1, 5, dtype=torch.long)
+    _MEMO.clear()
+    _MEMO.append(((mask,), mask.sum(-1)))  # an entry of the caller's: kept
+    compiled = trident.compile(layer, dynamic=dynamic)._compiled
+    call = (torch.randn(1, 1, 16), torch.ones(1, 5, dtype=torch.long), {"h": torch.zeros(16)})
+    from trident.frontends.compile import _Call
+
+    with pytest.raises((trident.CaptureError, trident.UnsupportedError)) as info:
+        compiled._capture(_Call(call, {}, dynamic), "key", dynamic=dynamic, dynamic_ints=())
+    assert info.value.data_dependent, info.value
+    assert "GuardOnDataDependentSymNode" in str(info.value) or "DynamicOutputShape" in str(info.value)
+    assert len(_MEMO) == 1 and _MEMO[0][0][0] is mask

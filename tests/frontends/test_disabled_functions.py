@@ -159,6 +159,30 @@ def test_closure_and_self_state_stay_graph_breaks():
     assert f"{LIB}.Scaler.scale writes self.seen (a list: 0 -> 1 items)" in reasons, reasons
 
 
+def test_result_of_tensors_and_none_stays_in_one_graph():
+    """A disabled function returning `(y, None, rstd)` stays in the graph (it was a graph break
+    at every flash-linear-attention norm)."""
+
+    def fn(x):
+        y, mean, rstd = fake_lib.norm_dispatch(torch.sin(x))
+        assert mean is None
+        return y * rstd
+
+    def reference(x):
+        h = torch.sin(x)
+        rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return 2 * h * rstd * rstd
+
+    start = len(compiled_graphs())
+    compiled = torch.compile(fn, backend="trident")
+    for x, _ in _inputs(2):
+        torch.testing.assert_close(compiled(x), reference(x))
+    assert not _breaks(), _breaks()
+    assert _graphs() == 1
+    (graph,) = compiled_graphs()[start:]
+    assert graph.eager_calls == 0 and "launch axpy_kernel" in trident.explain(compiled)
+
+
 def test_result_that_is_not_tensors_stays_a_graph_break():
     def fn(x):
         h = torch.sin(x)

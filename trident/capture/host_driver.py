@@ -7,10 +7,21 @@ real cubins on the CPU and make_fx/Dynamo can capture launches. It never runs a 
 regions run kernels on the CPU through its interpreter launcher (trident/runtime/cpu_launcher.py),
 and a user's own `kernel[grid](...)` on CPU tensors goes through Triton's interpreter as under
 TRITON_INTERPRET=1 (`launcher_cls`), so importing Trident never breaks eager Triton on the CPU.
+
+Note [The host target is Triton's and torch's to ask]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Libraries probe the device through Triton's driver: flash-linear-attention decides at import
+whether it runs on 'cuda' or 'cpu' from `driver.active.get_current_target().backend`, and then
+asks torch.cuda for the GPU's name; others read `driver.active.utils.get_device_properties`
+for core counts. On this machine, without Trident, those calls raise ("0 active drivers") and the
+library falls back to the CPU. So the target and the device properties are answered only to
+Triton, torch and Trident (the code that compiles, traces and launches); any other caller gets
+the RuntimeError it would get without Trident, and keeps its CPU path.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -32,12 +43,26 @@ def _wall_clock_bench(fn, warmup=0, rep=1, quantiles=None, return_mode="mean", *
     return [ms] * len(quantiles) if quantiles else ms
 
 
+_ANSWERED = frozenset({"triton", "torch", "trident"})
+
+
+def _check_caller() -> None:
+    """Note [The host target is Triton's and torch's to ask]: raise as Triton does with no active
+    driver unless the caller of the driver's method is Triton, torch or Trident."""
+    module = sys._getframe(2).f_globals.get("__name__") or ""
+    if module.partition(".")[0] not in _ANSWERED:
+        raise RuntimeError("0 active drivers ([]). There should only be one. (Trident's host-only driver "
+                           "compiles sm_90 code for Triton and torch on this machine without a GPU; it is no "
+                           f"device for {module or 'this caller'} to run on)")
+
+
 class _HostUtils:
     """driver.utils: what CompiledKernel asks before its first launch."""
 
     # sm_90 limits (H100/H200): 227 KiB of shared memory per block, 1024 threads.
     @staticmethod
     def get_device_properties(device: int) -> dict:
+        _check_caller()
         return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32,
                 "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 5120}
 
@@ -60,6 +85,7 @@ class HostOnlyDriver(DriverBase):
         raise NotImplementedError("the host-only driver builds no launchers")
 
     def get_current_target(self) -> GPUTarget:
+        _check_caller()
         return HOST_TARGET
 
     def get_active_torch_device(self) -> torch.device:

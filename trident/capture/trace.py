@@ -10,9 +10,11 @@ ATen ops around it become ATen nodes. Nothing runs on a device during capture.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
+import gc
 import inspect
 import keyword
 import os
@@ -29,7 +31,7 @@ import torch.compiler as tc
 import triton
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch._subclasses import fake_tensor
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.fx.experimental import _config
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -241,6 +243,83 @@ def _user_frame(e: BaseException) -> Optional[str]:
     return f"{os.path.relpath(f.filename) if not f.filename.startswith('/') else f.filename}:{f.lineno} in {f.name}{source}"
 
 
+# What fake tensors raise where a value decides: a guard on a data-dependent size (symbolic
+# traces), an operator whose output size depends on values (nonzero, in static traces), a
+# scalar read (.item()) in a static trace.
+_DATA_DEPENDENT = (GuardOnDataDependentSymNode, DynamicOutputShapeException, DataDependentOutputException)
+
+
+def data_dependent(e: BaseException) -> bool:
+    """Whether the trace failed on a tensor's values: `e` or an exception it was raised from."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, _DATA_DEPENDENT):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+# Note [A failed trace leaves no fake tensors behind]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The trace runs the function's Python on fake tensors, and libraries memoize: flash-linear-
+# attention's `tensor_cache` keeps the last calls' (args, kwargs, result) in a deque held by a
+# closure. After the trace those entries hold fake tensors. Eager calls never hit them (they
+# compare arguments by identity), but Dynamo, compiling the same code later (a data-dependent
+# function goes through torch.compile: Note [Data-dependent calls through Dynamo]), inlines the
+# memo and fails on a fake tensor with symbolic sizes ("unhashable type: non-nested SymInt").
+# So when a trace fails, or its graph is dropped because a pass could not plan it
+# (`forget_fake_tensors_of`), the entries that hold a fake tensor of that trace's mode (directly or
+# in tuples, lists and dicts 3 levels down) are removed from every deque, set and dict in the
+# process (gc.get_objects(): ~0.35 s with a Hugging Face model loaded, once per failed trace):
+# a memo entry the trace made goes, as if the trace never ran. Lists keep theirs (positions
+# may mean something to their owner). A successful capture's memo entries stay: the capture
+# serves the calls from then on, and the entries are only memory.
+def _holds_fake(value, modes, depth: int = 3) -> bool:
+    kind = type(value)  # never isinstance: a dead weakref.proxy raises ReferenceError there
+    if issubclass(kind, fake_tensor.FakeTensor):
+        return any(value.fake_mode is m for m in modes)
+    if depth == 0:
+        return False
+    if kind is tuple or kind is list:
+        return any(_holds_fake(v, modes, depth - 1) for v in value)
+    if kind is dict:
+        return any(_holds_fake(v, modes, depth - 1) for v in dict.values(value))
+    return False
+
+
+def forget_fake_tensors_of(gm: torch.fx.GraphModule) -> int:
+    """Note [A failed trace leaves no fake tensors behind], for a trace whose graph is dropped
+    (a pass could not plan it): the entries removed."""
+    modes = []
+    for node in gm.graph.nodes:
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        if node.op == "placeholder" and mode is not None and not any(mode is m for m in modes):
+            modes.append(mode)
+    return _forget_fake_tensors(modes)
+
+
+def _forget_fake_tensors(modes: list) -> int:
+    """Note [A failed trace leaves no fake tensors behind]: the entries removed."""
+    if not modes:
+        return 0
+    removed = 0
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if kind is collections.deque or kind is set:
+            keep = [v for v in obj if not _holds_fake(v, modes)]
+            if len(keep) != len(obj):  # rebuilt: remove() would compare tensors with ==
+                removed += len(obj) - len(keep)
+                obj.clear()
+                (obj.extend if kind is collections.deque else obj.update)(keep)
+        elif kind is dict:
+            gone = [k for k, v in dict.items(obj) if _holds_fake(v, modes) or _holds_fake(k, modes)]
+            for k in gone:
+                del obj[k]
+            removed += len(gone)
+    return removed
+
+
 def capture(
     fn: Callable[..., Any],
     *example_inputs: Any,
@@ -266,6 +345,15 @@ def capture(
     if not callable(fn):
         raise CaptureError(f"capture expected a callable, got {type(fn).__name__}")
     log: list = []
+    modes: list = []  # the trace's FakeTensorMode (Note [A failed trace leaves no fake tensors behind])
+
+    @functools.wraps(fn)
+    def noted(*args):  # the user's function, its fake tensor mode noted
+        mode = torch._guards.detect_fake_mode(args)
+        if mode is not None and not modes:
+            modes.append(mode)
+        return fn(*args)
+
     try:
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
         # Note [Collectives in regions]: dist.all_reduce & co. traced as functional collectives
@@ -278,25 +366,28 @@ def capture(
             with _no_duck_sizes() if dynamic else contextlib.nullcontext(), \
                     _SYMINT_INDEXING.held() if dynamic else contextlib.nullcontext(), \
                     _static_inputs(static) if dynamic and static else contextlib.nullcontext():
-                gm = make_fx(fn, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
+                gm = make_fx(noted, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
                 gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
         _tag_heuristics(gm, log)
         check_graph(gm)
     except CaptureError:
+        _forget_fake_tensors(modes)
         raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause
+        _forget_fake_tensors(modes)
         where = _user_frame(e)
+        depends = data_dependent(e)
         advice = (
-            "The function decides something from a tensor's values (bool(t), `if t`, a condition on "
-            ".item()): one graph cannot hold that. trident.compile(fn) runs such calls eagerly and says why; "
-            "torch.compile(fn, backend='trident') breaks the graph there and serves the rest."
-            if isinstance(e, GuardOnDataDependentSymNode) else
+            "The function decides something from a tensor's values (a size from nonzero, bool(t), `if t`, "
+            "a condition on .item()): one graph cannot hold that. trident.compile(fn) serves such calls through "
+            "torch.compile(fn, backend='trident'), which breaks the graph there and serves the rest."
+            if depends else
             "Trident captures functions that launch Triton kernels with kernel[grid](...), "
             "wrap_triton, torch.library.triton_op or custom_op, plus ATen ops, on tensor inputs."
         )
         raise CaptureError(
             f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {_first_part(e)}"
-            f"{f' (raised at {where})' if where else ''}\n{advice}"
+            f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}

@@ -40,7 +40,9 @@ traced code compared) raises before running anything, and that call gets a stati
 its own. dynamic=True: symbolic from the first capture; False: a static capture per signature.
 A call Trident cannot capture (CaptureError, UnsupportedError) runs eagerly for its signature,
 with a warning (`eager_reason`), as torch.compile(backend="trident") does; explain() says for
-every eager call why, naming the leaf that changed (`cache.seen: 33 -> 34`).
+every eager call why, naming the leaf that changed (`cache.seen: 33 -> 34`). Except a call whose
+trace failed on a tensor's values: its family goes through torch.compile(backend="trident")
+(Note [Data-dependent calls through Dynamo]).
 At most TRIDENT_CAPTURES (8) captures per function; past it calls of new signatures run eagerly
 (Note [One capture cache], the same rule as the backend's).
 NOT guarded: Python globals and module attributes other than registered parameters and buffers
@@ -62,7 +64,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import logs
-from ..capture.trace import _roots, capture
+from ..capture.trace import _roots, capture, forget_fake_tensors_of
 from ..errors import CaptureError, GuardError, TridentError
 from ..optimize import lend_carried, optimize
 from . import fast_walk, state
@@ -290,6 +292,11 @@ class CompiledFunction(ServedByCache):
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
         self._checks: tuple = ()  # _Check per structure that served a call, most recent first
         self._check_tried: set = set()  # structures a check was made (or refused) for
+        # Note [Data-dependent calls through Dynamo]
+        self._dynamo_families: set = set()
+        self._dynamo_fn: Optional[Callable[..., Any]] = None
+        self.dynamo_reason: Optional[str] = None
+        self.dynamo_calls = 0
         self._generation = _generation[0]
         functools.update_wrapper(self, fn, updated=())
 
@@ -372,11 +379,14 @@ class CompiledFunction(ServedByCache):
             self._seen = set()
             self._pending = None
             self._checks, self._check_tried = (), set()
+            self._dynamo_families, self._dynamo_fn = set(), None
             self._generation = _generation[0]
 
     def _miss(self, call: _Call):
         if self._pending is not None:
             self._settle(call)
+        if self._dynamo_families and call.family() in self._dynamo_families:
+            return self._through_dynamo(call)
         key = call.key()
         opt = self.captures.get(key)
         if opt is None and key in self.cache.refused:  # Trident cannot capture it: eager, as the backend does
@@ -415,6 +425,8 @@ class CompiledFunction(ServedByCache):
                 opt, reason = self._capture_new(call, key, family, symbolic, dynamic_ints, static)
         if first and not self.cache.full():
             return self._eager_first(call, key, family, reason, dynamic_ints, static)
+        if opt is None and family in self._dynamo_families:
+            return self._through_dynamo(call)
         if opt is None:
             return self._eager(call, reason)
         return self._run(opt, key, call)
@@ -441,7 +453,13 @@ class CompiledFunction(ServedByCache):
                         opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
                     except Exception:  # noqa: BLE001 - the static error is the one to report
                         self._symbolic_failed.add(family)
-                if opt is None:
+                if opt is None and getattr(e, "data_dependent", False):  # CaptureError, UnsupportedError
+                    self._dynamo_families.add(family)  # Note [Data-dependent calls through Dynamo]
+                    self.dynamo_reason = reason = (
+                        f"the trace decides on a tensor's values ({str(e).splitlines()[0]}): this family of "
+                        "signatures goes through torch.compile(backend='trident'), which breaks the graph there")
+                    logs.misses.warning("trident.compile(%s): %s", self._name, reason)
+                elif opt is None:
                     reason = self.cache.refuse(key, e)
         if opt is not None and key not in self.captures:
             self._register(call, key, opt)
@@ -533,6 +551,31 @@ class CompiledFunction(ServedByCache):
         self._outputs.pop(old, None)
         self._seen.discard(old)
         self._guarded = {s: [e for e in entries if e.key != old] for s, entries in self._guarded.items()}
+
+    # Note [Data-dependent calls through Dynamo]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A function that decides something from a tensor's values -- a size from nonzero (a
+    # library unpadding its tokens by the attention mask), a Triton constexpr or a branch on
+    # `.item()` -- has no one graph: its trace fails (CaptureError.data_dependent). Running its
+    # calls eagerly would give up every launch in it; Dynamo's graph breaks cut the function at
+    # exactly those points, and the trident backend serves the graphs between them (each with
+    # its own capture cache: Note [One capture cache]). So once a family's trace fails that
+    # way, every call of the family goes through one `torch.compile(fn, backend="trident",
+    # dynamic=<this function's>)`: Dynamo guards it, replays its Python side effects on the
+    # objects it is passed and recompiles where its guards fail, as torch.compile does (Note
+    # [State the function is passed] is Dynamo's business for these calls). Other families keep
+    # their captures. explain() names the reason and shows the Dynamo graphs; cache_info()
+    # lists their captures; `dynamo_calls` counts the calls. torch.compiler.disable on
+    # __call__ does not reach the inner torch.compile: its frames are compiled.
+    def _through_dynamo(self, call: _Call):
+        fn = self._dynamo_fn
+        if fn is None:
+            with self.cache.lock:
+                if self._dynamo_fn is None:
+                    self._dynamo_fn = torch.compile(self.fn, backend="trident", dynamic=self.dynamic)
+                fn = self._dynamo_fn
+        self.dynamo_calls += 1
+        return fn(*call.args, **call.kwargs)
 
     def _eager(self, call: _Call, reason: str):
         self.cache.eager(reason)
@@ -669,7 +712,12 @@ class CompiledFunction(ServedByCache):
         input_names = [names[i] for i in tensor_pos] + [names[i] for i in dynamic_pos]
         _tracing.active = True
         try:
-            opt = optimize(capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static))
+            gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static)
+            try:
+                opt = optimize(gm)
+            except Exception:
+                forget_fake_tensors_of(gm)  # Note [A failed trace leaves no fake tensors behind]
+                raise
         finally:
             _tracing.active = False
         info = self._outputs[key] = recorded["info"]

@@ -56,7 +56,7 @@ kept: new entries of a dict or set whose keys and values are plain data (numbers
 dtypes, devices, tuples and lists of them), a memo eager's first call fills alike (Liger's
 `_AVAILABLE_MEMO` of implementation names, a warn-once set). A pure verdict is not cached: each
 Dynamo-time call is checked, since a later call may take a branch that writes (it costs compile
-time, never a run). A kept call must also return tensors or tuples/lists of them, and its fake
+time, never a run). A kept call must also return tensors or tuples/lists of them (Nones among them), and its fake
 run must succeed; otherwise the graph breaks as without Trident, the run's changes put back.
 Arguments are out of the run's reach: Dynamo passes it tensors, constants and fx's immutable
 copies of lists and dicts, and breaks the graph for other objects.
@@ -820,12 +820,20 @@ def _state_verdict(fn, snapshot: _StateSnapshot) -> Optional[str]:
 
 
 def _tensors_only(variable) -> bool:
-    """Whether a Dynamo variable is a tensor, or a tuple or list of such (nested)."""
-    if variable.is_tensor():
-        return True
-    if isinstance(variable, BaseListVariable):
-        return bool(variable.items) and all(_tensors_only(v) for v in variable.items)
-    return False
+    """Whether a Dynamo variable is a tensor, or a tuple or list (nested) of tensors and Nones
+    with a tensor among them (flash-linear-attention's norms return `(y, None, rstd, x)`)."""
+
+    def leaves(v):
+        if v.is_tensor():
+            return [True]
+        if isinstance(v, BaseListVariable):
+            return [leaf for item in v.items for leaf in leaves(item)]
+        if v.is_python_constant() and v.as_python_constant() is None:
+            return [False]
+        return [None]
+
+    found = leaves(variable)
+    return any(found) and None not in found
 
 
 _RULE_INSTALLED = [False]

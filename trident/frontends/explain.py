@@ -42,7 +42,10 @@ def _captures(obj) -> "list[tuple[str, torch.fx.GraphModule]] | None":
     obj = _unwrap(obj)
     captures = getattr(obj, "captures", None)
     if isinstance(captures, dict):
-        return [(f"capture {i}", opt) for i, opt in enumerate(captures.values())]
+        own = [(f"capture {i}", opt) for i, opt in enumerate(captures.values())]
+        inner = getattr(obj, "_dynamo_fn", None)  # Note [Data-dependent calls through Dynamo]
+        through = (_captures(inner) or []) if inner is not None else []
+        return own + [(f"through torch.compile: {label}", opt) for label, opt in through]
     graphs = _dynamo_graphs(obj)
     if graphs is None:
         return None
@@ -96,7 +99,10 @@ def explain(gm) -> str:
     if captures is not None:
         head = _dynamo_head(gm)
         if not head:
-            head = [f"{len(captures)} capture(s); {getattr(gm, 'eager_calls', 0)} call(s) ran eagerly"]
+            head = [f"{len(gm.captures)} capture(s); {getattr(gm, 'eager_calls', 0)} call(s) ran eagerly"]
+            if getattr(gm, "_dynamo_fn", None) is not None:  # Note [Data-dependent calls through Dynamo]
+                head.append(f"{gm.dynamo_calls} call(s) went through torch.compile(backend='trident'): {gm.dynamo_reason}")
+                head.extend(f"  {line}" for line in _dynamo_head(gm._dynamo_fn))
             log = list(getattr(gm, "eager_log", ()))
             if log:  # trident.compile: why each of the latest eager calls ran eagerly
                 head.append(f"the latest eager calls ({len(log)}), why each ran eagerly:")

@@ -1,0 +1,69 @@
+"""flash-linear-attention (fla), a real third-party library of Triton kernels for recurrent
+(linear-attention) models, used as its README shows: an HF model built from its config,
+`model.generate(input_ids)`. Its layers unpad the tokens by the attention mask (nonzero and
+`.item()`: data-dependent sizes feeding its kernels' constexprs), keep their state in a Cache
+whose per-layer dicts get new tensors every step, dispatch through `torch.compiler.disable`d
+functions returning `(y, None, rstd)`, and memoize in closures. Imported after Trident (conftest),
+on the CPU it must keep its CPU path (it asked torch.cuda for the GPU's name and failed to import:
+Note [The host target is Triton's and torch's to ask]). Greedy tokens equal eager's through both
+doors; from the second generate() on nothing runs eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+fla_models = pytest.importorskip("fla.models")  # pinned in requirements-ci.txt
+transformers = pytest.importorskip("transformers")
+
+import trident  # noqa: E402
+from trident.frontends.dynamo import compiled_graphs  # noqa: E402
+
+PROMPT = [[5, 7, 9, 11]]
+NEW = 4
+
+
+def _model():
+    torch.manual_seed(0)
+    config = fla_models.GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128,
+                                  intermediate_size=128)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _generate(model):
+    with torch.no_grad():
+        return model.generate(torch.tensor(PROMPT), max_new_tokens=NEW, do_sample=False)
+
+
+@pytest.mark.parametrize("door", ["compile", "backend"])
+def test_gla_generate_through_both_doors(door):
+    torch._dynamo.reset()
+    model = _model()
+    want = _generate(model)
+    start = len(compiled_graphs())
+    if door == "compile":
+        model.forward = trident.compile(model.forward)
+    else:
+        model.forward = torch.compile(model.forward, backend="trident")
+    assert torch.equal(_generate(model), want)
+
+    def eager_calls():
+        inner = compiled_graphs()[start:]
+        own = model.forward.eager_calls if door == "compile" else 0
+        return own + sum(g.eager_calls for g in inner)
+
+    warm = eager_calls()
+    for _ in range(2):
+        assert torch.equal(_generate(model), want)
+    assert eager_calls() == warm  # from the second generate() on, every call is served
+    graphs = compiled_graphs()[start:]
+    assert graphs and all(g.captures for g in graphs)
+    text = trident.explain(model.forward)
+    assert "launch fused_recurrent_fwd_kernel" in text, text  # fla's own kernels, captured
+    if door == "compile":
+        # the layers' unpadding decides on the mask's values: served through Dynamo's pieces
+        assert model.forward.dynamo_calls >= 2 * NEW and not model.forward.captures, text
+        assert "went through torch.compile(backend='trident')" in text, text
+    # fla's norms return (y, None, rstd) from disabled functions: kept in the graph, not broken at
+    assert "returns TupleVariable, not tensors" not in text, text
+    torch._dynamo.reset()
