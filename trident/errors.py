@@ -11,11 +11,15 @@ class CaptureError(TridentError):
     data_dependent: True when the trace failed because the function decides something from a
     tensor's values (a size from nonzero, a branch or a Triton constexpr on `.item()`): one graph
     cannot hold that, Dynamo's graph breaks can (Note [Data-dependent calls through Dynamo]).
+    new_object: True when the function returns an object it made during the call that holds
+    tensors (a library's own Cache built from the one passed in): a capture cannot make that
+    object again per call, Dynamo can (the same Note).
     """
 
-    def __init__(self, message: str, *, data_dependent: bool = False):
+    def __init__(self, message: str, *, data_dependent: bool = False, new_object: bool = False):
         super().__init__(message)
         self.data_dependent = data_dependent
+        self.new_object = new_object
 
 
 class UnsupportedError(TridentError):

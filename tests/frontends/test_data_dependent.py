@@ -87,6 +87,7 @@ def test_data_dependent_values_give_eager_results(fn, door):
 
 
 _MEMO: collections.deque = collections.deque(maxlen=4)  # flash-linear-attention's tensor_cache
+_TABLE: dict = {}  # a module-level dict memo: never swept (its entries may hold fake tensors)
 
 
 def _lengths(mask):
@@ -113,6 +114,10 @@ class Unpadded(torch.nn.Module):
         q_len = x.shape[1]
         keep = torch.nonzero(attention_mask[:, -q_len:].flatten()).flatten()
         lengths = _lengths(attention_mask)
+        _TABLE.setdefault("calls", []).append(q_len)
+        if not hasattr(self, "tables"):
+            self.tables = {}  # an attribute made lazily, a dict of tensors
+        self.tables.setdefault(q_len, torch.ones(1))
         h = self.proj(x).reshape(-1, 16).index_select(0, keep).contiguous()
         out = torch.empty_like(h)
         n = h.numel()
@@ -176,3 +181,44 @@ def test_a_failed_capture_leaves_no_fake_tensor_in_memos(dynamic):
     assert info.value.data_dependent, info.value
     assert "GuardOnDataDependentSymNode" in str(info.value) or "DynamicOutputShape" in str(info.value)
     assert len(_MEMO) == 1 and _MEMO[0][0][0] is mask
+    # namespaces are never swept: the module's globals and the module's attributes stay (the
+    # first sweep deleted `_TABLE` from the globals and `layer.tables`, and the next eager call
+    # failed with NameError / AttributeError)
+    assert "_TABLE" in globals() and isinstance(layer.tables, dict)
+    want, _ = layer(*call)
+    torch.testing.assert_close(want, Unpadded()(*call)[0])
+
+
+class Packed:
+    """A library's own cache object."""
+
+    def __init__(self, h):
+        self.state = {"h": h}
+
+
+def repack(x, cache):
+    """Returns a new object holding tensors, made from the one passed in (flash-linear-attention's
+    models turn generate()'s DynamicCache into a Cache of their own at the prefill)."""
+    h = cache.state["h"] if isinstance(cache, Packed) else torch.zeros(x.shape[-1])
+    out = torch.empty_like(x)
+    n = x.numel()
+    K.axpy_kernel[(triton.cdiv(n, 64),)](x, x, out, n, 0.5, BLOCK=64)
+    return out + h, Packed(h + out.sum(0))
+
+
+def test_a_new_object_holding_tensors_goes_through_dynamo():
+    """A capture returned the trace's object, its tensors fake, on every call (generate() then
+    failed in its stopping check with a GuardOnDataDependentSymNode); the family now goes through
+    torch.compile(backend="trident"), which makes the object per call."""
+    torch._dynamo.reset()
+    compiled = trident.compile(repack)
+    for step in range(4):
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(step))
+        out, packed = compiled(x, None)
+        want, want_packed = repack(x, None)
+        torch.testing.assert_close(out, want)
+        assert type(packed.state["h"]) is torch.Tensor and packed is not want_packed
+        torch.testing.assert_close(packed.state["h"], want_packed.state["h"])
+    assert compiled.dynamo_calls >= 2 and not compiled.captures
+    assert "returns a Packed it made during the call" in trident.explain(compiled)
+    torch._dynamo.reset()

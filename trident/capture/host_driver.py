@@ -49,7 +49,10 @@ _ANSWERED = frozenset({"triton", "torch", "trident"})
 def _check_caller() -> None:
     """Note [The host target is Triton's and torch's to ask]: raise as Triton does with no active
     driver unless the caller of the driver's method is Triton, torch or Trident."""
-    module = sys._getframe(2).f_globals.get("__name__") or ""
+    try:
+        module = sys._getframe(2).f_globals.get("__name__") or ""
+    except ValueError:  # called straight from C: no Python caller to tell apart
+        return
     if module.partition(".")[0] not in _ANSWERED:
         raise RuntimeError("0 active drivers ([]). There should only be one. (Trident's host-only driver "
                            "compiles sm_90 code for Triton and torch on this machine without a GPU; it is no "

@@ -260,63 +260,61 @@ def data_dependent(e: BaseException) -> bool:
     return False
 
 
-# Note [A failed trace leaves no fake tensors behind]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Note [A trace leaves no fake tensors in memos]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # The trace runs the function's Python on fake tensors, and libraries memoize: flash-linear-
 # attention's `tensor_cache` keeps the last calls' (args, kwargs, result) in a deque held by a
 # closure. After the trace those entries hold fake tensors. Eager calls never hit them (they
 # compare arguments by identity), but Dynamo, compiling the same code later (a data-dependent
 # function goes through torch.compile: Note [Data-dependent calls through Dynamo]), inlines the
 # memo and fails on a fake tensor with symbolic sizes ("unhashable type: non-nested SymInt").
-# So when a trace fails, or its graph is dropped because a pass could not plan it
-# (`forget_fake_tensors_of`), the entries that hold a fake tensor of that trace's mode (directly or
-# in tuples, lists and dicts 3 levels down) are removed from every deque, set and dict in the
-# process (gc.get_objects(): ~0.35 s with a Hugging Face model loaded, once per failed trace):
-# a memo entry the trace made goes, as if the trace never ran. Lists keep theirs (positions
-# may mean something to their owner). A successful capture's memo entries stay: the capture
-# serves the calls from then on, and the entries are only memory.
+# So after every trace (made or failed; a Dynamo graph runs library Python too: the disabled
+# functions it keeps, Note [Disabled functions under backend="trident"]), and when its graph is
+# dropped because a pass could not plan it
+# (`forget_fake_tensors_of`), the entries of every deque in the process (gc.get_objects(), ~50 ms
+# with a Hugging Face model loaded) that are a fake tensor of that trace's own mode, or a tuple
+# holding one (3 levels down), are removed: a memo entry the trace made goes, as if the trace
+# never ran. Only deques, only entries: a dict's keys may be a module's globals or a class's
+# attributes (deleting one broke the library or, for a class, crashed CPython's type cache), a
+# list's positions may mean something to their owner, and a dict or list memo of fake tensors
+# stays (docs/limits.md). A mode the trace did not create (the caller's own fake inputs, a
+# TracingContext's) is never swept. A deque another thread changes while it is read is skipped;
+# the sweep never raises.
 def _holds_fake(value, modes, depth: int = 3) -> bool:
     kind = type(value)  # never isinstance: a dead weakref.proxy raises ReferenceError there
     if issubclass(kind, fake_tensor.FakeTensor):
         return any(value.fake_mode is m for m in modes)
-    if depth == 0:
-        return False
-    if kind is tuple or kind is list:
+    if depth and kind is tuple:
         return any(_holds_fake(v, modes, depth - 1) for v in value)
-    if kind is dict:
-        return any(_holds_fake(v, modes, depth - 1) for v in dict.values(value))
     return False
 
 
 def forget_fake_tensors_of(gm: torch.fx.GraphModule) -> int:
-    """Note [A failed trace leaves no fake tensors behind], for a trace whose graph is dropped
-    (a pass could not plan it): the entries removed."""
-    modes = []
-    for node in gm.graph.nodes:
-        mode = getattr(node.meta.get("val"), "fake_mode", None)
-        if node.op == "placeholder" and mode is not None and not any(mode is m for m in modes):
-            modes.append(mode)
-    return _forget_fake_tensors(modes)
+    """Note [A trace leaves no fake tensors in memos], for a trace whose graph is dropped (a pass
+    could not plan it): the entries removed."""
+    return _forget_fake_tensors(gm.meta.get("trident_trace_modes", []))
 
 
 def _forget_fake_tensors(modes: list) -> int:
-    """Note [A failed trace leaves no fake tensors behind]: the entries removed."""
+    """Note [A trace leaves no fake tensors in memos]: the entries removed."""
     if not modes:
         return 0
     removed = 0
-    for obj in gc.get_objects():
-        kind = type(obj)
-        if kind is collections.deque or kind is set:
-            keep = [v for v in obj if not _holds_fake(v, modes)]
-            if len(keep) != len(obj):  # rebuilt: remove() would compare tensors with ==
-                removed += len(obj) - len(keep)
-                obj.clear()
-                (obj.extend if kind is collections.deque else obj.update)(keep)
-        elif kind is dict:
-            gone = [k for k, v in dict.items(obj) if _holds_fake(v, modes) or _holds_fake(k, modes)]
-            for k in gone:
-                del obj[k]
-            removed += len(gone)
+    try:
+        for obj in gc.get_objects():
+            if type(obj) is not collections.deque:
+                continue
+            try:
+                items = list(obj)  # one C call: atomic under the GIL
+                keep = [v for v in items if not _holds_fake(v, modes)]
+                if len(keep) != len(items) and len(obj) == len(items):
+                    obj.clear()  # rebuilt: remove() would compare tensors with ==
+                    obj.extend(keep)
+                    removed += len(items) - len(keep)
+            except Exception:  # noqa: BLE001 - changed meanwhile (another thread): left as it is
+                continue
+    except Exception:  # noqa: BLE001 - the sweep never fails a capture
+        pass
     return removed
 
 
@@ -345,12 +343,14 @@ def capture(
     if not callable(fn):
         raise CaptureError(f"capture expected a callable, got {type(fn).__name__}")
     log: list = []
-    modes: list = []  # the trace's FakeTensorMode (Note [A failed trace leaves no fake tensors behind])
+    # the trace's own FakeTensorMode, never the caller's (Note [A trace leaves no fake tensors in memos])
+    modes: list = []
+    theirs = torch._guards.detect_fake_mode(example_inputs)
 
     @functools.wraps(fn)
     def noted(*args):  # the user's function, its fake tensor mode noted
         mode = torch._guards.detect_fake_mode(args)
-        if mode is not None and not modes:
+        if mode is not None and mode is not theirs and not modes:
             modes.append(mode)
         return fn(*args)
 
@@ -389,6 +389,8 @@ def capture(
             f"could not capture {getattr(fn, '__name__', fn)!r}: {type(e).__name__}: {_first_part(e)}"
             f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
+    _forget_fake_tensors(modes)  # Note [A trace leaves no fake tensors in memos]
+    gm.meta["trident_trace_modes"] = modes
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):

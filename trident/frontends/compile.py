@@ -380,6 +380,7 @@ class CompiledFunction(ServedByCache):
             self._pending = None
             self._checks, self._check_tried = (), set()
             self._dynamo_families, self._dynamo_fn = set(), None
+            self.dynamo_reason, self.dynamo_calls = None, 0
             self._generation = _generation[0]
 
     def _miss(self, call: _Call):
@@ -453,11 +454,13 @@ class CompiledFunction(ServedByCache):
                         opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
                     except Exception:  # noqa: BLE001 - the static error is the one to report
                         self._symbolic_failed.add(family)
-                if opt is None and getattr(e, "data_dependent", False):  # CaptureError, UnsupportedError
+                if opt is None and (getattr(e, "data_dependent", False) or getattr(e, "new_object", False)):
                     self._dynamo_families.add(family)  # Note [Data-dependent calls through Dynamo]
+                    why = "the trace decides on a tensor's values" if getattr(e, "data_dependent", False) else \
+                        "the call returns an object it made"
                     self.dynamo_reason = reason = (
-                        f"the trace decides on a tensor's values ({str(e).splitlines()[0]}): this family of "
-                        "signatures goes through torch.compile(backend='trident'), which breaks the graph there")
+                        f"{why} ({str(e).splitlines()[0]}): this family of signatures goes through "
+                        "torch.compile(backend='trident'), which breaks the graph there or rebuilds the object")
                     logs.misses.warning("trident.compile(%s): %s", self._name, reason)
                 elif opt is None:
                     reason = self.cache.refuse(key, e)
@@ -559,7 +562,12 @@ class CompiledFunction(ServedByCache):
     # `.item()` -- has no one graph: its trace fails (CaptureError.data_dependent). Running its
     # calls eagerly would give up every launch in it; Dynamo's graph breaks cut the function at
     # exactly those points, and the trident backend serves the graphs between them (each with
-    # its own capture cache: Note [One capture cache]). So once a family's trace fails that
+    # its own capture cache: Note [One capture cache]). The same for a function returning an
+    # object it made during the call that holds tensors (flash-linear-attention's models turn
+    # the DynamicCache generate() passes into a Cache of their own at the prefill): a capture
+    # would hand back the trace's object, fake tensors inside, on every call (it did, and
+    # generate() failed in its stopping check); Dynamo rebuilds the object per call
+    # (CaptureError.new_object). So once a family's trace fails either
     # way, every call of the family goes through one `torch.compile(fn, backend="trident",
     # dynamic=<this function's>)`: Dynamo guards it, replays its Python side effects on the
     # objects it is passed and recompiles where its guards fail, as torch.compile does (Note
@@ -568,6 +576,8 @@ class CompiledFunction(ServedByCache):
     # lists their captures; `dynamo_calls` counts the calls. torch.compiler.disable on
     # __call__ does not reach the inner torch.compile: its frames are compiled.
     def _through_dynamo(self, call: _Call):
+        if getattr(_tracing, "active", False):  # inside another capture's trace: traced as it is
+            return self.fn(*call.args, **call.kwargs)
         fn = self._dynamo_fn
         if fn is None:
             with self.cache.lock:
@@ -698,6 +708,13 @@ class CompiledFunction(ServedByCache):
                 elif id(t) in places:
                     template.append(("path", places[id(t)]))
                 else:
+                    made = next((steps for _, steps, v in state.walk([t]).leaves
+                                 if isinstance(v, torch.Tensor) and state.is_traced(v)), None)
+                    if made is not None:  # Note [Data-dependent calls through Dynamo]
+                        raise CaptureError(
+                            f"{self._name} returns a {type(t).__name__} it made during the call, holding tensors "
+                            f"({state.path_text(type(t).__name__, made)}): a capture would return that one object, "
+                            "with the trace's tensors, on every call", new_object=True)
                     template.append(("const", t))
             user = [t for t in out_leaves if isinstance(t, torch.Tensor)]
             recorded["info"] = _Outputs(out_spec, template, len(user), writes, tuple(dynamic_ints) if dynamic else ())
@@ -716,7 +733,7 @@ class CompiledFunction(ServedByCache):
             try:
                 opt = optimize(gm)
             except Exception:
-                forget_fake_tensors_of(gm)  # Note [A failed trace leaves no fake tensors behind]
+                forget_fake_tensors_of(gm)  # Note [A trace leaves no fake tensors in memos]
                 raise
         finally:
             _tracing.active = False
