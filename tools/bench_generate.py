@@ -32,6 +32,16 @@ ALL in one run per (model, kernels) case:
 
     python tools/bench_generate.py --out results/bench_generate.json [--models llama,qwen2] [--kernels plain,liger]
 
+flash-linear-attention (a third-party library of Triton kernels for recurrent models), as its
+README runs it (`AutoModelForCausalLM` from a config, `model.generate(input_ids)`; random weights,
+GLA at 1.3B-like shapes: hidden 2048, 24 layers, 4 heads):
+
+    python tools/bench_generate.py --models gla --kernels fla --caches dynamic
+
+runs the dynamic-cache variants (its models have no static cache) and, as `graph_floor`, its
+decode step without an attention mask (no unpadding) replayed as one CUDA graph, the argmax and
+the token's copy in included (`recurrent_floor`); `x_floor` is then each variant over it.
+
 Per variant: generate() is called 4 times with the same prompt; `first_call_s` is the first
 call (compiles, captures), `ms_per_token` the median of calls 2-4 (wall time / 64 new tokens,
 synchronized); the tokens of every call are compared with eager's (bf16: where they part, the
@@ -261,6 +271,24 @@ def _per_token(native) -> list:
             for r in native.grouped()]
 
 
+def _build(kind: str, kernels: str, dev: str, dt, tiny: bool):
+    """bench_hf's models, or flash-linear-attention's GLA (`--models gla --kernels fla`)."""
+    if kind != "gla":
+        return build_model(kind, kernels, dev, dt, tiny)
+    if kernels != "fla":
+        raise SystemExit("--models gla runs with --kernels fla: flash-linear-attention's own Triton kernels")
+    import fla.models  # registers its models with transformers' Auto classes
+    from transformers import AutoModelForCausalLM
+
+    shapes = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=256) if tiny else dict(
+        hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)
+    cfg = fla.models.GLAConfig(**shapes)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(cfg)
+    return cfg, model.to(dt).eval()
+
+
 def run_variant(kind, kernels, cache, name, args) -> dict:
     import trident
     from transformers import CompileConfig, GenerationConfig
@@ -268,7 +296,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
 
     dev = args.device
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
-    cfg, model = build_model(kind, kernels, dev, dt, args.tiny)
+    cfg, model = _build(kind, kernels, dev, dt, args.tiny)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(dev)
     model.generation_config = GenerationConfig.from_model_config(cfg)
@@ -329,6 +357,13 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
     if name in COMPILE_VARIANTS:
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
+        # Note [Data-dependent calls through Dynamo]: the calls trident.compile sent through Dynamo
+        r["dynamo_calls"], r["dynamo_reason"] = model.forward.dynamo_calls, model.forward.dynamo_reason
+        if model.forward.dynamo_calls:
+            graphs = compiled_graphs()[start:]
+            r["dynamo_graphs"] = len(graphs)
+            r["dynamo_captures"] = sum(len(gr.captures) for gr in graphs)
+            r["dynamo_eager_calls"] = sum(gr.eager_calls for gr in graphs)
     if name in ("trident_backend", "trident_config"):
         graphs = compiled_graphs()[start:]
         r["dynamo_graphs"] = len(graphs)
@@ -375,8 +410,53 @@ def hbm_floor_ms(model, cfg) -> dict:
             "kv_bytes_mean": int(kv)}
 
 
+def recurrent_floor(kind, kernels, args) -> dict:
+    """flash-linear-attention's decode step replayed as one CUDA graph, per token: the prompt's
+    prefill eager, then the step without an attention mask (generate() passes one, and the
+    layers then unpad by it with nonzero, which no graph holds) captured at a static token
+    buffer; each token replays it, takes the argmax and copies it in. The step's state is
+    replaced by new tensors in the graph's pool, so replays read the captured state: the device
+    time of a step, not a continued generation."""
+    dev = args.device
+    cfg, model = _build(kind, kernels, dev, torch.bfloat16, args.tiny)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(dev)
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        static_tok = tok.clone()
+
+        def step():
+            return model(input_ids=static_tok, past_key_values=cache, use_cache=True).logits
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = step()
+        times = []
+        for _ in range(5):
+            _sync(dev)
+            t = time.perf_counter()
+            for _ in range(NEW):
+                graph.replay()
+                static_tok.copy_(logits[:, -1:].argmax(-1))
+            _sync(dev)
+            times.append((time.perf_counter() - t) / NEW * 1e3)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()
+                  if p is not model.get_input_embeddings().weight)
+    return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times],
+            "hbm_floor_ms_per_token": weights / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights}
+
+
 def run_floor(kind, kernels, args) -> dict:
     """The eager static-cache decode step replayed as one CUDA graph, per token."""
+    if kind == "gla":
+        return recurrent_floor(kind, kernels, args)
     dev = args.device
     cfg, model = build_model(kind, kernels, dev, torch.bfloat16, args.tiny)
     loop = Loop(model, cfg, dev, torch.bfloat16)
@@ -423,10 +503,12 @@ def main() -> None:
             case = results["cases"].setdefault(f"{kind}+{kernels}", {})
             jobs = []
             for cache in args.caches.split(","):
+                if kind == "gla" and cache == "static":
+                    continue  # flash-linear-attention's models have no static cache
                 names = (STATIC if cache == "static" else DYNAMIC) + ("generate_own",)
                 jobs += [(cache, n) for n in names if pick is None or n in pick]
             if args.device == "cuda" and (pick is None or "graph_floor" in pick):
-                jobs.append(("static", "graph_floor"))
+                jobs.append(("dynamic" if kind == "gla" else "static", "graph_floor"))
             for cache, name in jobs:
                 cmd = [sys.executable, __file__, "--one", f"{kind},{kernels},{cache},{name}", "--device", args.device]
                 cmd += (["--tiny"] if args.tiny else []) + ["--profile", args.profile, "--host-profile", args.host_profile]
@@ -457,12 +539,18 @@ def _finish(case: dict) -> None:
         for r in st.values():
             if "ms_per_token" in r:
                 r["x_floor"] = round(r["ms_per_token"] / (floor + own), 3)
-    hbm = st.get("graph_floor", {}).get("hbm_floor_ms_per_token")
+    hbm = st.get("graph_floor", {}).get("hbm_floor_ms_per_token") or dy.get("graph_floor", {}).get(
+        "hbm_floor_ms_per_token")
     if hbm:  # issue 25: the fraction of the HBM floor each variant reaches
         case["hbm_floor_ms_per_token"] = hbm
         for r in list(st.values()) + list(dy.values()):
             if "ms_per_token" in r:
                 r["hbm_fraction"] = round(hbm / r["ms_per_token"], 3)
+    recurrent = dy.get("graph_floor", {}).get("ms_per_token")  # flash-linear-attention's step
+    if recurrent:
+        for r in dy.values():
+            if "ms_per_token" in r:
+                r["x_floor"] = round(r["ms_per_token"] / recurrent, 3)
     eager = dy.get("eager", {}).get("ms_per_token")
     if eager:
         for r in dy.values():

@@ -396,3 +396,27 @@ def test_dynamic_graph_gets_one_symbolic_capture():
     assert stats["hits"] + stats["misses"] == 6 and stats["specializations"] == 2, stats
     assert "symbolic sizes:" in trident.explain(f)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("door", ["capture", "compile"])
+def test_a_librarys_torch_compiled_helper_is_traced_through(door):
+    """flash-linear-attention wraps its activations in torch.compile; Trident's trace runs such a
+    helper's Python as written (its capture was refused: "Detected that you are using FX to
+    symbolically trace a dynamo-optimized function", and every call of RWKV-7 ran eagerly)."""
+    torch._dynamo.reset()
+    helper = torch.compile(lambda t: torch.relu(t) ** 2, backend="eager")
+
+    def fn(x, y):
+        return helper(K.axpy(x, y)) + 1
+
+    x, y = torch.randn(300), torch.randn(300)
+    want = torch.relu(K.axpy_ref(x, y)) ** 2 + 1
+    if door == "capture":
+        opt = trident.optimize(trident.capture(fn, x, y))
+        torch.testing.assert_close(opt(x, y), want)
+    else:
+        compiled = trident.compile(fn)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x, y), want)
+        assert len(compiled.captures) == 1 and compiled.eager_calls == 1 and not compiled.dynamo_calls
+    torch._dynamo.reset()

@@ -366,7 +366,12 @@ def capture(
             with _no_duck_sizes() if dynamic else contextlib.nullcontext(), \
                     _SYMINT_INDEXING.held() if dynamic else contextlib.nullcontext(), \
                     _static_inputs(static) if dynamic and static else contextlib.nullcontext():
-                gm = make_fx(noted, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
+                # a library's own torch.compile'd helpers (flash-linear-attention compiles its
+                # activations) are traced through, their Python run as written, not refused
+                # ("Detected that you are using FX to symbolically trace a dynamo-optimized
+                # function"); process-wide for the trace, as the other patches here
+                with dynamo_config.patch(error_on_nested_fx_trace=False):
+                    gm = make_fx(noted, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
                 gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
         _tag_heuristics(gm, log)
         check_graph(gm)
