@@ -23,10 +23,13 @@ PROMPT = [[5, 7, 9, 11]]
 NEW = 4
 
 
-def _model():
+def _model(kind="gla"):
     torch.manual_seed(0)
-    config = fla_models.GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128,
-                                  intermediate_size=128)
+    if kind == "gla":
+        config = fla_models.GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128,
+                                      intermediate_size=128)
+    else:
+        config = fla_models.RWKV7Config(hidden_size=64, num_hidden_layers=2, head_dim=32, vocab_size=128)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -66,4 +69,24 @@ def test_gla_generate_through_both_doors(door):
         assert "went through torch.compile(backend='trident')" in text, text
     # fla's norms return (y, None, rstd) from disabled functions: kept in the graph, not broken at
     assert "returns TupleVariable, not tensors" not in text, text
+    torch._dynamo.reset()
+
+
+def test_rwkv7_generate_through_trident_compile():
+    """RWKV-7 wraps its activation in torch.compile (traced through: its capture was refused and
+    every decode ran eagerly) and its prefill returns a Cache the model makes from generate()'s
+    DynamicCache (that family goes through Dynamo: a capture returned the trace's Cache, its
+    tensors fake). The decode steps are one capture; from the second generate() on nothing runs
+    eagerly."""
+    torch._dynamo.reset()
+    model = _model("rwkv7")
+    want = _generate(model)
+    model.forward = trident.compile(model.forward)
+    assert torch.equal(_generate(model), want)
+    warm = model.forward.eager_calls
+    for _ in range(2):
+        assert torch.equal(_generate(model), want)
+    assert model.forward.eager_calls == warm
+    assert len(model.forward.captures) == 1 and model.forward.dynamo_calls >= 2
+    assert "returns a Cache it made during the call" in trident.explain(model.forward)
     torch._dynamo.reset()
