@@ -40,7 +40,8 @@ GLA at 1.3B-like shapes: hidden 2048, 24 layers, 4 heads):
 
 runs the dynamic-cache variants (its models have no static cache) and, as `graph_floor`, its
 decode step without an attention mask (no unpadding) replayed as one CUDA graph, the argmax and
-the token's copy in included (`recurrent_floor`); `x_floor` is then each variant over it.
+the token's copy in included (`recurrent_floor`); `x_floor` is then each variant over it plus
+generate()'s own per-token time (`generate_own`, dynamic), as for the static floor.
 
 Per variant: generate() is called 4 times with the same prompt; `first_call_s` is the first
 call (compiles, captures), `ms_per_token` the median of calls 2-4 (wall time / 64 new tokens,
@@ -410,6 +411,14 @@ def hbm_floor_ms(model, cfg) -> dict:
             "kv_bytes_mean": int(kv)}
 
 
+def _layer_states(cache) -> list:
+    """flash-linear-attention's per-layer state dicts (`layers[i].state` in its HF-style Cache,
+    `states[i]` in its older one)."""
+    if hasattr(cache, "layers"):
+        return [d for d in (getattr(layer, "state", None) for layer in cache.layers) if isinstance(d, dict)]
+    return [d for d in getattr(cache, "states", []) if isinstance(d, dict)]
+
+
 def recurrent_floor(kind, kernels, args) -> dict:
     """flash-linear-attention's decode step replayed as one CUDA graph, per token: the prompt's
     prefill eager, then the step without an attention mask (generate() passes one, and the
@@ -429,6 +438,7 @@ def recurrent_floor(kind, kernels, args) -> dict:
         def step():
             return model(input_ids=static_tok, past_key_values=cache, use_cache=True).logits
 
+        held = [dict(d) for d in _layer_states(cache)]  # the graph's inputs, alive while it replays
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -447,10 +457,14 @@ def recurrent_floor(kind, kernels, args) -> dict:
                 static_tok.copy_(logits[:, -1:].argmax(-1))
             _sync(dev)
             times.append((time.perf_counter() - t) / NEW * 1e3)
+    del held
     weights = sum(p.numel() * p.element_size() for p in model.parameters()
                   if p is not model.get_input_embeddings().weight)
+    state = 2 * sum(t.numel() * t.element_size() for d in _layer_states(cache)
+                    for t in d.values() if isinstance(t, torch.Tensor))  # read and written once a step
     return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times],
-            "hbm_floor_ms_per_token": weights / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights}
+            "hbm_floor_ms_per_token": (weights + state) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
+            "state_bytes_per_step": state}
 
 
 def run_floor(kind, kernels, args) -> dict:
@@ -547,10 +561,12 @@ def _finish(case: dict) -> None:
             if "ms_per_token" in r:
                 r["hbm_fraction"] = round(hbm / r["ms_per_token"], 3)
     recurrent = dy.get("graph_floor", {}).get("ms_per_token")  # flash-linear-attention's step
-    if recurrent:
+    dy_own = dy.get("generate_own", {}).get("ms_per_token")
+    if recurrent and dy_own:  # as the static floor: the step's graph plus generate()'s own time
+        case["dynamic_floor_ms_per_token"] = recurrent + dy_own
         for r in dy.values():
             if "ms_per_token" in r:
-                r["x_floor"] = round(r["ms_per_token"] / recurrent, 3)
+                r["x_floor"] = round(r["ms_per_token"] / (recurrent + dy_own), 3)
     eager = dy.get("eager", {}).get("ms_per_token")
     if eager:
         for r in dy.values():

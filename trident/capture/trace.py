@@ -272,14 +272,16 @@ def data_dependent(e: BaseException) -> bool:
 # functions it keeps, Note [Disabled functions under backend="trident"]), and when its graph is
 # dropped because a pass could not plan it
 # (`forget_fake_tensors_of`), the entries of every deque in the process (gc.get_objects(), ~50 ms
-# with a Hugging Face model loaded) that are a fake tensor of that trace's own mode, or a tuple
-# holding one (3 levels down), are removed: a memo entry the trace made goes, as if the trace
-# never ran. Only deques, only entries: a dict's keys may be a module's globals or a class's
+# with a Hugging Face model loaded) that are a fake tensor of that trace's own modes (make_fx's,
+# and those of the custom-op inlining's re-traces), or a tuple holding one (3 levels down), are
+# removed: a memo entry the trace made goes, as if the trace never ran. Only bounded deques (a
+# last-calls memo has a maxlen; a queue.Queue's deque has none and its count would go wrong),
+# only entries: a dict's keys may be a module's globals or a class's
 # attributes (deleting one broke the library or, for a class, crashed CPython's type cache), a
 # list's positions may mean something to their owner, and a dict or list memo of fake tensors
 # stays (docs/limits.md). A mode the trace did not create (the caller's own fake inputs, a
-# TracingContext's) is never swept. A deque another thread changes while it is read is skipped;
-# the sweep never raises.
+# TracingContext's) is never swept. A deque another thread changed while it was read (its
+# entries no longer the ones read) is skipped; the sweep never raises.
 def _holds_fake(value, modes, depth: int = 3) -> bool:
     kind = type(value)  # never isinstance: a dead weakref.proxy raises ReferenceError there
     if issubclass(kind, fake_tensor.FakeTensor):
@@ -302,12 +304,12 @@ def _forget_fake_tensors(modes: list) -> int:
     removed = 0
     try:
         for obj in gc.get_objects():
-            if type(obj) is not collections.deque:
+            if type(obj) is not collections.deque or obj.maxlen is None:
                 continue
             try:
                 items = list(obj)  # one C call: atomic under the GIL
                 keep = [v for v in items if not _holds_fake(v, modes)]
-                if len(keep) != len(items) and len(obj) == len(items):
+                if len(keep) != len(items) and len(obj) == len(items) and all(a is b for a, b in zip(obj, items)):
                     obj.clear()  # rebuilt: remove() would compare tensors with ==
                     obj.extend(keep)
                     removed += len(items) - len(keep)
@@ -345,16 +347,19 @@ def capture(
     log: list = []
     # the trace's own FakeTensorMode, never the caller's (Note [A trace leaves no fake tensors in memos])
     modes: list = []
-    theirs = torch._guards.detect_fake_mode(example_inputs)
+    theirs: list = []
+
+    def note(mode) -> None:
+        if mode is not None and all(mode is not m for m in (*theirs, *modes)):
+            modes.append(mode)
 
     @functools.wraps(fn)
     def noted(*args):  # the user's function, its fake tensor mode noted
-        mode = torch._guards.detect_fake_mode(args)
-        if mode is not None and mode is not theirs and not modes:
-            modes.append(mode)
+        note(torch._guards.detect_fake_mode(args))
         return fn(*args)
 
     try:
+        theirs.append(torch._guards.detect_fake_mode(example_inputs))
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
         # Note [Collectives in regions]: dist.all_reduce & co. traced as functional collectives
         with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling(dynamic), \
@@ -369,10 +374,13 @@ def capture(
                 # a library's own torch.compile'd helpers (flash-linear-attention compiles its
                 # activations) are traced through, their Python run as written, not refused
                 # ("Detected that you are using FX to symbolically trace a dynamo-optimized
-                # function"); process-wide for the trace, as the other patches here
+                # function"); for this thread (a config override), during the trace
                 with dynamo_config.patch(error_on_nested_fx_trace=False):
                     gm = make_fx(noted, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
-                gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
+                    gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
+                for node in gm.graph.nodes:  # the modes of the inlining's traces too
+                    if node.op == "placeholder":
+                        note(getattr(node.meta.get("val"), "fake_mode", None))
         _tag_heuristics(gm, log)
         check_graph(gm)
     except CaptureError:

@@ -63,7 +63,12 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from .. import logs
+try:  # the flag Dynamo reads before refusing a call under FX tracing (torch 2.13)
+    from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+except ImportError:  # older torch: the same process-wide flag
+    from torch.fx._symbolic_trace import is_fx_tracing as is_fx_symbolic_tracing
+
+from .. import logs, triton_state
 from ..capture.trace import _roots, capture, forget_fake_tensors_of
 from ..errors import CaptureError, GuardError, TridentError
 from ..optimize import lend_carried, optimize
@@ -449,7 +454,8 @@ class CompiledFunction(ServedByCache):
             try:
                 opt = self._capture(call, key)
             except TridentError as e:
-                if not symbolic and self.dynamic is not False and family not in self._symbolic_failed:
+                if not symbolic and self.dynamic is not False and family not in self._symbolic_failed and \
+                        not getattr(e, "new_object", False):  # sizes do not change what it returns
                     try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
                         opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
                     except Exception:  # noqa: BLE001 - the static error is the one to report
@@ -585,6 +591,12 @@ class CompiledFunction(ServedByCache):
                     self._dynamo_fn = torch.compile(self.fn, backend="trident", dynamic=self.dynamic)
                 fn = self._dynamo_fn
         self.dynamo_calls += 1
+        if is_fx_symbolic_tracing():
+            # FX's tracing flag is process-wide: while another thread traces, Dynamo would refuse
+            # this call ("FX to symbolically trace a dynamo-optimized function"); it waits for
+            # that trace (captures hold Triton's state exclusively)
+            with triton_state.exclusive():
+                return fn(*call.args, **call.kwargs)
         return fn(*call.args, **call.kwargs)
 
     def _eager(self, call: _Call, reason: str):
@@ -727,7 +739,7 @@ class CompiledFunction(ServedByCache):
         flat.__trident_roots__ = _roots(fn, leaves[:n_args], names[:n_args])
         examples = [leaves[i] for i in tensor_pos] + [state.carrier(leaves[i]) for i in dynamic_pos]
         input_names = [names[i] for i in tensor_pos] + [names[i] for i in dynamic_pos]
-        _tracing.active = True
+        outer, _tracing.active = getattr(_tracing, "active", False), True
         try:
             gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static)
             try:
@@ -736,7 +748,7 @@ class CompiledFunction(ServedByCache):
                 forget_fake_tensors_of(gm)  # Note [A trace leaves no fake tensors in memos]
                 raise
         finally:
-            _tracing.active = False
+            _tracing.active = outer  # a capture made inside another's trace leaves it tracing
         info = self._outputs[key] = recorded["info"]
         # Note [Carried state in rotation]: a new tensor stored over one of the call's tensor
         # inputs comes back as that input next call; its region lends it instead of copying it.
