@@ -1,4 +1,4 @@
 from .host_driver import HostOnlyDriver, ensure_triton_driver
-from .trace import capture, data_dependent, forget_fake_tensors_of
+from .trace import capture, data_dependent
 
-__all__ = ["HostOnlyDriver", "capture", "data_dependent", "ensure_triton_driver", "forget_fake_tensors_of"]
+__all__ = ["HostOnlyDriver", "capture", "data_dependent", "ensure_triton_driver"]

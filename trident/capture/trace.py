@@ -269,9 +269,8 @@ def data_dependent(e: BaseException) -> bool:
 # function goes through torch.compile: Note [Data-dependent calls through Dynamo]), inlines the
 # memo and fails on a fake tensor with symbolic sizes ("unhashable type: non-nested SymInt").
 # So after every trace (made or failed; a Dynamo graph runs library Python too: the disabled
-# functions it keeps, Note [Disabled functions under backend="trident"]), and when its graph is
-# dropped because a pass could not plan it
-# (`forget_fake_tensors_of`), the entries of every deque in the process (gc.get_objects(), ~50 ms
+# functions it keeps, Note [Disabled functions under backend="trident"]; the passes after it run
+# none), the entries of every deque in the process (gc.get_objects(), ~50 ms
 # with a Hugging Face model loaded) that are a fake tensor of that trace's own modes (make_fx's,
 # and those of the custom-op inlining's re-traces), or a tuple holding one (3 levels down), are
 # removed: a memo entry the trace made goes, as if the trace never ran. Only bounded deques (a
@@ -289,12 +288,6 @@ def _holds_fake(value, modes, depth: int = 3) -> bool:
     if depth and kind is tuple:
         return any(_holds_fake(v, modes, depth - 1) for v in value)
     return False
-
-
-def forget_fake_tensors_of(gm: torch.fx.GraphModule) -> int:
-    """Note [A trace leaves no fake tensors in memos], for a trace whose graph is dropped (a pass
-    could not plan it): the entries removed."""
-    return _forget_fake_tensors(gm.meta.get("trident_trace_modes", []))
 
 
 def _forget_fake_tensors(modes: list) -> int:
@@ -403,7 +396,6 @@ def capture(
             f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
     _forget_fake_tensors(modes)  # Note [A trace leaves no fake tensors in memos]
-    gm.meta["trident_trace_modes"] = modes
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):

@@ -69,7 +69,7 @@ except ImportError:  # older torch: the same process-wide flag
     from torch.fx._symbolic_trace import is_fx_tracing as is_fx_symbolic_tracing
 
 from .. import logs, triton_state
-from ..capture.trace import _roots, capture, forget_fake_tensors_of
+from ..capture.trace import _roots, capture
 from ..errors import CaptureError, GuardError, TridentError
 from ..optimize import lend_carried, optimize
 from . import fast_walk, state
@@ -742,11 +742,7 @@ class CompiledFunction(ServedByCache):
         outer, _tracing.active = getattr(_tracing, "active", False), True
         try:
             gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static)
-            try:
-                opt = optimize(gm)
-            except Exception:
-                forget_fake_tensors_of(gm)  # Note [A trace leaves no fake tensors in memos]
-                raise
+            opt = optimize(gm)
         finally:
             _tracing.active = outer  # a capture made inside another's trace leaves it tracing
         info = self._outputs[key] = recorded["info"]
