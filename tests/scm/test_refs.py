@@ -8,12 +8,15 @@ import dataclasses
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import types
 
 import pytest
 import torch
+import triton
+from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
 from torch._ops import OpOverload
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction
@@ -23,6 +26,7 @@ from tests import kernels as K
 from trident.runtime import SCMRuntime
 from trident.scm import refs, tuning
 from trident.scm.printer import format_specialization
+from trident.scm.specialize import PointerStandIn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIVE = (JITFunction, Autotuner, Heuristics, OpOverload, torch.fx.GraphModule, types.FunctionType)
@@ -153,3 +157,51 @@ def test_an_unpickled_plan_finds_its_kernels_in_tritons_cache(timer):
     for p in back.launches:
         if p.binary is not None:
             assert p.compiled.hash == p.binary and p.compiled.name == p.step.kernel_name
+
+
+def _compile_fresh_axpy():
+    """A kernel object of its own (an empty in-memory cache), compiled through Triton into the
+    cache folder current now; returns its CompiledKernel, registered as specialize registers it."""
+    kernel = triton.jit(K.axpy_kernel.fn)
+    stand_in = PointerStandIn(torch.float32, True)
+    compiled = kernel.warmup(stand_in, stand_in, stand_in, 1003, 2.5, BLOCK=128, grid=(8,))
+    refs.register_compiled(compiled)
+    return compiled
+
+
+@pytest.mark.parametrize("compiled_when", ["before", "after"])
+def test_a_kernel_is_found_on_either_side_of_inductors_cache_switch(compiled_when, tmp_path, monkeypatch):
+    """Note [Where Triton's cache is]: Inductor sets TRITON_CACHE_DIR to a folder of its own the
+    first time it makes a Triton kernel in a process (the user having set none). A kernel compiled
+    before that switch is found after it, and one compiled after it (in another process, say) is
+    found by a process that has not switched. Before the fix the suite failed here depending on
+    whether an earlier test had run Inductor (test_an_unpickled_plan_... above)."""
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))  # Triton's default: <home>/.triton/cache
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    inductors = triton_cache_dir(0)  # what Inductor's CachingAutotuner sets TRITON_CACHE_DIR to
+    assert inductors.startswith(str(tmp_path / "inductor"))
+
+    if compiled_when == "after":
+        monkeypatch.setenv("TRITON_CACHE_DIR", inductors)
+    compiled = _compile_fresh_axpy()
+    assert os.path.dirname(next(iter(compiled.metadata_group.values()))).startswith(
+        inductors if compiled_when == "after" else str(tmp_path / "home"))
+    if compiled_when == "before":
+        monkeypatch.setenv("TRITON_CACHE_DIR", inductors)  # the switch
+    else:
+        monkeypatch.delenv("TRITON_CACHE_DIR")  # a process that has not switched
+    refs._compiled.pop(compiled.hash)  # as in another process
+    found = refs.load_compiled(compiled.hash, "axpy_kernel")
+    assert found is not None and found.hash == compiled.hash and found.asm["cubin"] == compiled.asm["cubin"]
+
+    # an entry another user could have written is not read: nor is one nobody else wrote, once gone
+    refs._compiled.pop(compiled.hash)
+    elsewhere = str(tmp_path / "home" / ".triton" / "cache") if compiled_when == "before" else inductors
+    os.chmod(elsewhere, 0o777)
+    assert refs.load_compiled(compiled.hash, "axpy_kernel") is None
+    os.chmod(elsewhere, 0o700)
+    assert refs.load_compiled(compiled.hash, "axpy_kernel") is not None
+    refs._compiled.pop(compiled.hash)
+    shutil.rmtree(elsewhere)
+    assert refs.load_compiled(compiled.hash, "axpy_kernel") is None

@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir as inductor_default_cache_dir
+from triton import knobs as triton_knobs
 from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner, Heuristics
-from triton.runtime.cache import get_cache_manager
+from triton.runtime.cache import FileCacheManager, get_cache_manager
 
 from .. import triton_state
 
@@ -212,13 +216,16 @@ def load_compiled(key: str, name: str):
     """The CompiledKernel Triton's hash `key` names: registered in this process, else read from
     Triton's own cache the way its compile reads a cache hit (`CompiledKernel(src, group, hash)`,
     no compiler and no `triton_key()` -- which hashes Triton's installation, ~0.3 s once per
-    process); None when Triton's cache does not hold it."""
+    process); None when Triton's cache does not hold it (Note [Where Triton's cache is])."""
     if key in _compiled:
         return _compiled[key]
 
     metadata = f"{name[:150]}.json"  # the file name Triton's compile gives it
     try:
-        group = get_cache_manager(key).get_group(metadata)
+        manager = get_cache_manager(key)
+        group = manager.get_group(metadata)
+        if (not group or metadata not in group) and type(manager) is FileCacheManager:
+            group = _group_elsewhere(manager.key, metadata)
         if not group or metadata not in group:
             return None
         compiled = CompiledKernel(None, group, key)
@@ -227,6 +234,65 @@ def load_compiled(key: str, name: str):
     if compiled.name != name or compiled.hash != key:
         return None
     return _compiled.setdefault(key, compiled)
+
+
+# Note [Where Triton's cache is]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Triton's file cache is `triton.knobs.cache.dir`: TRITON_CACHE_DIR, else ~/.triton/cache. But the
+# first time Inductor makes a Triton kernel in a process (torch.compile, or Trident's fused glue,
+# which uses Inductor's code generator), Inductor sets TRITON_CACHE_DIR, when the user set none,
+# to a folder of its own (<inductor cache>/triton/<device>) for the rest of the process. So a
+# kernel compiled before that lies in one folder and one compiled after it in another, and a
+# process restoring a plan (Note [Persistent plans]) may look before or after its own switch. A
+# kernel missing from the current folder is therefore looked up in the others Triton may have
+# used: its default and Inductor's. An entry is named by Triton's hash of everything its compile
+# depends on (source, options, target, the environment it keys by), so an entry of that hash in
+# any folder is that kernel; one that does not read back is ignored (the caller compiles). The
+# other folders are read only where the folder, the entry and its files are the user's own and
+# writable by nobody else (Inductor's lies under the shared temporary directory), as Trident's own
+# cache is (docs/cache.md). A cache manager of the user's own (TRITON_CACHE_MANAGER) is asked alone.
+
+def _triton_cache_dirs() -> list[str]:
+    """The folders Triton's file cache may be in for this user, the current one first."""
+    dirs = [triton_knobs.cache.dir, triton_knobs.cache.get_triton_dir("cache")]
+    inductor = os.path.join(os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_default_cache_dir()),
+                            "triton")
+    try:
+        dirs += [os.path.join(inductor, d) for d in sorted(os.listdir(inductor)) if d.isdigit()]
+    except OSError:
+        pass
+    return list(dict.fromkeys(os.path.abspath(d) for d in dirs if d))
+
+
+def _group_elsewhere(entry: str, metadata: str) -> Optional[dict]:
+    """FileCacheManager.get_group of entry folder `entry` (Triton's name for a hash) in the
+    folders other than the current one: file name -> path of the files present, or None."""
+    for root in _triton_cache_dirs()[1:]:
+        folder = os.path.join(root, entry)
+        path = os.path.join(folder, f"__grp__{metadata}")
+        try:
+            if not all(_private(p) for p in (root, folder, path)):
+                continue
+            with open(path) as f:
+                children = json.load(f).get("child_paths")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(children, dict):
+            continue
+        group = {c: p for c, p in children.items()
+                 if isinstance(p, str) and os.path.dirname(os.path.abspath(p)) == folder and _private(p)}
+        if metadata in group:
+            return group
+    return None
+
+
+def _private(path: str) -> bool:
+    """Whether `path` exists, is the user's own and is writable by no one else (links not followed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022 and not os.path.islink(path)
 
 
 def compiled_kernel(key: str, name: str):
