@@ -19,7 +19,8 @@ def _axpy(x, y):
 
 def test_past_the_bound_new_signatures_run_eagerly():
     """TRIDENT_CAPTURES=2: a trident.compile'd function's third static signature runs eagerly
-    (correctly), said in eager_log; the first two keep hitting, none is dropped."""
+    (correctly), said in eager_log with the leaf that changed; the first two keep hitting, none
+    is dropped."""
     with knobs.scope(captures=2):
         compiled = trident.compile(_axpy, dynamic=False)
         for n in (64, 128, 192, 64, 128, 192):
@@ -28,6 +29,9 @@ def test_past_the_bound_new_signatures_run_eagerly():
                 torch.testing.assert_close(compiled(x, y), 2.0 * x + y)
     assert len(compiled.captures) == 2
     assert "past TRIDENT_CAPTURES=2 captures of this function" in compiled.eager_log[-1]
+    # the leaf that changed, in the caller's words (issue 22: every eager call says why)
+    assert any("past TRIDENT_CAPTURES=2" in r and "x: float32[128] -> float32[192]" in r for r in compiled.eager_log), \
+        compiled.eager_log
     hits = [v["hits"] for opt in compiled.captures.values() for v in trident.cache_info(opt).values()]
     assert hits == [3, 3]  # 64 and 128: captured at their second call, then hit twice more
     assert compiled.eager_calls == 3 + 3  # the first call of each size, then 192 past the bound three times

@@ -380,3 +380,76 @@ def test_a_pending_first_call_is_not_captured_under_another_autocast():
         got = compiled(x)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, f(x))
+
+
+class _WindowCache:
+    """A sliding-window cache layer as HF's DynamicSlidingWindowLayer keeps one: key tensors
+    replaced every step (the last `window - 1` kept), a Python token count, and mask sizes that
+    branch on whether the window has filled."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.keys = None
+        self.count = 0
+
+
+def _window_step(x, cache: _WindowCache):
+    """x: [1, 1, d], one new token. The keys the step attends over are the window's and the new
+    one; the mask covers `kv_length` of them, computed from the Python count as HF's
+    get_mask_sizes does (so until the window fills the trace finds the count equal to the
+    keys' length, and torch's shape environment puts one for the other)."""
+    cache.count += x.shape[-2]
+    full = x if cache.keys is None else torch.cat([cache.keys, x], dim=-2)
+    cache.keys = full[:, -cache.window + 1:, :]
+    kv_length = cache.window - 1 + x.shape[-2] if cache.count >= cache.window else cache.count
+    weights = torch.arange(kv_length, dtype=x.dtype, device=x.device).view(1, -1, 1) + 1.0
+    return (full * weights).sum(dim=-2, keepdim=True) / cache.count
+
+
+def test_a_sliding_window_is_served_by_one_symbolic_capture_per_regime():
+    """Note [Symbolic regimes]: before the window fills, the symbolic capture's trace finds the
+    count equal to the keys' length (the written count comes out as `keys.shape[1] + 1`: read
+    from the call's tensor, Note [State the function is passed]); after it fills, that capture's
+    guards refuse every step, and one more symbolic capture serves them all. Before, the count
+    could not be written back from a symbolic capture (a static capture per step until
+    TRIDENT_CAPTURES, then every step eager), and a symbolic capture's refused step got a static
+    capture, every step after the window filled."""
+    def decode(fn, steps=24):
+        torch.manual_seed(0)
+        cache, outs = _WindowCache(window=6), []
+        for _ in range(steps):
+            outs.append(fn(torch.randn(1, 1, 8), cache))
+        return outs, cache
+
+    want, want_cache = decode(_window_step)
+    compiled = trident.compile(_window_step)
+    for _ in range(3):
+        got, got_cache = decode(compiled)
+        for a, b in zip(want, got):
+            torch.testing.assert_close(b, a)
+        assert got_cache.count == want_cache.count == 24 and type(got_cache.count) is int
+        torch.testing.assert_close(got_cache.keys, want_cache.keys)
+        # count 0 (no keys yet) and 1 static; symbolic ones for the growing window (torch's
+        # slicing specializes the step where the window just fills) and one for the full window
+        symbolic = [opt for opt in compiled.captures.values() if opt.meta["trident_symbolic"]]
+        assert 2 <= len(symbolic) <= 4 and len(compiled.captures) <= 6, list(compiled.captures.values())
+        # each structure's first call (Note [Captured after its first call]): no keys yet, count
+        # and keys of size 1, the first of sizes >= 2 (0, 1 and "2 or more" are structure)
+        assert compiled.eager_calls == 3, compiled.eager_log
+        captures = dict(compiled.captures)
+        full = decode(compiled, 40)[1]  # 16 steps more, past the window: the last regime serves them all
+        assert full.count == 40 and compiled.captures == captures and compiled.eager_calls == 3
+
+
+def test_a_written_int_computed_from_a_tensor_size_reads_the_call():
+    """state.symbolic_int over an int symbol and a tensor's size symbol: evaluated from the call's
+    ints and the sizes of the call's tensor leaves."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    n = env.create_unbacked_symint()
+    m = env.create_unbacked_symint()
+    s = state.symbolic_int(n + 2 * m + 1, {n.node.expr: 0}, {m.node.expr: (3, 1)})
+    leaves = [None, None, None, torch.empty(2, 5)]
+    assert s.fn([10], leaves) == 10 + 2 * 5 + 1
+    assert state.symbolic_int(n + m, {n.node.expr: 0}) is None  # a size no call leaf has

@@ -62,7 +62,10 @@ def _first_records(root):
 
 @pytest.fixture
 def dirs(tmp_path):
-    return {"TRIDENT_CACHE_DIR": str(tmp_path / "plans" / "trident"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    # Triton's default cache and Inductor's, where refs.load_compiled also looks (Note [Where
+    # Triton's cache is]), are the test's own too: a kernel gone from TRITON_CACHE_DIR is gone
+    return {"TRIDENT_CACHE_DIR": str(tmp_path / "plans" / "trident"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+            "TRITON_HOME": str(tmp_path / "home"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
 
 
 def _run(dirs, device="cpu"):

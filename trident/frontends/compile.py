@@ -36,8 +36,10 @@ device and rank; the SCM's native guards the sizes). Ints that differed are symb
 (as Dynamo's automatic dynamic: a token count that advances every step is served by one
 capture). Sizes and ints 0 and 1 are specialized by the symbolic trace, so each as 0, 1 or
 "2 or more" is part of the structure. A symbolic capture that cannot serve a call (a size the
-traced code compared) raises before running anything, and that call gets a static capture of
-its own. dynamic=True: symbolic from the first capture; False: a static capture per signature.
+traced code compared) raises before running anything; that call goes to another symbolic capture
+of its family, or gets one of its own (Note [Symbolic regimes]: a sliding window that filled),
+or past REGIMES of them a static capture. dynamic=True: symbolic from the first capture; False:
+a static capture per signature.
 A call Trident cannot capture (CaptureError, UnsupportedError) runs eagerly for its signature,
 with a warning (`eager_reason`), as torch.compile(backend="trident") does; explain() says for
 every eager call why, naming the leaf that changed (`cache.seen: 33 -> 34`). Except a call whose
@@ -60,6 +62,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -237,6 +240,7 @@ def _context() -> tuple:
 
 
 CHECKS = 4  # generated structure checks per function (Note [Generated structure checks])
+REGIMES = 4  # symbolic captures per family of signatures (Note [Symbolic regimes])
 
 
 class _Check:
@@ -292,9 +296,10 @@ class CompiledFunction(ServedByCache):
         # per structure: [_Entry], static captures first; replaced, never mutated, so the hit
         # path reads it without the lock
         self._guarded: dict[tuple, list] = {}
-        self._seen: set = set()  # signatures called once (eagerly)
+        self._seen: dict = {}  # signatures called once (eagerly) -> the leaves that changed then, described
         self._pending: Optional[_Pending] = None  # Note [Captured after its first call]
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
+        self._last_changed: Optional[str] = None  # what _why_new found changed, described
         self._checks: tuple = ()  # _Check per structure that served a call, most recent first
         self._check_tried: set = set()  # structures a check was made (or refused) for
         # Note [Data-dependent calls through Dynamo]
@@ -381,7 +386,7 @@ class CompiledFunction(ServedByCache):
                           self._family_ints, self._family_dynamic, self._family_layouts):
                 table.clear()
             self._guarded = {}  # replaced, never mutated: a check's looked_up entries go stale with it
-            self._seen = set()
+            self._seen = {}
             self._pending = None
             self._checks, self._check_tried = (), set()
             self._dynamo_families, self._dynamo_fn = set(), None
@@ -402,17 +407,7 @@ class CompiledFunction(ServedByCache):
         with self.cache.lock:
             opt = self.captures.get(key)
             family = call.family()
-            first_ints = self._family_ints.setdefault(family, call.ints)
-            dynamic_ints = tuple(sorted(set(self._family_dynamic.get(family, ())) | {
-                i for i, (a, b) in enumerate(zip(first_ints, call.ints)) if a != b and a >= 0 and b >= 2
-            }))
-            self._family_dynamic[family] = dynamic_ints
-            layouts = tuple((tuple(t.shape), tuple(t.stride())) for t in call.tensors)
-            first_layouts = self._family_layouts.setdefault(family, layouts)
-            # with dynamic=None, tensors whose layout has not changed within the family stay
-            # static in its symbolic capture (Note [Static inputs of a symbolic capture])
-            static = () if self.dynamic is True else tuple(
-                k for k, (a, b) in enumerate(zip(first_layouts, layouts)) if a == b)
+            dynamic_ints, static = self._family_facts(call, family)
             # A symbolic capture (Note [Symbolic sizes]) once a second signature of one
             # family comes (sizes or ints changed: as torch.compile's automatic dynamic shapes),
             # or from the first capture with dynamic=True.
@@ -423,10 +418,11 @@ class CompiledFunction(ServedByCache):
             self._structures.add(family)
             reason = None
             if first:
-                self._seen.add(key)
                 reason = self._why_new(call)
+                self._seen[key] = self._last_changed
             elif opt is None and self.cache.full():
-                reason = self.cache.overflow()
+                changed = self._seen.get(key) or self._changed(call)
+                reason = self.cache.overflow() + (f" ({changed})" if changed else "")
             elif opt is None:
                 opt, reason = self._capture_new(call, key, family, symbolic, dynamic_ints, static)
         if first and not self.cache.full():
@@ -436,6 +432,22 @@ class CompiledFunction(ServedByCache):
         if opt is None:
             return self._eager(call, reason)
         return self._run(opt, key, call)
+
+    def _family_facts(self, call: _Call, family) -> tuple[tuple, tuple]:
+        """(the positions of the ints made symbolic, the tensors kept static) in a symbolic
+        capture of `call`'s family, with what its calls so far changed. Under the lock."""
+        first_ints = self._family_ints.setdefault(family, call.ints)
+        dynamic_ints = tuple(sorted(set(self._family_dynamic.get(family, ())) | {
+            i for i, (a, b) in enumerate(zip(first_ints, call.ints)) if a != b and a >= 0 and b >= 2
+        }))
+        self._family_dynamic[family] = dynamic_ints
+        layouts = tuple((tuple(t.shape), tuple(t.stride())) for t in call.tensors)
+        first_layouts = self._family_layouts.setdefault(family, layouts)
+        # with dynamic=None, tensors whose layout has not changed within the family stay
+        # static in its symbolic capture (Note [Static inputs of a symbolic capture])
+        static = () if self.dynamic is True else tuple(
+            k for k, (a, b) in enumerate(zip(first_layouts, layouts)) if a == b)
+        return dynamic_ints, static
 
     def _capture_new(self, call: _Call, key, family, symbolic: bool, dynamic_ints: tuple, static: tuple):
         """(the capture registered for `key`, None) or (None, why the call runs eagerly): a
@@ -552,13 +564,19 @@ class CompiledFunction(ServedByCache):
         entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key,
                        opt, info)
         entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
-        # static captures first: a symbolic one serves what none of them does
-        self._guarded = {**self._guarded, call.structure: [entry] + entries if not symbolic else entries + [entry]}
+        # static captures first: a symbolic one serves what none of them does; the newest
+        # symbolic capture before the others (Note [Symbolic regimes])
+        if not symbolic:
+            entries = [entry] + entries
+        else:
+            n = sum(1 for e in entries if not e.opt.meta.get("trident_symbolic"))
+            entries = entries[:n] + [entry] + entries[n:]
+        self._guarded = {**self._guarded, call.structure: entries}
 
     def _drop(self, old) -> None:
         self.cache.drop(old)
         self._outputs.pop(old, None)
-        self._seen.discard(old)
+        self._seen.pop(old, None)
         self._guarded = {s: [e for e in entries if e.key != old] for s, entries in self._guarded.items()}
 
     # Note [Data-dependent calls through Dynamo]
@@ -606,23 +624,72 @@ class CompiledFunction(ServedByCache):
     def _why_new(self, call: _Call) -> str:
         """Why a call is its signature's first, in the caller's words: the leaves that differ
         from the last call that missed (`cache.seen: 33 -> 34`, `x: float32[4, 8] -> float32[4, 9]`)."""
+        first = self._last is None
+        changed = self._last_changed = self._changed(call)
+        if first:
+            return "the first call of this function: it runs eagerly, state made on a first call then exists"
+        if changed is None:
+            return "a new signature (the same leaves as the last call that missed: an earlier capture was dropped)"
+        return "a new signature, run eagerly once: " + changed
+
+    def _changed(self, call: _Call) -> Optional[str]:
+        """The leaves that differ from the last call that missed, described (None: none did, or
+        no call missed before); this call becomes the last."""
         now = dict(zip(self._leaf_names(call), map(_describe, call.leaves)))
         last, self._last = self._last, now
         if last is None:
-            return "the first call of this function: it runs eagerly, state made on a first call then exists"
+            return None
         changed = [f"{n}: {last.get(n, 'absent')} -> {v}" for n, v in now.items() if last.get(n) != v]
         changed += [f"{n}: {v} -> absent" for n, v in last.items() if n not in now]
         if not changed:
-            return "a new signature (the same leaves as the last call that missed: an earlier capture was dropped)"
+            return None
         more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
-        return "a new signature, run eagerly once: " + "; ".join(changed[:4]) + more
+        return "; ".join(changed[:4]) + more
 
     def _leaf_names(self, call: _Call) -> list[str]:
         names = _leaf_names(self.fn, call.args, call.kwargs)
         roots = [names[i] for i in call.root_pos]
         return names + [state.path_text(roots[r], steps) for r, steps, _ in call.walk.leaves]
 
-    def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None):
+    # Note [Symbolic regimes]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~
+    # A symbolic capture holds for the sizes its trace's branches hold for: a sliding-window
+    # cache layer's keys grow with its token count until the window fills, then stay the window's
+    # length while the count goes on (HF's DynamicSlidingWindowLayer; Gemma 2 and 3, Qwen2 with
+    # sliding layers), and a capture traced before the window filled assumed the keys as long
+    # as the count. Its guards refuse the calls after, before anything of them runs. Such a call
+    # is tried on the family's other symbolic captures, and when none serves it, gets a symbolic
+    # capture of its own traced at its sizes -- one per regime of the function's branches, as
+    # Dynamo recompiles a frame whose guards fail with the new sizes -- up to REGIMES per family;
+    # past that, or where the symbolic trace fails, a static capture of its sizes (before, every
+    # step after the window filled got a static capture until TRIDENT_CAPTURES, then ran eagerly).
+    # The newest symbolic capture is tried first: a decode stays in its latest regime.
+    def _recapture(self, call: _Call, key, symbolic: bool):
+        """A capture for `call` that no symbolic capture of its family serves (Note [Symbolic
+        regimes]): symbolic where asked and the family has fewer than REGIMES of them, else
+        static. Under the lock."""
+        family = call.family()
+        regimes = sum(1 for e in self._guarded.get(call.structure, ())
+                      if e.opt.meta.get("trident_symbolic") and e.guards.check(*call.tensors))
+        if symbolic and self.dynamic is not False and family not in self._symbolic_failed and regimes < REGIMES and \
+                not self.cache.full():
+            dynamic_ints, static = self._family_facts(call, family)
+            try:
+                opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints, static=static)
+            except Exception as e:  # noqa: BLE001 - served by a static capture instead
+                logs.misses.info("trident.compile(%s): no symbolic capture for these sizes (%s: %s); capturing "
+                                 "them statically", self._name, type(e).__name__, str(e).splitlines()[0])
+            else:
+                self._register(call, key, opt)
+                return opt
+        opt = self._capture(call, key)
+        self.cache.add(key, opt)
+        entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, key, opt,
+                       self._outputs[key])
+        self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
+        return opt
+
+    def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
         info = self._outputs[key] if info is None else info
         ints = [call.ints[i] for i in info.dynamic_ints]
         try:
@@ -631,22 +698,22 @@ class CompiledFunction(ServedByCache):
             if call.walk is None:  # came through a generated check: the capture below reads the walk
                 call = _Call(call.args, call.kwargs, self.dynamic)
             # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
-            # compared). When the capture raised before anything ran, this call gets a static
-            # capture of its own (Note [Symbolic sizes]).
+            # compared), found before anything of the call ran (Note [Symbolic regimes]).
             if not retry_static(opt, e):
                 raise
+            tried = tried | {id(opt)}
+            for other in self._guarded.get(call.structure, ()):
+                if id(other.opt) not in tried and other.opt.meta.get("trident_symbolic") and \
+                        other.ints_of(call.ints) == other.int_values and other.guards.check(*call.tensors):
+                    return self._run(other.opt, other.key, call, other.info, tried)
             exact = call.key()
             with self.cache.lock:
-                static = self.captures.get(exact)
-                if static is None or static is opt:
-                    if static is opt:
+                served = self.captures.get(exact)
+                if served is None or id(served) in tried:
+                    if served is not None:  # made for these very sizes and refused them: static
                         self._drop(exact)
-                    static = self._capture(call, exact)
-                    self.cache.add(exact, static)
-                    entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, exact,
-                                   static, self._outputs[exact])
-                    self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
-            return self._run(static, exact, call)
+                    served = self._recapture(call, exact, symbolic=served is None)
+            return self._run(served, exact, call, tried=tried)
         n = info.n_user
         if info.writes:
             state.apply_writes(info.writes, call.roots, call.leaves, results[n:], ints)
@@ -656,7 +723,7 @@ class CompiledFunction(ServedByCache):
             if t is _TENSOR:
                 out.append(next(it))
             elif t[0] == "int":
-                out.append(t[1].fn(*ints))
+                out.append(t[1].fn(ints, call.leaves))
             elif t[0] == "path":
                 out.append(state.get_path(call.roots[t[1][0]], t[1][1]))
             else:
@@ -681,11 +748,15 @@ class CompiledFunction(ServedByCache):
             full = list(leaves)
             for i, t in zip(tensor_pos, inputs):
                 full[i] = t
-            symbols = {}
+            symbols, sizes = {}, {}
             for k, (i, c) in enumerate(zip(dynamic_pos, inputs[len(tensor_pos):])):
                 full[i] = n = c.size(0)
                 if isinstance(n, torch.SymInt):
                     symbols[n.node.expr] = k
+            for i, t in zip(tensor_pos, inputs):  # before fn runs: each size still its own symbol
+                for d, n in enumerate(t.shape):
+                    if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+                        sizes.setdefault(n.node.expr, (i, d))
             installed = full[n_args:]
             traced_ids = {id(full[i]): i for i in tensor_pos}
             snapshot = state.Snapshot(walk)
@@ -696,7 +767,7 @@ class CompiledFunction(ServedByCache):
                 args, kwargs = pytree.tree_unflatten(full[:n_args], call.spec)
                 result = fn(*args, **kwargs)
                 writes, extra = state.record_writes(walk, snapshot, installed, n_args, traced_ids, roots,
-                                                    root_names, symbols)
+                                                    root_names, symbols, sizes)
             except state.Unreplayable as e:
                 raise CaptureError(f"{e}") from None
             finally:
@@ -713,7 +784,7 @@ class CompiledFunction(ServedByCache):
                 if isinstance(t, torch.Tensor):
                     template.append(_TENSOR)
                 elif isinstance(t, torch.SymInt):
-                    s = state.symbolic_int(t, symbols)
+                    s = state.symbolic_int(t, symbols, sizes)
                     if s is None:
                         raise CaptureError(f"{self._name} returns an int computed from tensor sizes ({t})")
                     template.append(("int", s))

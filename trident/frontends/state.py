@@ -222,8 +222,9 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class SymbolicInt:
-    """An int the function wrote that depends on ints made symbolic: `fn(*ints)` computes it
-    from the call's values of those ints (by position among the call's dynamic ints)."""
+    """An int the function wrote (or returned) that depends on the call's sizes: `fn(ints,
+    leaves)` computes it from the call's dynamic ints (by position among them) and the sizes of
+    its tensor leaves (by position among the call's flattened leaves)."""
 
     text: str  # the expression, for explain (`s3 + 1`)
     fn: Callable
@@ -267,17 +268,24 @@ def apply_writes(writes, roots: list, leaves: list, extra: list, ints: list) -> 
             set_path(roots[w.root], w.steps, value)
 
 
-def symbolic_int(value, symbols: dict) -> Optional[SymbolicInt]:
-    """The SymbolicInt of a SymInt the trace wrote, over `symbols` ({sympy symbol: position}),
-    or None when it uses any other symbol (a tensor's size: the caller would need the trace)."""
+def symbolic_int(value, symbols: dict, sizes: Optional[dict] = None) -> Optional[SymbolicInt]:
+    """The SymbolicInt of a SymInt the trace wrote, over `symbols` ({sympy symbol: position among
+    the call's dynamic ints}) and `sizes` ({sympy symbol: (leaf position, dim)}: the symbolic
+    sizes of the call's tensors), or None when it uses any other symbol (a size of a tensor the
+    trace made from values: the caller would need the trace).
+
+    An int the function computes from an int made symbolic can come out in terms of a tensor's
+    size: where the trace found the two equal (a cache's Python token count and the length of
+    its key tensor, until a sliding window fills), torch's shape environment replaces one symbol
+    by the other; the write then reads that size of the call's tensor."""
     expr = value.node.expr
+    sizes = sizes or {}
     free = expr.free_symbols
-    if not free <= set(symbols):
+    if not free <= set(symbols) | set(sizes):
         return None
-    names = {s: f"i{symbols[s]}" for s in free}
+    names = {s: f"ints[{symbols[s]}]" if s in symbols else f"leaves[{sizes[s][0]}].shape[{sizes[s][1]}]" for s in free}
     text = PythonPrinter().doprint(expr.xreplace({s: sympy.Symbol(n, integer=True) for s, n in names.items()}))
-    params = ", ".join(f"i{k}" for k in range(max(symbols.values(), default=-1) + 1))
-    fn = eval(f"lambda {params}: int({text})", {"math": math})  # noqa: S307 - printed by torch's PythonPrinter
+    fn = eval(f"lambda ints, leaves: int({text})", {"math": math})  # noqa: S307 - printed by torch's PythonPrinter
     return SymbolicInt(str(expr), fn)
 
 
@@ -291,12 +299,13 @@ class Unreplayable(Exception):
 
 
 def record_writes(before: Walk, snapshot: Snapshot, installed: list, offset: int, traced_ids: dict,
-                  roots: list, root_names: list, symbols: dict) -> tuple[list, list]:
+                  roots: list, root_names: list, symbols: dict, sizes: Optional[dict] = None) -> tuple[list, list]:
     """The Writes that bring the caller's objects from `before` to what they hold now (Note
     [State the function is passed]), and the traced tensors they read (the capture's extra
     outputs, in order). `installed[i]` is what the i-th leaf of `before` held during the trace
     (its traced tensor, SymInt, or value); the call's leaf `offset + i` is that leaf;
-    `traced_ids` maps id(traced tensor) to its call leaf. Raises Unreplayable."""
+    `traced_ids` maps id(traced tensor) to its call leaf; `symbols` and `sizes` as symbolic_int
+    takes them. Raises Unreplayable."""
     saved = {id(obj): contents for obj, contents in snapshot.saved}
     place = {}  # id(object) -> (root, steps) of an object walked before
     for r, steps, obj, _, _ in before.nodes:
@@ -322,7 +331,7 @@ def record_writes(before: Walk, snapshot: Snapshot, installed: list, offset: int
                 extra.append(value)
             return ("out", k)
         if isinstance(value, torch.SymInt):
-            s = symbolic_int(value, symbols)
+            s = symbolic_int(value, symbols, sizes)
             if s is None:
                 raise Unreplayable(f"{text} becomes an int computed from tensor sizes ({value})")
             return ("int", s)
@@ -391,7 +400,7 @@ def _value(source, roots, leaves, extra, ints):
     if kind == "leaf":
         return leaves[v]
     if kind == "int":
-        return v.fn(*ints)
+        return v.fn(ints, leaves)
     if kind == "path":
         return get_path(roots[v[0]], v[1])
     if kind == "resize":
