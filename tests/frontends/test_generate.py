@@ -252,3 +252,32 @@ def test_generate_with_fused_glue_and_decode_matmuls_cuda(cache, monkeypatch):
             for _ in range(3):
                 assert torch.equal(model.generate(prompt, **kw), want)
     torch._dynamo.reset()
+
+
+def test_generate_with_sliding_and_full_layers_through_trident_compile():
+    """Gemma 2 (every other layer a sliding window of 8, the others full; soft-capped logits),
+    `generate()` with its default DynamicCache: the sliding layers' Python token count is written
+    back from a symbolic capture as `keys.shape[2] + 1` while the window fills (Note [State the
+    function is passed]), and when it has filled one more symbolic capture serves every step
+    (Note [Symbolic regimes]). Before: a static capture per step, then past TRIDENT_CAPTURES
+    every step eager (8 captures, then 6 more eager calls each generate()). Tokens equal eager's
+    over 14 new tokens after a 4-token prompt (the window fills on the way); the second
+    generate() captures and runs nothing eagerly."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    cfg = Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                       sliding_window=8)
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(cfg).eval()
+
+    def generate():
+        return model.generate(torch.tensor(PROMPT), max_new_tokens=14, do_sample=False)
+
+    want = generate()
+    model.forward = trident.compile(model.forward)
+    assert torch.equal(generate(), want)
+    captures, eager = len(model.forward.captures), model.forward.eager_calls
+    assert captures <= 6 and eager <= 3, model.forward.eager_log
+    assert torch.equal(generate(), want)
+    assert (len(model.forward.captures), model.forward.eager_calls) == (captures, eager), model.forward.eager_log
