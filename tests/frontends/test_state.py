@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import trident
 from tests.recurrent_model import RecurrentModel, decode
+from trident import knobs
 from trident.frontends import state
 from trident.frontends.dynamo import compiled_graphs
 
@@ -453,3 +454,22 @@ def test_a_written_int_computed_from_a_tensor_size_reads_the_call():
     leaves = [None, None, None, torch.empty(2, 5)]
     assert s.fn([10], leaves) == 10 + 2 * 5 + 1
     assert state.symbolic_int(n + m, {n.node.expr: 0}) is None  # a size no call leaf has
+
+
+def test_a_refused_regime_past_the_capture_bound_runs_eagerly():
+    """Note [Symbolic regimes] under TRIDENT_CAPTURES=3: a call no symbolic capture serves, with
+    the cache full, runs eagerly with the bound as its reason (before, it got a static capture
+    past the bound, one per size); every output and the cache's state stay eager's."""
+    torch.manual_seed(0)
+    xs = [torch.randn(1, 1, 8) for _ in range(20)]
+    want_cache = _WindowCache(window=6)
+    want = [_window_step(x, want_cache) for x in xs]
+    with knobs.scope(captures=3):
+        compiled = trident.compile(_window_step)
+        cache = _WindowCache(window=6)
+        got = [compiled(x, cache) for x in xs]
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a)
+    assert cache.count == want_cache.count and torch.equal(cache.keys, want_cache.keys)
+    assert len(compiled.captures) == 3, list(compiled.captures)
+    assert "past TRIDENT_CAPTURES=3" in compiled.eager_log[-1], compiled.eager_log

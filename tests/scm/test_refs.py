@@ -177,6 +177,7 @@ def test_a_kernel_is_found_on_either_side_of_inductors_cache_switch(compiled_whe
     found by a process that has not switched. Before the fix the suite failed here depending on
     whether an earlier test had run Inductor (test_an_unpickled_plan_... above)."""
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)  # Triton's file cache
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))  # Triton's default: <home>/.triton/cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     inductors = triton_cache_dir(0)  # what Inductor's CachingAutotuner sets TRITON_CACHE_DIR to
@@ -184,6 +185,7 @@ def test_a_kernel_is_found_on_either_side_of_inductors_cache_switch(compiled_whe
 
     if compiled_when == "after":
         monkeypatch.setenv("TRITON_CACHE_DIR", inductors)
+    registered = dict(refs._compiled)  # its hash is K.axpy_kernel's: earlier tests' entry is put back
     compiled = _compile_fresh_axpy()
     assert os.path.dirname(next(iter(compiled.metadata_group.values()))).startswith(
         inductors if compiled_when == "after" else str(tmp_path / "home"))
@@ -191,17 +193,21 @@ def test_a_kernel_is_found_on_either_side_of_inductors_cache_switch(compiled_whe
         monkeypatch.setenv("TRITON_CACHE_DIR", inductors)  # the switch
     else:
         monkeypatch.delenv("TRITON_CACHE_DIR")  # a process that has not switched
-    refs._compiled.pop(compiled.hash)  # as in another process
-    found = refs.load_compiled(compiled.hash, "axpy_kernel")
-    assert found is not None and found.hash == compiled.hash and found.asm["cubin"] == compiled.asm["cubin"]
+    try:
+        refs._compiled.pop(compiled.hash)  # as in another process
+        found = refs.load_compiled(compiled.hash, "axpy_kernel")
+        assert found is not None and found.hash == compiled.hash and found.asm["cubin"] == compiled.asm["cubin"]
 
-    # an entry another user could have written is not read: nor is one nobody else wrote, once gone
-    refs._compiled.pop(compiled.hash)
-    elsewhere = str(tmp_path / "home" / ".triton" / "cache") if compiled_when == "before" else inductors
-    os.chmod(elsewhere, 0o777)
-    assert refs.load_compiled(compiled.hash, "axpy_kernel") is None
-    os.chmod(elsewhere, 0o700)
-    assert refs.load_compiled(compiled.hash, "axpy_kernel") is not None
-    refs._compiled.pop(compiled.hash)
-    shutil.rmtree(elsewhere)
-    assert refs.load_compiled(compiled.hash, "axpy_kernel") is None
+        # an entry another user could have written is not read: nor is one nobody else wrote, once gone
+        refs._compiled.pop(compiled.hash)
+        elsewhere = str(tmp_path / "home" / ".triton" / "cache") if compiled_when == "before" else inductors
+        os.chmod(elsewhere, 0o777)
+        assert refs.load_compiled(compiled.hash, "axpy_kernel") is None
+        os.chmod(elsewhere, 0o700)
+        assert refs.load_compiled(compiled.hash, "axpy_kernel") is not None
+        refs._compiled.pop(compiled.hash)
+        shutil.rmtree(elsewhere)
+        assert refs.load_compiled(compiled.hash, "axpy_kernel") is None
+    finally:
+        refs._compiled.clear()
+        refs._compiled.update(registered)

@@ -360,6 +360,23 @@ class CompiledFunction(ServedByCache):
         finally:
             self.cache.lock.release()
 
+    def _promote_entry(self, structure, entry: "_Entry") -> None:
+        """A symbolic capture that served a call another refused goes first among the
+        structure's symbolic captures (Note [Symbolic regimes]: the calls after it are likely of
+        its regime); skipped when the lock is taken, as _promote."""
+        if not self.cache.lock.acquire(blocking=False):
+            return
+        try:
+            entries = self._guarded.get(structure, ())
+            if not any(e is entry for e in entries):
+                return
+            n = sum(1 for e in entries if not e.opt.meta.get("trident_symbolic"))
+            if n < len(entries) and entries[n] is not entry:
+                rest = [e for e in entries[n:] if e is not entry]
+                self._guarded = {**self._guarded, structure: [*entries[:n], entry, *rest]}
+        finally:
+            self.cache.lock.release()
+
     def _add_check(self, call: _Call) -> None:
         """Note [Generated structure checks]: a structure that served a call gets its check, the
         most recent first, at most CHECKS of them (a structure dropped past it keeps the generic
@@ -663,31 +680,41 @@ class CompiledFunction(ServedByCache):
     # Dynamo recompiles a frame whose guards fail with the new sizes -- up to REGIMES per family;
     # past that, or where the symbolic trace fails, a static capture of its sizes (before, every
     # step after the window filled got a static capture until TRIDENT_CAPTURES, then ran eagerly).
-    # The newest symbolic capture is tried first: a decode stays in its latest regime.
+    # The newest symbolic capture is tried first, and one that served a call another refused
+    # moves first: a decode stays in its latest regime (a new generate() goes through the
+    # earlier ones again, one refusal per regime change). A family whose symbolic trace failed
+    # is captured statically from then on; past TRIDENT_CAPTURES, or where Trident cannot
+    # capture the sizes at all, the call runs eagerly with the reason.
     def _recapture(self, call: _Call, key, symbolic: bool):
         """A capture for `call` that no symbolic capture of its family serves (Note [Symbolic
         regimes]): symbolic where asked and the family has fewer than REGIMES of them, else
-        static. Under the lock."""
+        static; None with the reason the call runs eagerly instead (the capture cache is full,
+        or Trident cannot capture it). Under the lock."""
+        if self.cache.full():
+            return None, self.cache.overflow()
         family = call.family()
         regimes = sum(1 for e in self._guarded.get(call.structure, ())
                       if e.opt.meta.get("trident_symbolic") and e.guards.check(*call.tensors))
-        if symbolic and self.dynamic is not False and family not in self._symbolic_failed and regimes < REGIMES and \
-                not self.cache.full():
+        if symbolic and self.dynamic is not False and family not in self._symbolic_failed and regimes < REGIMES:
             dynamic_ints, static = self._family_facts(call, family)
             try:
                 opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints, static=static)
             except Exception as e:  # noqa: BLE001 - served by a static capture instead
+                self._symbolic_failed.add(family)  # not traced again for each new size
                 logs.misses.info("trident.compile(%s): no symbolic capture for these sizes (%s: %s); capturing "
                                  "them statically", self._name, type(e).__name__, str(e).splitlines()[0])
             else:
                 self._register(call, key, opt)
-                return opt
-        opt = self._capture(call, key)
+                return opt, None
+        try:
+            opt = self._capture(call, key)
+        except TridentError as e:
+            return None, self.cache.refuse(key, e)
         self.cache.add(key, opt)
         entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, key, opt,
                        self._outputs[key])
         self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
-        return opt
+        return opt, None
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
         info = self._outputs[key] if info is None else info
@@ -695,8 +722,6 @@ class CompiledFunction(ServedByCache):
         try:
             results = opt(*call.tensors, *map(state.carrier, ints))
         except GuardError as e:
-            if call.walk is None:  # came through a generated check: the capture below reads the walk
-                call = _Call(call.args, call.kwargs, self.dynamic)
             # Sizes a symbolic capture cannot serve (its shape guards: a size the traced code
             # compared), found before anything of the call ran (Note [Symbolic regimes]).
             if not retry_static(opt, e):
@@ -705,15 +730,22 @@ class CompiledFunction(ServedByCache):
             for other in self._guarded.get(call.structure, ()):
                 if id(other.opt) not in tried and other.opt.meta.get("trident_symbolic") and \
                         other.ints_of(call.ints) == other.int_values and other.guards.check(*call.tensors):
+                    self._promote_entry(call.structure, other)
                     return self._run(other.opt, other.key, call, other.info, tried)
+            if call.walk is None:  # came through a generated check: the capture below reads the walk
+                call = _Call(call.args, call.kwargs, self.dynamic)
             exact = call.key()
             with self.cache.lock:
                 served = self.captures.get(exact)
+                reason = None
                 if served is None or id(served) in tried:
                     if served is not None:  # made for these very sizes and refused them: static
                         self._drop(exact)
-                    served = self._recapture(call, exact, symbolic=served is None)
-            return self._run(served, exact, call, tried=tried)
+                    served, reason = self._recapture(call, exact, symbolic=served is None)
+                served_info = None if served is None else self._outputs[exact]
+            if served is None:
+                return self._eager(call, reason)
+            return self._run(served, exact, call, served_info, tried)
         n = info.n_user
         if info.writes:
             state.apply_writes(info.writes, call.roots, call.leaves, results[n:], ints)

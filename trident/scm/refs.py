@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -249,7 +250,7 @@ def load_compiled(key: str, name: str):
 # depends on (source, options, target, the environment it keys by), so an entry of that hash in
 # any folder is that kernel; one that does not read back is ignored (the caller compiles). The
 # other folders are read only where the folder, the entry and its files are the user's own and
-# writable by nobody else (Inductor's lies under the shared temporary directory), as Trident's own
+# writable by nobody else (the folders above them are not checked) (Inductor's lies under the shared temporary directory), as Trident's own
 # cache is (docs/cache.md). A cache manager of the user's own (TRITON_CACHE_MANAGER) is asked alone.
 
 def _triton_cache_dirs() -> list[str]:
@@ -287,12 +288,15 @@ def _group_elsewhere(entry: str, metadata: str) -> Optional[dict]:
 
 
 def _private(path: str) -> bool:
-    """Whether `path` exists, is the user's own and is writable by no one else (links not followed)."""
+    """Whether `path` exists, is the user's own, not a link, and writable by no one else: not by
+    others, and by its group only where that is the user's own group (Triton writes its cache
+    under the umask, 002 where each user has a group of their own)."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022 and not os.path.islink(path)
+    group_ok = not st.st_mode & 0o020 or st.st_gid == os.getgid()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o002 and group_ok and not stat.S_ISLNK(st.st_mode)
 
 
 def compiled_kernel(key: str, name: str):
