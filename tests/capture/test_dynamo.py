@@ -144,6 +144,8 @@ def test_captures_per_graph_are_bounded():
             torch.testing.assert_close(compiled(x, y), _reference(x, y))
     (g,) = _graphs_since(start)
     assert len(g.captures) == 2 and g.eager_calls == 2 and "TRIDENT_CAPTURES=2" in g.eager_log[-1]
+    # the input that changed, in Dynamo's name for it (issue 22: every eager call says why)
+    assert "-> float32[400]" in g.eager_log[-1] and "float32[200] -> float32[300]" in g.eager_log[-2], g.eager_log
 
 
 def test_backend_through_the_entry_point_without_importing_trident():

@@ -153,7 +153,7 @@ class CompiledGraph(ServedByCache):
                 opt = self.captures.get(key)
                 if opt is None:
                     if self.cache.full():
-                        return self._eager(args, self.cache.overflow())
+                        return self._eager(args, self._overflow(key))
                     try:
                         opt = optimize(capture(self.gm, *args))
                     except TridentError as e:
@@ -167,6 +167,22 @@ class CompiledGraph(ServedByCache):
     def _eager(self, args, reason: str):
         self.cache.eager(reason)
         return self.gm(*args)
+
+    def _overflow(self, key) -> str:
+        """Why a call past the bound runs eagerly, with the graph inputs whose facts differ from
+        the newest capture's signature, in Dynamo's names for them (`l_x_: float32[128] ->
+        float32[192]`)."""
+        reason = self.cache.overflow()
+        last = next(reversed(self.captures), None)
+        if not isinstance(last, tuple) or len(last) != len(key):
+            return reason
+        names = [n.name for n in _placeholders(self.gm)]
+        changed = [f"{names[i] if i < len(names) else f'input {i}'}: {_facts_text(a)} -> {_facts_text(b)}"
+                   for i, (a, b) in enumerate(zip(last, key)) if a != b]
+        if not changed:
+            return reason
+        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+        return f"{reason} (changed since the newest capture: {'; '.join(changed[:4])}{more})"
 
     def _call_symbolic(self, args):
         """Note [Dynamic Dynamo graphs]: the call through the graph's symbolic capture (made on
@@ -257,6 +273,18 @@ class CompiledGraph(ServedByCache):
 
 def _placeholders(gm) -> list:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _facts_text(facts) -> str:
+    """A signature entry (compile.signature) as explain() prints leaves: `float32[4, 8]`, `3`."""
+    if isinstance(facts, tuple) and len(facts) == 4 and isinstance(facts[0], torch.dtype):
+        dtype, device, shape, stride = facts
+        contiguous = stride == torch.empty(shape, device="meta").stride()
+        return (f"{str(dtype).replace('torch.', '')}{list(shape)}"
+                f"{'' if contiguous else f' strides {list(stride)}'}{'' if device.type == 'cpu' else f' {device}'}")
+    if isinstance(facts, tuple) and len(facts) == 2 and isinstance(facts[0], type):
+        return repr(facts[1])
+    return "another object"
 
 
 def _size_inputs(gm) -> "Optional[dict[int, tuple]]":
