@@ -299,7 +299,6 @@ class CompiledFunction(ServedByCache):
         self._seen: dict = {}  # signatures called once (eagerly) -> the leaves that changed then, described
         self._pending: Optional[_Pending] = None  # Note [Captured after its first call]
         self._last: Optional[dict] = None  # the leaves of the last call that missed, described
-        self._last_changed: Optional[str] = None  # what _why_new found changed, described
         self._checks: tuple = ()  # _Check per structure that served a call, most recent first
         self._check_tried: set = set()  # structures a check was made (or refused) for
         # Note [Data-dependent calls through Dynamo]
@@ -435,8 +434,7 @@ class CompiledFunction(ServedByCache):
             self._structures.add(family)
             reason = None
             if first:
-                reason = self._why_new(call)
-                self._seen[key] = self._last_changed
+                reason, self._seen[key] = self._why_new(call)
             elif opt is None and self.cache.full():
                 changed = self._seen.get(key) or self._changed(call)
                 reason = self.cache.overflow() + (f" ({changed})" if changed else "")
@@ -638,16 +636,16 @@ class CompiledFunction(ServedByCache):
         self.cache.eager(reason)
         return self.fn(*call.args, **call.kwargs)
 
-    def _why_new(self, call: _Call) -> str:
-        """Why a call is its signature's first, in the caller's words: the leaves that differ
+    def _why_new(self, call: _Call) -> tuple[str, Optional[str]]:
+        """Why a call is its signature's first, in the caller's words, and the leaves that differ
         from the last call that missed (`cache.seen: 33 -> 34`, `x: float32[4, 8] -> float32[4, 9]`)."""
         first = self._last is None
-        changed = self._last_changed = self._changed(call)
+        changed = self._changed(call)
         if first:
-            return "the first call of this function: it runs eagerly, state made on a first call then exists"
+            return "the first call of this function: it runs eagerly, state made on a first call then exists", None
         if changed is None:
-            return "a new signature (the same leaves as the last call that missed: an earlier capture was dropped)"
-        return "a new signature, run eagerly once: " + changed
+            return "a new signature (the same leaves as the last call that missed: an earlier capture was dropped)", None
+        return "a new signature, run eagerly once: " + changed, changed
 
     def _changed(self, call: _Call) -> Optional[str]:
         """The leaves that differ from the last call that missed, described (None: none did, or
@@ -710,10 +708,7 @@ class CompiledFunction(ServedByCache):
             opt = self._capture(call, key)
         except TridentError as e:
             return None, self.cache.refuse(key, e)
-        self.cache.add(key, opt)
-        entry = _Entry(_tensor_guards(call.tensors), tuple(range(len(call.ints))), call.ints, key, opt,
-                       self._outputs[key])
-        self._guarded = {**self._guarded, call.structure: [entry] + self._guarded.get(call.structure, [])}
+        self._register(call, key, opt)
         return opt, None
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):

@@ -93,6 +93,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.backends.registry import register_backend
+from torch._prims_common import make_contiguous_strides_for
 
 try:  # torch-internal: a build without it loses only the disabled-function rule's list case
     from torch._dynamo.variables.lists import BaseListVariable
@@ -279,7 +280,7 @@ def _facts_text(facts) -> str:
     """A signature entry (compile.signature) as explain() prints leaves: `float32[4, 8]`, `3`."""
     if isinstance(facts, tuple) and len(facts) == 4 and isinstance(facts[0], torch.dtype):
         dtype, device, shape, stride = facts
-        contiguous = stride == torch.empty(shape, device="meta").stride()
+        contiguous = stride == tuple(make_contiguous_strides_for(shape))
         return (f"{str(dtype).replace('torch.', '')}{list(shape)}"
                 f"{'' if contiguous else f' strides {list(stride)}'}{'' if device.type == 'cpu' else f' {device}'}")
     if isinstance(facts, tuple) and len(facts) == 2 and isinstance(facts[0], type):
