@@ -1,11 +1,13 @@
 """The benchmark tools' own logic that runs without a GPU: how tools/bench_generate.py splits a
-step's device time by part (issue 25 item 4), from kernel names as torch.profiler gives them."""
+step's device time by part (issue 25 item 4), from kernel names as torch.profiler gives them, and
+its floors of generate() (`GraphStep`, `_Inside`) on the CPU."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from tools.bench_generate import _trident_kernel_names, device_category
+from tools.bench_generate import GraphStep, _build, _Inside, _trident_kernel_names, device_category
 
 
 @pytest.mark.parametrize("name,part", [
@@ -38,3 +40,50 @@ def test_trident_kernel_names_are_its_jit_functions():
     assert {"strided_copy_kernel", "index_copy_kernel", "cache_write_kernel", "decode_attention_split_kernel",
             "decode_attention_combine_kernel"} <= names
     assert "decode_attention" not in names  # a Python wrapper, not a kernel
+
+
+def _tiny(kind):
+    from transformers import GenerationConfig
+
+    cfg, model = _build(kind, "plain", "cpu", torch.float32, True)
+    model.generation_config = GenerationConfig.from_model_config(cfg)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.disable_compile = True
+    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    return model, ids
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_graph_step_serves_generate_from_static_copies(kind):
+    """graph_generate's forward (the CPU "replay" runs the eager forward on its static copies):
+    tokens equal eager's over two generate() calls with a new StaticCache each; prompts run
+    eagerly, each key's first one-token step too, then every step goes through the copies."""
+    model, ids = _tiny(kind)
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        step = GraphStep(model.forward, "cpu")
+        model.forward = step
+        for call in range(2):
+            assert torch.equal(model.generate(ids, **kw), want)
+            assert step.replays == (call + 1) * 10  # 11 one-token steps, the first eager
+        assert step.recorded == 2  # the second call's cache lives elsewhere (the CPU allocator)
+        assert step.out.logits.shape[:2] == (1, 1)
+        model.forward = step.forward
+        want = model.generate(ids[:, :8], **kw)
+        model.forward = step
+        # another prompt length: another cache length, a new key (first step eager, then recorded)
+        assert torch.equal(model.generate(ids[:, :8], **kw), want)
+        assert (step.recorded, step.replays) == (3, 30)
+
+
+def test_inside_times_the_forward_per_generate_call():
+    model, ids = _tiny("llama")
+    with torch.no_grad():
+        inside = _Inside(model.forward, "cpu")
+        model.forward = inside
+        for _ in range(2):
+            inside.per_call.append(0.0)
+            model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert inside.per_call[0] == 0.0 and all(t > 0 for t in inside.per_call[1:])
+    assert inside.__wrapped__ is not None  # generate() reads the forward's signature through it

@@ -27,8 +27,15 @@ ALL in one run per (model, kernels) case:
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
                       (tools/bench_hf.py graph_floor): device time plus a copy in
-    generate_own      generate()'s own time per token: the same generate() call with a
-                      forward that returns precomputed logits (no model), static and dynamic
+    generate_own      generate()'s own time per token: generate() with the eager forward,
+                      synchronized as it returns, less the time inside it (static and dynamic).
+                      A forward returning precomputed logits (`generate_own_stub`, this
+                      variant's definition until 08422b3) leaves the cache empty, so generate() skips its
+                      cache-dependent work: on the CPU (tiny Qwen2, 24 layers, static) 0.22
+                      ms/token where the real cache costs 0.63
+    graph_generate    generate() itself with a forward that runs the prefill eagerly and replays
+                      the eager decode step as one CUDA graph at static input buffers (static
+                      cache; `GraphStep`): the floor of generate()'s token, both parts in one call
 
     python tools/bench_generate.py --out results/bench_generate.json [--models llama,qwen2] [--kernels plain,liger]
 
@@ -47,7 +54,8 @@ Per variant: generate() is called 4 times with the same prompt; `first_call_s` i
 call (compiles, captures), `ms_per_token` the median of calls 2-4 (wall time / 64 new tokens,
 synchronized); the tokens of every call are compared with eager's (bf16: where they part, the
 first differing step is reported). Target (issue 22): static <= 1.15 x (graph_floor +
-generate_own), below every torch.compile path; dynamic >= 4x faster than eager. Issue 25: the
+generate_own) (`x_floor`; `x_graph_generate` against graph_generate), below every torch.compile
+path; dynamic >= 4x faster than eager. Issue 25: the
 case's `hbm_floor_ms_per_token` (weights and mean KV cache read once at the H200's peak
 bandwidth) and each variant's `hbm_fraction` of it.
 Each case runs in its own process; --device cpu --tiny runs a smoke test on a small config.
@@ -67,6 +75,7 @@ import sys
 import time
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -75,7 +84,8 @@ from tools.bench_hf import Loop, build_model, choices, graph_floor  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config")
+STATIC = ("eager", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config",
+          "graph_generate")
 DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
 # GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
@@ -104,6 +114,8 @@ def _generate(model, ids, cache: str, **extra):
 def _timed(model, ids, cache, dev, **extra):
     out, secs = [], []
     for _ in range(CALLS):
+        if isinstance(model.forward, _Inside):
+            model.forward.per_call.append(0.0)
         _sync(dev)
         t = time.perf_counter()
         toks = _generate(model, ids, cache, **extra)
@@ -111,6 +123,140 @@ def _timed(model, ids, cache, dev, **extra):
         secs.append(time.perf_counter() - t)
         out.append(toks)
     return out, secs
+
+
+class _Inside:
+    """The model's eager forward, synchronized as it returns, timing itself per generate() call
+    (`generate_own`: what generate() spends outside it is its own per-token cost, with the
+    real cache's state, masks and positions)."""
+
+    def __init__(self, forward, dev):
+        functools.update_wrapper(self, forward)  # generate() reads forward's signature
+        self.forward, self.dev, self.per_call = forward, dev, [0.0]
+
+    def __call__(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return self.forward(*args, **kwargs)
+        finally:
+            _sync(self.dev)
+            self.per_call[-1] += time.perf_counter() - t
+
+
+_CACHE = object()  # where GraphStep's recorded output held the cache object
+
+
+def _is_cache(x) -> bool:
+    from transformers.cache_utils import Cache
+
+    return isinstance(x, Cache)
+
+
+class GraphStep:
+    """generate()'s own floor (`graph_generate`): the forward generate() calls runs prompts
+    eagerly and replays the eager one-token step as one CUDA graph, recorded on the second such
+    step (the first runs eagerly and warms Triton's and cuBLAS's choices) at static copies of
+    the call's tensors; a StaticCache's tensors are written in place by the graph as by eager and
+    are part of the recording's key (their addresses: generate() makes a new cache per call, which
+    the caching allocator tends to place where the last one was), with every other leaf of the
+    arguments' structure (shapes, dtypes, strides, ints, flags). A key that changes records anew
+    (`graphs_recorded` says how often). HF answers is_cuda_stream_capturing() False while
+    recording, so the graph holds eager's code paths (as tools/bench_hf.py graph_floor does; HF's
+    capture-time paths where eager's cannot be captured, said in `paths`). On the CPU the
+    "replay" runs the eager forward on the static copies: the staging, keying and output path
+    are exercised without a GPU."""
+
+    def __init__(self, forward, dev):
+        functools.update_wrapper(self, forward)
+        self.forward, self.dev = forward, dev
+        self.key = self.graph = self.out = self.out_spec = self.paths = None
+        self.static: list = []
+        self.out_flat: list = []
+        self.warm, self.recorded, self.replays = set(), 0, 0
+
+    @staticmethod
+    def _cache_tensors(leaves) -> list:
+        return [t for c in leaves if _is_cache(c) for layer in getattr(c, "layers", ())
+                for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+
+    def _flat(self, args, kwargs):
+        leaves, spec = tree_flatten((args, kwargs), is_leaf=_is_cache)
+        tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        facts = tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device) if isinstance(x, torch.Tensor)
+                      else type(x) if _is_cache(x) else x for x in leaves)
+        cache = tuple((t.data_ptr(), tuple(t.shape)) for t in self._cache_tensors(leaves))
+        return leaves, spec, tensors, (str(spec), facts, cache)
+
+    def __call__(self, *args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None or ids.shape[-1] != 1:
+            return self.forward(*args, **kwargs)  # a prompt: eager
+        leaves, spec, tensors, key = self._flat(args, kwargs)
+        if key != self.key:
+            if key not in self.warm:  # this step's first sighting runs eagerly
+                self.warm.add(key)
+                return self.forward(*args, **kwargs)
+            self._record(leaves, spec, tensors, key)
+        for i, static in zip(tensors, self.static):
+            static.copy_(leaves[i])
+        self.replays += 1
+        if self.dev != "cuda":
+            self.out = self._run_static(leaves, spec, tensors)
+            return self.out
+        self.graph.replay()
+        # the output with the call's own cache where the recording's was (HF reads the next
+        # step's cache from it; the recording call's cache object is not kept alive)
+        cache = next((x for x in leaves if _is_cache(x)), None)
+        return tree_unflatten([cache if x is _CACHE else x for x in self.out_flat], self.out_spec)
+
+    def _run_static(self, leaves, spec, tensors):
+        leaves = list(leaves)
+        for i, static in zip(tensors, self.static):
+            leaves[i] = static
+        args, kwargs = tree_unflatten(leaves, spec)
+        return self.forward(*args, **kwargs)
+
+    def _record(self, leaves, spec, tensors, key):
+        self.key, self.graph, self.recorded = key, None, self.recorded + 1
+        self.static = [leaves[i].clone() for i in tensors]
+        if self.dev != "cuda":
+            return
+        state = self._cache_tensors(leaves)
+        saved = [t.clone() for t in state]
+
+        def restore():
+            for t, v in zip(state, saved):
+                t.copy_(v)
+
+        try:
+            out = self._capture(leaves, spec, tensors, restore, eager_paths=True)
+            self.paths = "eager's"
+        except Exception as e:  # noqa: BLE001 - eager's paths cannot be captured: HF's capture-time ones
+            torch.cuda.synchronize()
+            out = self._capture(leaves, spec, tensors, restore, eager_paths=False)
+            self.paths = f"HF's capture-time paths ({type(e).__name__}: {str(e)[:200]})"
+        restore()  # the capture ran nothing: the state is the call's own
+        flat, self.out_spec = tree_flatten(out, is_leaf=_is_cache)
+        self.out_flat = [_CACHE if _is_cache(x) else x for x in flat]
+
+    def _capture(self, leaves, spec, tensors, restore, eager_paths: bool):
+        import transformers.utils.import_utils as hf_imports
+
+        capturing = hf_imports.is_cuda_stream_capturing
+        if eager_paths:
+            hf_imports.is_cuda_stream_capturing = lambda: False
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the capture; the cache restored after it
+                self._run_static(leaves, spec, tensors)
+            torch.cuda.current_stream().wait_stream(side)
+            restore()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                return self._run_static(leaves, spec, tensors)
+        finally:
+            hf_imports.is_cuda_stream_capturing = capturing
 
 
 def _tokens_vs(want, got) -> dict:
@@ -321,6 +467,10 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         elif name == "trident_config":
             model.generation_config.compile_config = CompileConfig(backend="trident")
         elif name == "generate_own":
+            model.forward = inside = _Inside(forward, dev)
+        elif name == "graph_generate":
+            model.forward = GraphStep(forward, dev)
+        elif name == "generate_own_stub":
             logits = forward(input_ids=ids[:, -1:]).logits  # one step's logits, returned every call
 
             def stub(input_ids=None, past_key_values=None, **_):
@@ -334,7 +484,9 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
             model.generation_config.compile_config = model.generation_config.compile_config or CompileConfig()
             model.generation_config.compile_config._compile_all_devices = True
         outs, secs = _timed(model, ids, cache, dev)
-        if name != "generate_own":
+        if name == "generate_own":  # the time outside the (synchronized) forward
+            secs = [s - spent for s, spent in zip(secs, inside.per_call[-len(secs):])]
+        if not name.startswith("generate_own"):
             check = _logits_check(want_logits, _generate(model, ids, cache, return_dict_in_generate=True,
                                                          output_logits=True))
         prof = _profile(model, ids, cache, dev) if name in args.profile.split(",") else None
@@ -343,7 +495,10 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
          "ms_per_token_samples": [round(s / NEW * 1e3, 4) for s in secs[1:]],
          # issue 22: faster than eager from the second generate() on, which the median hides
          "second_call_ms_per_token": round(secs[1] / NEW * 1e3, 4)}
-    if name != "generate_own":
+    if name == "graph_generate":
+        step = model.forward
+        r["graphs_recorded"], r["graph_replays"], r["hf_code_paths"] = step.recorded, step.replays, step.paths
+    if not name.startswith("generate_own"):
         checks = [_tokens_vs(want, o) for o in outs]
         r["tokens"] = checks[0] if all(c == checks[0] for c in checks) else checks
         r["logits_check"] = check
@@ -519,7 +674,7 @@ def main() -> None:
             for cache in args.caches.split(","):
                 if kind == "gla" and cache == "static":
                     continue  # flash-linear-attention's models have no static cache
-                names = (STATIC if cache == "static" else DYNAMIC) + ("generate_own",)
+                names = (STATIC if cache == "static" else DYNAMIC) + ("generate_own", "generate_own_stub")
                 jobs += [(cache, n) for n in names if pick is None or n in pick]
             if args.device == "cuda" and (pick is None or "graph_floor" in pick):
                 jobs.append(("dynamic" if kind == "gla" else "static", "graph_floor"))
@@ -553,6 +708,12 @@ def _finish(case: dict) -> None:
         for r in st.values():
             if "ms_per_token" in r:
                 r["x_floor"] = round(r["ms_per_token"] / (floor + own), 3)
+    in_generate = st.get("graph_generate", {}).get("ms_per_token")
+    if in_generate:  # generate() replaying the eager step's graph: both parts of the floor at once
+        case["graph_generate_ms_per_token"] = in_generate
+        for r in st.values():
+            if "ms_per_token" in r:
+                r["x_graph_generate"] = round(r["ms_per_token"] / in_generate, 3)
     hbm = st.get("graph_floor", {}).get("hbm_floor_ms_per_token") or dy.get("graph_floor", {}).get(
         "hbm_floor_ms_per_token")
     if hbm:  # issue 25: the fraction of the HBM floor each variant reaches
