@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tools.bench_generate import GraphStep, _build, _Inside, _trident_kernel_names, device_category
+from tools.bench_generate import (CALLS, NEW, PROMPT, _build, _Inside, _timed, _trident_kernel_names, device_category,
+                                  use_graph_step)
 
 
 @pytest.mark.parametrize("name,part", [
@@ -49,41 +50,35 @@ def _tiny(kind):
     model.generation_config = GenerationConfig.from_model_config(cfg)
     model.generation_config.pad_token_id = 0
     model.generation_config.disable_compile = True
-    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
-    return model, ids
+    ids = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    return cfg, model, ids
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_graph_step_serves_generate_from_static_copies(kind):
-    """graph_generate's forward (the CPU "replay" runs the eager forward on its static copies):
-    tokens equal eager's over two generate() calls with a new StaticCache each; prompts run
-    eagerly, each key's first one-token step too, then every step goes through the copies."""
-    model, ids = _tiny(kind)
-    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, cache_implementation="static")
+    """graph_generate (on the CPU the "replay" runs the eager forward on the static copies, the
+    recording its warm-up and the cache's restore, the output the GPU's rebuild): tokens equal
+    eager's over generate() calls and a shorter prompt, all from ONE recording (the variant's own
+    StaticCache keeps its addresses; a value of the first prompt baked into it would show)."""
+    cfg, model, ids = _tiny(kind)
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, cache_implementation="static")
     with torch.no_grad():
         want = model.generate(ids, **kw)
-        step = GraphStep(model.forward, "cpu")
-        model.forward = step
+        want_short = model.generate(ids[:, :5], **kw)
+        step = use_graph_step(model, cfg, "cpu")
         for call in range(2):
             assert torch.equal(model.generate(ids, **kw), want)
-            assert step.replays == (call + 1) * 10  # 11 one-token steps, the first eager
-        assert step.recorded == 2  # the second call's cache lives elsewhere (the CPU allocator)
-        assert step.out.logits.shape[:2] == (1, 1)
-        model.forward = step.forward
-        want = model.generate(ids[:, :8], **kw)
-        model.forward = step
-        # another prompt length: another cache length, a new key (first step eager, then recorded)
-        assert torch.equal(model.generate(ids[:, :8], **kw), want)
-        assert (step.recorded, step.replays) == (3, 30)
+            # NEW - 1 one-token steps a call; the first call's first one ran eagerly
+            assert step.replays == (call + 1) * (NEW - 1) - 1
+        assert torch.equal(model.generate(ids[:, :5], **kw), want_short)
+    assert step.recorded == 1 and step.replays == 3 * (NEW - 1) - 1
 
 
-def test_inside_times_the_forward_per_generate_call():
-    model, ids = _tiny("llama")
+def test_generate_own_is_generates_time_outside_the_forward():
+    cfg, model, ids = _tiny("llama")
     with torch.no_grad():
         inside = _Inside(model.forward, "cpu")
         model.forward = inside
-        for _ in range(2):
-            inside.per_call.append(0.0)
-            model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-    assert inside.per_call[0] == 0.0 and all(t > 0 for t in inside.per_call[1:])
-    assert inside.__wrapped__ is not None  # generate() reads the forward's signature through it
+        _, secs = _timed(model, ids, "static", "cpu")
+    assert len(inside.per_call) == CALLS + 1 and inside.per_call[0] == 0.0  # one slot per timed call
+    assert all(0 < spent < wall for spent, wall in zip(inside.per_call[1:], secs))

@@ -64,6 +64,7 @@ Each case runs in its own process; --device cpu --tiny runs a smoke test on a sm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import json
@@ -75,7 +76,9 @@ import sys
 import time
 
 import torch
+import transformers.utils.import_utils as hf_imports
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from transformers.cache_utils import Cache, StaticCache
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -147,32 +150,34 @@ _CACHE = object()  # where GraphStep's recorded output held the cache object
 
 
 def _is_cache(x) -> bool:
-    from transformers.cache_utils import Cache
-
     return isinstance(x, Cache)
 
 
 class GraphStep:
-    """generate()'s own floor (`graph_generate`): the forward generate() calls runs prompts
-    eagerly and replays the eager one-token step as one CUDA graph, recorded on the second such
-    step (the first runs eagerly and warms Triton's and cuBLAS's choices) at static copies of
-    the call's tensors; a StaticCache's tensors are written in place by the graph as by eager and
-    are part of the recording's key (their addresses: generate() makes a new cache per call, which
-    the caching allocator tends to place where the last one was), with every other leaf of the
-    arguments' structure (shapes, dtypes, strides, ints, flags). A key that changes records anew
-    (`graphs_recorded` says how often). HF answers is_cuda_stream_capturing() False while
-    recording, so the graph holds eager's code paths (as tools/bench_hf.py graph_floor does; HF's
-    capture-time paths where eager's cannot be captured, said in `paths`). On the CPU the
-    "replay" runs the eager forward on the static copies: the staging, keying and output path
-    are exercised without a GPU."""
+    """generate()'s own floor (`graph_generate`, installed by `use_graph_step`): the forward
+    generate() calls runs prompts eagerly and replays the eager one-token step as one CUDA graph,
+    recorded on the second such step (the first runs eagerly and warms Triton's and cuBLAS's
+    choices) at static copies of the call's tensors. The StaticCache is one the variant owns and
+    resets before each generate() (HF makes a new one per call otherwise, at addresses a graph
+    cannot know): its tensors are written in place by the graph as by eager, and their addresses
+    are part of the recording's key with every other leaf of the arguments' structure (shapes,
+    dtypes, strides, ints, flags); a key that changes records anew (`graphs_recorded`). The
+    cache part of the key is taken once per cache object (a StaticCache keeps its tensors once
+    made), so a step costs a flatten, a comparison and the copies in. HF answers
+    is_cuda_stream_capturing() False while recording, so the graph holds eager's code paths (as
+    tools/bench_hf.py graph_floor does; HF's capture-time paths where eager's cannot be captured,
+    said in `paths`). On the CPU the recording runs the warm-up and the state's restore, and a
+    "replay" runs the eager forward on the static copies; the output goes back through the same
+    rebuild as on the GPU."""
 
     def __init__(self, forward, dev):
         functools.update_wrapper(self, forward)
         self.forward, self.dev = forward, dev
-        self.key = self.graph = self.out = self.out_spec = self.paths = None
+        self.key = self.graph = self.out_spec = self.paths = None
         self.static: list = []
         self.out_flat: list = []
         self.warm, self.recorded, self.replays = set(), 0, 0
+        self._cache_seen = self._cache_key = None
 
     @staticmethod
     def _cache_tensors(leaves) -> list:
@@ -182,10 +187,13 @@ class GraphStep:
     def _flat(self, args, kwargs):
         leaves, spec = tree_flatten((args, kwargs), is_leaf=_is_cache)
         tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        facts = tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.device) if isinstance(x, torch.Tensor)
+        facts = tuple((x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor)
                       else type(x) if _is_cache(x) else x for x in leaves)
-        cache = tuple((t.data_ptr(), tuple(t.shape)) for t in self._cache_tensors(leaves))
-        return leaves, spec, tensors, (str(spec), facts, cache)
+        caches = tuple(x for x in leaves if _is_cache(x))
+        if caches != self._cache_seen:
+            self._cache_seen = caches
+            self._cache_key = tuple((t.data_ptr(), tuple(t.shape)) for t in self._cache_tensors(leaves))
+        return leaves, spec, tensors, (spec, facts, self._cache_key)
 
     def __call__(self, *args, **kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -200,14 +208,18 @@ class GraphStep:
         for i, static in zip(tensors, self.static):
             static.copy_(leaves[i])
         self.replays += 1
-        if self.dev != "cuda":
-            self.out = self._run_static(leaves, spec, tensors)
-            return self.out
-        self.graph.replay()
+        if self.dev == "cuda":
+            self.graph.replay()
+        else:
+            self._keep(self._run_static(leaves, spec, tensors))
         # the output with the call's own cache where the recording's was (HF reads the next
         # step's cache from it; the recording call's cache object is not kept alive)
         cache = next((x for x in leaves if _is_cache(x)), None)
         return tree_unflatten([cache if x is _CACHE else x for x in self.out_flat], self.out_spec)
+
+    def _keep(self, out):
+        flat, self.out_spec = tree_flatten(out, is_leaf=_is_cache)
+        self.out_flat = [_CACHE if _is_cache(x) else x for x in flat]
 
     def _run_static(self, leaves, spec, tensors):
         leaves = list(leaves)
@@ -219,8 +231,6 @@ class GraphStep:
     def _record(self, leaves, spec, tensors, key):
         self.key, self.graph, self.recorded = key, None, self.recorded + 1
         self.static = [leaves[i].clone() for i in tensors]
-        if self.dev != "cuda":
-            return
         state = self._cache_tensors(leaves)
         saved = [t.clone() for t in state]
 
@@ -232,31 +242,52 @@ class GraphStep:
             out = self._capture(leaves, spec, tensors, restore, eager_paths=True)
             self.paths = "eager's"
         except Exception as e:  # noqa: BLE001 - eager's paths cannot be captured: HF's capture-time ones
+            if self.dev != "cuda":
+                raise
             torch.cuda.synchronize()
             out = self._capture(leaves, spec, tensors, restore, eager_paths=False)
             self.paths = f"HF's capture-time paths ({type(e).__name__}: {str(e)[:200]})"
         restore()  # the capture ran nothing: the state is the call's own
-        flat, self.out_spec = tree_flatten(out, is_leaf=_is_cache)
-        self.out_flat = [_CACHE if _is_cache(x) else x for x in flat]
+        if out is not None:
+            self._keep(out)
 
     def _capture(self, leaves, spec, tensors, restore, eager_paths: bool):
-        import transformers.utils.import_utils as hf_imports
-
         capturing = hf_imports.is_cuda_stream_capturing
         if eager_paths:
             hf_imports.is_cuda_stream_capturing = lambda: False
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside the capture; the cache restored after it
-                self._run_static(leaves, spec, tensors)
-            torch.cuda.current_stream().wait_stream(side)
-            restore()
+            side = torch.cuda.Stream() if self.dev == "cuda" else None
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                self._run_static(leaves, spec, tensors)  # warm-up outside the capture
+            if side is not None:
+                torch.cuda.current_stream().wait_stream(side)
+            restore()  # the warm-up advanced the cache
+            if self.dev != "cuda":
+                return None
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 return self._run_static(leaves, spec, tensors)
         finally:
             hf_imports.is_cuda_stream_capturing = capturing
+
+
+def use_graph_step(model, cfg, dev):
+    """Installs `graph_generate` on `model`: its forward a GraphStep, and each generate() given
+    one StaticCache the variant owns, reset before the call (its addresses stay put, so one
+    recording serves every call and prompt of a length that fits)."""
+    cache = StaticCache(config=cfg, max_cache_len=PROMPT + NEW)
+    model.forward = GraphStep(model.forward, dev)
+    generate = model.generate
+
+    def generate_with_own_cache(*args, **kwargs):
+        kwargs.pop("cache_implementation", None)
+        cache.reset()
+        return generate(*args, past_key_values=cache, **kwargs)
+
+    model.generate = generate_with_own_cache
+    return model.forward
 
 
 def _tokens_vs(want, got) -> dict:
@@ -469,7 +500,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         elif name == "generate_own":
             model.forward = inside = _Inside(forward, dev)
         elif name == "graph_generate":
-            model.forward = GraphStep(forward, dev)
+            step = use_graph_step(model, cfg, dev)
         elif name == "generate_own_stub":
             logits = forward(input_ids=ids[:, -1:]).logits  # one step's logits, returned every call
 
@@ -484,6 +515,8 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
             model.generation_config.compile_config = model.generation_config.compile_config or CompileConfig()
             model.generation_config.compile_config._compile_all_devices = True
         outs, secs = _timed(model, ids, cache, dev)
+        if name == "graph_generate":  # counted over the timed calls
+            recorded, replays, paths = step.recorded, step.replays, step.paths
         if name == "generate_own":  # the time outside the (synchronized) forward
             secs = [s - spent for s, spent in zip(secs, inside.per_call[-len(secs):])]
         if not name.startswith("generate_own"):
@@ -496,8 +529,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
          # issue 22: faster than eager from the second generate() on, which the median hides
          "second_call_ms_per_token": round(secs[1] / NEW * 1e3, 4)}
     if name == "graph_generate":
-        step = model.forward
-        r["graphs_recorded"], r["graph_replays"], r["hf_code_paths"] = step.recorded, step.replays, step.paths
+        r["graphs_recorded"], r["graph_replays"], r["hf_code_paths"] = recorded, replays, paths
     if not name.startswith("generate_own"):
         checks = [_tokens_vs(want, o) for o in outs]
         r["tokens"] = checks[0] if all(c == checks[0] for c in checks) else checks
