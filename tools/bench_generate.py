@@ -64,7 +64,6 @@ Each case runs in its own process; --device cpu --tiny runs a smoke test on a sm
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib
 import json
@@ -76,13 +75,12 @@ import sys
 import time
 
 import torch
-import transformers.utils.import_utils as hf_imports
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from transformers.cache_utils import Cache, StaticCache
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.bench_hf import Loop, build_model, choices, graph_floor  # noqa: E402
+from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor  # noqa: E402
 
 PROMPT = 16
 NEW = 64
@@ -238,39 +236,11 @@ class GraphStep:
             for t, v in zip(state, saved):
                 t.copy_(v)
 
-        try:
-            out = self._capture(leaves, spec, tensors, restore, eager_paths=True)
-            self.paths = "eager's"
-        except Exception as e:  # noqa: BLE001 - eager's paths cannot be captured: HF's capture-time ones
-            if self.dev != "cuda":
-                raise
-            torch.cuda.synchronize()
-            out = self._capture(leaves, spec, tensors, restore, eager_paths=False)
-            self.paths = f"HF's capture-time paths ({type(e).__name__}: {str(e)[:200]})"
+        self.graph, out, self.paths = capture_eager_step(lambda: self._run_static(leaves, spec, tensors),
+                                                         restore, self.dev)
         restore()  # the capture ran nothing: the state is the call's own
         if out is not None:
             self._keep(out)
-
-    def _capture(self, leaves, spec, tensors, restore, eager_paths: bool):
-        capturing = hf_imports.is_cuda_stream_capturing
-        if eager_paths:
-            hf_imports.is_cuda_stream_capturing = lambda: False
-        try:
-            side = torch.cuda.Stream() if self.dev == "cuda" else None
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                self._run_static(leaves, spec, tensors)  # warm-up outside the capture
-            if side is not None:
-                torch.cuda.current_stream().wait_stream(side)
-            restore()  # the warm-up advanced the cache
-            if self.dev != "cuda":
-                return None
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                return self._run_static(leaves, spec, tensors)
-        finally:
-            hf_imports.is_cuda_stream_capturing = capturing
 
 
 def use_graph_step(model, cfg, dev):

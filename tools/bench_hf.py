@@ -36,6 +36,7 @@ the whole script on a small config.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,6 +45,7 @@ import sys
 import time
 
 import torch
+import transformers.utils.import_utils as hf_imports
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -139,6 +141,50 @@ class _Out:
         self.logits = logits
 
 
+def capture_eager_step(run, restore, dev: str, warmups: int = 1):
+    """Records `run()` (one eager decode step) as one CUDA graph: `warmups` runs on a side stream
+    first (Triton compiles, cuBLAS picks), then `restore()` (the warm-up advanced the cache) and
+    the recording. HF takes other code paths while a CUDA stream captures (transformers'
+    is_tracing() is true then: the causal mask is built where eager skips it); the floor is the
+    EAGER step, so it is recorded with is_cuda_stream_capturing() answering False, and with HF's
+    capture-time paths only where eager's cannot be captured (said in the returned `paths`).
+    Returns (graph, the recorded call's output, paths). On the CPU it runs the warm-ups and the
+    restore and returns (None, None, paths): the callers then run `run` eagerly per step."""
+    capturing = hf_imports.is_cuda_stream_capturing
+
+    def capture(eager_paths: bool):
+        if eager_paths:
+            hf_imports.is_cuda_stream_capturing = lambda: False
+        try:
+            side = torch.cuda.Stream() if dev == "cuda" else None
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                for _ in range(warmups):
+                    run()
+            if side is not None:
+                torch.cuda.current_stream().wait_stream(side)
+            restore()
+            if dev != "cuda":
+                return None, None
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+            return graph, out
+        finally:
+            hf_imports.is_cuda_stream_capturing = capturing
+
+    try:
+        graph, out = capture(eager_paths=True)
+        return graph, out, "eager's (is_cuda_stream_capturing answered False while capturing)"
+    except Exception as e:  # noqa: BLE001 - eager's paths cannot be captured: HF's capture-time ones
+        if dev != "cuda":
+            raise
+        torch.cuda.synchronize()
+        graph, out = capture(eager_paths=False)
+        return graph, out, f"HF's capture-time paths (eager's failed to capture: {type(e).__name__}: {str(e)[:200]})"
+
+
 def graph_floor(loop: Loop, cache, tok, pos):
     """The eager step captured in a CUDA graph at static token/position buffers (the cache is
     written in place by the graph, as by eager); each call copies its inputs in and replays."""
@@ -151,49 +197,20 @@ def graph_floor(loop: Loop, cache, tok, pos):
     tensors = [t for layer in cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     saved = [t.clone() for t in tensors]
 
-    def eager_logits():
+    def run():
+        return model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
+
+    def restore():
         for t, v in zip(tensors, saved):
             t.copy_(v)
-        out = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
-        return out.logits[:, -1].float()
 
-    # HF takes other code paths while a CUDA stream captures (transformers' is_tracing() is true
-    # then: the causal mask is built where eager skips it). The floor is the EAGER step, so it is
-    # captured with that answer as eager gets it; the self-check below compares the first replay
+    # The floor is the EAGER step (capture_eager_step); the self-check compares the first replay
     # with the eager step from the same cache state.
-    want = eager_logits()
-    for t, v in zip(tensors, saved):
-        t.copy_(v)
-    import transformers.utils.import_utils as hf_imports
-
-    capturing = hf_imports.is_cuda_stream_capturing
-
-    def capture(eager_paths: bool):
-        if eager_paths:
-            hf_imports.is_cuda_stream_capturing = lambda: False
-        try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):  # warm-up (Triton compiles, cuBLAS picks) outside the capture
-                for _ in range(2):
-                    model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
-            torch.cuda.current_stream().wait_stream(s)
-            for t, v in zip(tensors, saved):
-                t.copy_(v)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = model(input_ids=static_tok, past_key_values=cache, cache_position=static_pos, use_cache=True)
-            return graph, out.logits
-        finally:
-            hf_imports.is_cuda_stream_capturing = capturing
-
-    try:
-        graph, logits = capture(eager_paths=True)
-        paths = "eager's (is_cuda_stream_capturing answered False while capturing)"
-    except Exception as e:  # eager's path cannot be captured: HF's capture path, reported
-        torch.cuda.synchronize()
-        graph, logits = capture(eager_paths=False)
-        paths = f"HF's capture-time paths (eager's failed to capture: {type(e).__name__}: {str(e)[:200]})"
+    restore()
+    want = run().logits[:, -1].float()
+    restore()
+    graph, out, paths = capture_eager_step(run, restore, "cuda", warmups=2)
+    logits = out.logits
     graph.replay()
     got = logits[:, -1].float()
     self_check = {"hf_code_paths": paths,
