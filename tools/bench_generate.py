@@ -91,6 +91,7 @@ DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_untuned", "t
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
 # GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
 # knobs with 'all' too, so that the tuned passes run there as they do on the GPU.
+EAGER_FORWARD = ("eager", "generate_own", "generate_own_stub", "graph_generate")
 _TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}"}
 COMPILE_VARIANTS = {
     "trident_compile": _TUNED,
@@ -453,7 +454,10 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         model.generation_config.disable_compile = True
         want = _generate(model, ids, cache)  # eager's tokens
         want_logits = _generate(model, ids, cache, return_dict_in_generate=True, output_logits=True)
-        model.generation_config.disable_compile = name == "eager"
+        # the eager forward's own variants run without HF's automatic compile: under it, Dynamo
+        # would trace the floors' wrappers (graph breaks at their syncs, its guards counted as
+        # generate()'s own time, a CUDA graph recorded inside a compiled frame)
+        model.generation_config.disable_compile = name in EAGER_FORWARD
         start = len(compiled_graphs())
         forward = model.forward
         if name in COMPILE_VARIANTS:
