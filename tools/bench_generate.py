@@ -36,6 +36,8 @@ ALL in one run per (model, kernels) case:
     graph_generate    generate() itself with a forward that runs the prefill eagerly and replays
                       the eager decode step as one CUDA graph at static input buffers (static
                       cache; `GraphStep`): the floor of generate()'s token, both parts in one call
+                      The floors run without HF's automatic compile, as eager does (before 9399712
+                      generate_own and graph_generate ran under it: Dynamo traced their wrappers)
 
     python tools/bench_generate.py --out results/bench_generate.json [--models llama,qwen2] [--kernels plain,liger]
 
@@ -88,10 +90,11 @@ CALLS = 4
 STATIC = ("eager", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config",
           "graph_generate")
 DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
+# The variants of the eager forward: they run without HF's automatic compile (run_variant)
+EAGER_FORWARD = ("eager", "generate_own", "generate_own_stub", "graph_generate")
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
 # GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
 # knobs with 'all' too, so that the tuned passes run there as they do on the GPU.
-EAGER_FORWARD = ("eager", "generate_own", "generate_own_stub", "graph_generate")
 _TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}"}
 COMPILE_VARIANTS = {
     "trident_compile": _TUNED,
