@@ -36,6 +36,7 @@ import torch
 from torch.fx.passes.dialect.common.cse_pass import rand_ops
 
 from .common import ALLOCATION_OPS, UNANNOTATED_VIEWS, is_launch, written_args
+from .outline_regions import written_params
 
 _INPUTS = "<graph inputs>"  # the one root every placeholder/get_attr shares
 _BARRIER = object()  # "may write anything"
@@ -110,8 +111,6 @@ def _written_nodes(node: torch.fx.Node):
     if node.op in ("placeholder", "get_attr", "output"):
         return []
     if is_launch(node):
-        from .outline_regions import written_params
-
         kwargs = node.kwargs["kwargs"]
         return [kwargs[name] for name in written_params(node) if isinstance(kwargs.get(name), torch.fx.Node)]
     if node.op == "call_function" and node.target is operator.getitem:

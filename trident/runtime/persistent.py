@@ -103,9 +103,7 @@ def _build_digest() -> str:
     ABI (runtime table order, facts layout, type codes), so any change of Trident's code -- not
     only of its version number -- makes other entries foreign."""
     if not _BUILD_DIGEST:
-        import trident
-
-        root = os.path.dirname(os.path.abspath(trident.__file__))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the trident package
         h = hashlib.sha256()
         for folder, dirs, files in sorted(os.walk(root)):
             dirs.sort()
