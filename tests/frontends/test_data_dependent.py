@@ -222,3 +222,66 @@ def test_a_new_object_holding_tensors_goes_through_dynamo():
     assert compiled.dynamo_calls >= 2 and not compiled.captures
     assert "returns a Packed it made during the call" in trident.explain(compiled)
     torch._dynamo.reset()
+
+
+class _UnpaddingLayer(torch.nn.Module):
+    """A layer as flash-linear-attention writes one (Unpadded above), its state indexed by an
+    int attribute: a graph break at nonzero under Dynamo, and the layer's resumed frame guards
+    on `self.layer_idx`."""
+
+    def __init__(self, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask, state: list):
+        keep = torch.nonzero(mask[:, -x.shape[1]:].flatten()).flatten()
+        h = self.proj(x).reshape(-1, 8).index_select(0, keep).contiguous()
+        out = torch.empty_like(h)
+        n = h.numel()
+        block = max(16, triton.next_power_of_2(n))  # a constexpr from the data
+        K.axpy_kernel[(triton.cdiv(n, block),)](h, h, out, n, 0.5, BLOCK=block)
+        state[self.layer_idx] = state[self.layer_idx] * 0.5 + out.sum()
+        return x + 0.1 * out.reshape(x.shape)
+
+
+class _UnpaddingModel(torch.nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_UnpaddingLayer(i) for i in range(n))
+
+    def forward(self, x, mask, state: list):
+        for layer in self.layers:
+            x = layer(x, mask, state)
+        return x
+
+
+@pytest.mark.parametrize("window", [False, True], ids=["compile_kwarg", "limit_window"])
+def test_every_layer_of_a_dynamo_routed_model_is_compiled(window, monkeypatch, caplog):
+    """Note [Recompiles per layer]: 12 layers told apart by `layer_idx` each get their entry of
+    the layer's resumed frame; none runs eagerly past Dynamo's recompile limit (8), and the
+    user's limit is the same after the calls. `window`: torch without torch.compile's
+    recompile_limit (the process's limit raised while a call runs)."""
+    from trident.frontends import compile as compile_mod
+
+    if window:
+        monkeypatch.setattr(compile_mod, "_COMPILE_TAKES_RECOMPILE_LIMIT", False)
+    elif not compile_mod._COMPILE_TAKES_RECOMPILE_LIMIT:
+        pytest.skip("this torch's torch.compile has no recompile_limit")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _UnpaddingModel(12).eval()
+    g = trident.compile(model.forward)
+    limit = torch._dynamo.config.recompile_limit
+    assert compile_mod.recompile_limit_for(model.forward) == limit * 12  # 12 layers (and 12 Linears)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="torch._dynamo"):
+        for _ in range(4):
+            x, mask = torch.randn(1, 5, 8), torch.ones(1, 5, dtype=torch.long)
+            want_state, got_state = [torch.zeros(()) for _ in range(12)], [torch.zeros(()) for _ in range(12)]
+            want = model(x, mask, want_state)
+            torch.testing.assert_close(g(x, mask, got_state), want)
+            torch.testing.assert_close(torch.stack(got_state), torch.stack(want_state))
+    assert g.dynamo_calls >= 2, trident.explain(g)
+    assert "recompile_limit" not in caplog.text, caplog.text
+    assert torch._dynamo.config.recompile_limit == limit
+    torch._dynamo.reset()

@@ -255,9 +255,12 @@ def test_what_it_does_not_express():
     assert fast_walk.make_checker(cut, None)[0] is None
     import collections
 
-    ordered = _call(collections.OrderedDict(h=torch.ones(1)))  # a pytree node other than tuple/list/dict
-    assert fast_walk.make_checker(ordered, None) == (
-        None, "an argument pytree flattens as a OrderedDict (only tuples, lists and dicts are checked)")
+    Pair = collections.namedtuple("Pair", "a b")
+    pair = _call(Pair(torch.ones(1), torch.ones(2)))  # a pytree node other than tuple/list/dict
+    assert fast_walk.make_checker(pair, None) == (
+        None, "an argument pytree flattens as a namedtuple (only tuples, lists and dicts are checked)")
+    ordered = _call(collections.OrderedDict(h=torch.ones(1)))  # a dict argument is state, walked
+    assert fast_walk.make_checker(ordered, None) == (None, "a OrderedDict (a dict subclass) in the state")
     nan = Cache()
     nan.scale = float("nan")
     assert fast_walk.make_checker(_call(nan), None)[0] is None

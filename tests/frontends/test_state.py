@@ -473,3 +473,45 @@ def test_a_refused_regime_past_the_capture_bound_runs_eagerly():
     assert cache.count == want_cache.count and torch.equal(cache.keys, want_cache.keys)
     assert len(compiled.captures) == 3, list(compiled.captures)
     assert "past TRIDENT_CAPTURES=3" in compiled.eager_log[-1], compiled.eager_log
+
+
+def _replace_entries(x, state, pair):
+    for i, k in enumerate(list(state) if isinstance(state, dict) else range(len(state))):
+        state[k] = state[k] + x.sum() * (i + 1)
+    counts, scale = pair
+    counts[0] = torch.cat([counts[0], x[:1]])  # a list inside a tuple, its entry growing
+    counts.append(x[-1:] * scale)
+    return x * 2
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+def test_entries_replaced_in_a_dict_or_list_argument_reach_the_caller(kind):
+    """A dict or list passed as an argument (not held by an object) is the caller's: entries the
+    function replaces and items it appends reach it after every captured call, as eagerly --
+    flattened into its tensors, the capture's writes had no place to go and the caller kept the
+    old entries. The same container across calls and a new one per call."""
+    compiled = trident.compile(_replace_entries)
+
+    def make(step):
+        values = [torch.full((), float(step)) for _ in range(3)]
+        state = dict(zip("abc", values)) if kind == "dict" else values
+        return state, ([torch.zeros(1)], 2.0)
+
+    def entries(state):
+        return list(state.values()) if kind == "dict" else list(state)
+
+    for fresh in (True, False):
+        want_state, want_pair = make(0)
+        got_state, got_pair = make(0)
+        for step in range(5):
+            if fresh:
+                (want_state, want_pair), (got_state, got_pair) = make(step), make(step)
+            x = torch.randn(4)
+            torch.testing.assert_close(compiled(x, got_state, got_pair), _replace_entries(x, want_state, want_pair))
+            for a, b in zip(entries(want_state), entries(got_state)):
+                assert type(b) is torch.Tensor
+                torch.testing.assert_close(b, a)
+            assert len(got_pair[0]) == len(want_pair[0])
+            for a, b in zip(want_pair[0], got_pair[0]):
+                torch.testing.assert_close(b, a)
+    assert compiled.captures, trident.explain(compiled)

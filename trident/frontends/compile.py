@@ -55,6 +55,8 @@ tensors]): their in-place updates are seen.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import inspect
 import operator
@@ -84,6 +86,69 @@ _INT = object()  # an int's place in a structure (its value is compared apart)
 _generation = [0]  # bumped by torch's parameter/buffer registration hooks
 _hooks_installed = False
 _hooks_lock = threading.Lock()
+
+
+# Note [Recompiles per layer]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A model whose step goes through Dynamo (Note [Data-dependent calls through Dynamo]) has graph
+# breaks inside its layers (flash-linear-attention unpads the tokens by the attention mask with
+# nonzero in every layer), so each layer's forward is a frame of its own, run once per layer per
+# step. Dynamo guards on the int attributes of a module (`self.layer_idx == 0`), so that frame
+# gets an entry per layer, and past torch._dynamo.config.recompile_limit (8) it runs eagerly for
+# every other layer, with one warning: flash-linear-attention's 24-layer GLA ran 16 of its
+# layers eagerly, 1.16x eager on the H200 at 9399712. Dynamo's own budget for one frame is per
+# instance of a module it guards by identity (torch/_dynamo/cache_size.py); layers told apart by
+# an int attribute are not, so the budget is given here, the same per instance:
+# recompile_limit entries for each instance of the module class the function's module holds
+# most of (`recompile_limit_for`; the function's module: the function if it is one, or the
+# module of a bound method). Through torch.compile's own `recompile_limit` where torch has it
+# (2.13); before that, the process's limit is raised while a call runs (_RecompileLimitWindow:
+# nested and concurrent calls share one window, the user's value comes back when the last one
+# leaves). accumulated_recompile_limit (256 entries per code object) stays the user's: a frame
+# that recompiles on every call still falls back to eager.
+_COMPILE_TAKES_RECOMPILE_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
+
+
+def recompile_limit_for(fn) -> Optional[int]:
+    """Note [Recompiles per layer]: the recompile limit for `fn`'s frames under Dynamo, or None
+    (the user's) when its module repeats no class."""
+    module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if not isinstance(module, torch.nn.Module):
+        return None
+    most = max(collections.Counter(type(m) for m in module.modules()).values())
+    limit = torch._dynamo.config.recompile_limit
+    return limit * most if most > 1 else None
+
+
+class _RecompileLimitWindow:
+    """Note [Recompiles per layer], torch without torch.compile(recompile_limit=): the process's
+    recompile limit at least `limit` while any such call runs."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved: Optional[int] = None
+
+    def __init__(self, limit: Optional[int]):
+        self.limit = limit
+
+    def __enter__(self):
+        if self.limit is None:
+            return self
+        config = torch._dynamo.config
+        with _RecompileLimitWindow._lock:
+            if _RecompileLimitWindow._depth == 0:
+                _RecompileLimitWindow._saved = config.recompile_limit
+            _RecompileLimitWindow._depth += 1
+            config.recompile_limit = max(config.recompile_limit, self.limit)
+        return self
+
+    def __exit__(self, *exc):
+        if self.limit is None:
+            return
+        with _RecompileLimitWindow._lock:
+            _RecompileLimitWindow._depth -= 1
+            if _RecompileLimitWindow._depth == 0:
+                torch._dynamo.config.recompile_limit = _RecompileLimitWindow._saved
 
 _tracing = threading.local()  # set while this thread captures: make_fx registers the graph's constants
 
@@ -147,6 +212,21 @@ def _entry(a):
     return _Identity(a)
 
 
+def _changeable_container(kwargs):
+    """pytree's is_leaf for a call's arguments: a list or dict argument (at any depth of the
+    arguments' tuples) is a leaf -- an object whose state is walked -- except `kwargs` itself."""
+    return lambda x: x is not kwargs and isinstance(x, (list, dict))
+
+
+def flatten_arguments(args, kwargs):
+    """The pytree leaves and spec of (args, kwargs), lists and dicts among them kept whole (Note
+    [State the function is passed]: a function that replaces an entry of a dict or list it is
+    passed -- `state[i] = state[i] + x` -- changes the caller's container; flattened into their
+    tensors, the capture's writes to them had no place to go and the caller kept the old
+    entries)."""
+    return pytree.tree_flatten((args, kwargs), is_leaf=_changeable_container(kwargs))
+
+
 class _Call:
     """One call flattened (Note [State the function is passed]): the pytree leaves of (args,
     kwargs), then the leaves of the state of the objects among them."""
@@ -156,7 +236,7 @@ class _Call:
 
     def __init__(self, args, kwargs, dynamic):
         self.args, self.kwargs = args, kwargs
-        arg_leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        arg_leaves, self.spec = flatten_arguments(args, kwargs)
         self.n_args = len(arg_leaves)
         self.root_pos = [i for i, a in enumerate(arg_leaves) if state.walkable(a)]
         self.roots = [arg_leaves[i] for i in self.root_pos]
@@ -304,6 +384,7 @@ class CompiledFunction(ServedByCache):
         # Note [Data-dependent calls through Dynamo]
         self._dynamo_families: set = set()
         self._dynamo_fn: Optional[Callable[..., Any]] = None
+        self._recompile_limit: Optional[int] = None  # Note [Recompiles per layer]
         self.dynamo_reason: Optional[str] = None
         self.dynamo_calls = 0
         self._generation = _generation[0]
@@ -621,16 +702,22 @@ class CompiledFunction(ServedByCache):
         if fn is None:
             with self.cache.lock:
                 if self._dynamo_fn is None:
-                    self._dynamo_fn = torch.compile(self.fn, backend="trident", dynamic=self.dynamic)
+                    self._recompile_limit = recompile_limit_for(self.fn)
+                    extra = {"recompile_limit": self._recompile_limit} if _COMPILE_TAKES_RECOMPILE_LIMIT else {}
+                    self._dynamo_fn = torch.compile(self.fn, backend="trident", dynamic=self.dynamic, **extra)
                 fn = self._dynamo_fn
         self.dynamo_calls += 1
+        window = _RecompileLimitWindow(self._recompile_limit) if not _COMPILE_TAKES_RECOMPILE_LIMIT else None
         if is_fx_symbolic_tracing():
             # FX's tracing flag is process-wide: while another thread traces, Dynamo would refuse
             # this call ("FX to symbolically trace a dynamo-optimized function"); it waits for
             # that trace (captures hold Triton's state exclusively)
-            with triton_state.exclusive():
+            with triton_state.exclusive(), window or contextlib.nullcontext():
                 return fn(*call.args, **call.kwargs)
-        return fn(*call.args, **call.kwargs)
+        if window is None:
+            return fn(*call.args, **call.kwargs)
+        with window:
+            return fn(*call.args, **call.kwargs)
 
     def _eager(self, call: _Call, reason: str):
         self.cache.eager(reason)
@@ -893,7 +980,7 @@ def _leaf_names(fn, args, kwargs) -> list[str]:
     except (TypeError, ValueError):
         positional = []
     names = []
-    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs), is_leaf=_changeable_container(kwargs))[0]:
         side, first, rest = path[0], path[1], path[2:]
         if getattr(side, "idx", 0) == 0:
             i = first.idx

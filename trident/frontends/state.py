@@ -15,7 +15,9 @@ parameters and buffers have registration hooks), classes, functions or modules (
 matched by identity). What it finds is part of the call: tensors are inputs of the capture;
 Python scalars, dtypes and devices are values of the signature; other objects are matched by
 identity. An object's own identity is not: a new HF Cache of the same shape reuses the capture
-of the last one.
+of the last one. A list or dict passed as an argument is such an object too, not a pytree node
+(compile.flatten_arguments): flattened into its tensors, the entries a function replaces in it
+(`state[i] = state[i] + x`) were lost on every captured call.
 
 While tracing, the traced tensors are put into the objects (`install`), the function runs, and
 the objects are walked again (`record_writes`): every leaf that changed becomes a `Write` --
