@@ -515,3 +515,64 @@ def test_entries_replaced_in_a_dict_or_list_argument_reach_the_caller(kind):
             for a, b in zip(want_pair[0], got_pair[0]):
                 torch.testing.assert_close(b, a)
     assert compiled.captures, trident.explain(compiled)
+
+
+class _Holder:
+    pass
+
+
+def test_argument_containers_the_walk_must_not_take_whole():
+    """What stays as before flatten_arguments (review of 3a547ed): a registered pytree dict
+    subclass (an HF ModelOutput, as generate() passes `encoder_outputs`) stays a pytree node; a
+    dict with a key the walk cannot follow and a list too long to walk stay pytree nodes (their
+    tensors inputs, never constants); a list argument costs no level of the walk's depth; a call
+    whose objects hold more than MAX_LEAVES leaves runs eagerly. Each against eager, with new
+    tensors every call."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def from_output(x, eo):
+        return x + eo.last_hidden_state
+
+    def from_tuple_keys(x, table):
+        return x + table[("a", 1)]
+
+    def from_long_list_and_cache(x, ids, cache):
+        return x * len(ids) + cache.t
+
+    def from_deep_state(x, boxes):
+        return x + boxes[0].layers[0].state["s"]["t"]
+
+    def deep(t):
+        cache, layer = _Holder(), _Holder()
+        layer.state = {"s": {"t": t}}
+        cache.layers = [layer]
+        return [cache]
+
+    def long_cache(t):
+        cache = _Holder()
+        cache.t = t
+        return cache
+
+    cases = [
+        (from_output, lambda t: (BaseModelOutput(last_hidden_state=t),)),
+        (from_tuple_keys, lambda t: ({("a", 1): t},)),
+        (from_long_list_and_cache, lambda t: (list(range(5000)), long_cache(t))),
+        (from_deep_state, lambda t: (deep(t),)),
+    ]
+    for fn, make in cases:
+        compiled = trident.compile(fn)
+        for step in range(4):
+            x, t = torch.randn(4), torch.full((4,), float(step))
+            torch.testing.assert_close(compiled(x, *make(t)), fn(x, *make(t)), msg=fn.__name__)
+        assert compiled.captures, (fn.__name__, trident.explain(compiled))
+
+    def from_huge_state(x, holder):
+        return x + holder.items[-1]
+
+    huge = _Holder()
+    compiled = trident.compile(from_huge_state)
+    for step in range(3):
+        huge.items = [torch.full((4,), float(i + step)) for i in range(state.MAX_LEAVES + 8)]
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x, huge), from_huge_state(x, huge))
+    assert not compiled.captures and "more than 4096 leaves" in trident.explain(compiled)

@@ -115,9 +115,14 @@ def recompile_limit_for(fn) -> Optional[int]:
     module = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
     if not isinstance(module, torch.nn.Module):
         return None
-    most = max(collections.Counter(type(m) for m in module.modules()).values())
-    limit = torch._dynamo.config.recompile_limit
-    return limit * most if most > 1 else None
+    # modules holding others (layers, blocks): a leaf module (a Linear) runs inside its
+    # parent's frame, and counting the Linears would make the budget 8 x 241 for a 24-layer GLA
+    counts = collections.Counter(type(m) for m in module.modules() if next(m.children(), None) is not None)
+    most = max(counts.values(), default=1)
+    config = torch._dynamo.config
+    with _RecompileLimitWindow._lock:  # the user's own limit, also while a window raises it
+        limit = _RecompileLimitWindow._saved if _RecompileLimitWindow._depth else config.recompile_limit
+    return min(limit * most, max(config.accumulated_recompile_limit, limit)) if most > 1 else None
 
 
 class _RecompileLimitWindow:
@@ -126,7 +131,8 @@ class _RecompileLimitWindow:
 
     _lock = threading.Lock()
     _depth = 0
-    _saved: Optional[int] = None
+    _saved: Optional[int] = None  # the user's limit, while a window is open
+    _set: Optional[int] = None  # what the windows set it to
 
     def __init__(self, limit: Optional[int]):
         self.limit = limit
@@ -139,7 +145,7 @@ class _RecompileLimitWindow:
             if _RecompileLimitWindow._depth == 0:
                 _RecompileLimitWindow._saved = config.recompile_limit
             _RecompileLimitWindow._depth += 1
-            config.recompile_limit = max(config.recompile_limit, self.limit)
+            config.recompile_limit = _RecompileLimitWindow._set = max(config.recompile_limit, self.limit)
         return self
 
     def __exit__(self, *exc):
@@ -147,8 +153,10 @@ class _RecompileLimitWindow:
             return
         with _RecompileLimitWindow._lock:
             _RecompileLimitWindow._depth -= 1
-            if _RecompileLimitWindow._depth == 0:
-                torch._dynamo.config.recompile_limit = _RecompileLimitWindow._saved
+            config = torch._dynamo.config
+            # the user's value back, unless someone set another while the window was open
+            if _RecompileLimitWindow._depth == 0 and config.recompile_limit == _RecompileLimitWindow._set:
+                config.recompile_limit = _RecompileLimitWindow._saved
 
 _tracing = threading.local()  # set while this thread captures: make_fx registers the graph's constants
 
@@ -212,10 +220,21 @@ def _entry(a):
     return _Identity(a)
 
 
+_ARGUMENT_STATE_ITEMS = state.MAX_LEAVES // 4  # longer lists and dicts stay pytree nodes
+
+
 def _changeable_container(kwargs):
     """pytree's is_leaf for a call's arguments: a list or dict argument (at any depth of the
-    arguments' tuples) is a leaf -- an object whose state is walked -- except `kwargs` itself."""
-    return lambda x: x is not kwargs and isinstance(x, (list, dict))
+    arguments' tuples; by exact type, state.ARGUMENT_CONTAINERS) is a leaf -- an object whose
+    state is walked -- except `kwargs` itself, a dict with a key the walk cannot follow (not a
+    str or int: the walk would keep the dict whole, its tensors constants) and a container too
+    long to walk within MAX_LEAVES."""
+    def is_leaf(x):
+        if x is kwargs or type(x) not in state.ARGUMENT_CONTAINERS or len(x) > _ARGUMENT_STATE_ITEMS:
+            return False
+        return type(x) is list or all(type(k) in (str, int) for k in x)
+
+    return is_leaf
 
 
 def flatten_arguments(args, kwargs):
@@ -486,7 +505,7 @@ class CompiledFunction(ServedByCache):
             self._seen = {}
             self._pending = None
             self._checks, self._check_tried = (), set()
-            self._dynamo_families, self._dynamo_fn = set(), None
+            self._dynamo_families, self._dynamo_fn, self._recompile_limit = set(), None, None
             self.dynamo_reason, self.dynamo_calls = None, 0
             self._generation = _generation[0]
 
@@ -495,6 +514,9 @@ class CompiledFunction(ServedByCache):
             self._settle(call)
         if self._dynamo_families and call.family() in self._dynamo_families:
             return self._through_dynamo(call)
+        if call.walk is not None and call.walk.truncated:  # leaves past the bound: no capture sees them
+            return self._eager(call, f"the objects among its arguments hold more than {state.MAX_LEAVES} leaves "
+                                     "(tensors, values, objects): past that bound their state is not seen")
         key = call.key()
         opt = self.captures.get(key)
         if opt is None and key in self.cache.refused:  # Trident cannot capture it: eager, as the backend does

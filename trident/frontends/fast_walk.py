@@ -225,7 +225,7 @@ def _make(call, dynamic, call_names) -> tuple[Callable, str]:
         if i not in roots:
             w.leaf(var, a, walked=False)
     for r, i in enumerate(call.root_pos):
-        w.visit(arg_vars[i], names[i], r, (), arg_leaves[i], 0)
+        w.visit(arg_vars[i], names[i], r, (), arg_leaves[i], state.root_depth(arg_leaves[i]))
     if w.places != [(r, steps) for r, steps, _ in call.walk.leaves]:
         raise Unexpressible("the generated walk does not retrace the recorded one")  # a bug, not a user error
     if len(w.nodes) > 1:

@@ -39,6 +39,7 @@ size, and an int the function writes back (`seen + 1`) is computed from the call
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import types
@@ -51,7 +52,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._sympy.printers import PythonPrinter
 
 MAX_DEPTH = 5  # Cache -> layers -> layer -> state dict -> tensor, with one level to spare
-MAX_LEAVES = 4096  # a walk stops here: huge object graphs are matched by identity instead
+MAX_LEAVES = 4096  # a walk stops here; trident.compile runs such calls eagerly (their state is not all seen)
+# The argument containers walked as state, by exact type (compile.flatten_arguments): a registered
+# pytree node that subclasses dict (an HF ModelOutput) stays a pytree node
+ARGUMENT_CONTAINERS = (list, dict, collections.OrderedDict, collections.defaultdict)
 
 # Leaves matched by value.
 VALUE_TYPES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
@@ -117,8 +121,14 @@ def walk(roots: list) -> Walk:
     out = Walk()
     seen: dict[int, Any] = {}
     for r, obj in enumerate(roots):
-        _visit(out, seen, r, (), obj, 0)
+        _visit(out, seen, r, (), obj, root_depth(obj))
     return out
+
+
+def root_depth(obj) -> int:
+    """The depth a root's walk starts at: a list or dict argument (compile.flatten_arguments) costs
+    no level of MAX_DEPTH, as when pytree flattened it and the objects inside were the roots."""
+    return -1 if type(obj) in ARGUMENT_CONTAINERS else 0
 
 
 # Note [No cycles on the call path]: a module-level function, not a closure that calls itself. A
