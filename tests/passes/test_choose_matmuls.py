@@ -406,7 +406,10 @@ def test_random_products_equal_torch():
         args = [x, w] + ([bias] if bias is not None else [])
         opt = _run(fn, args, config)
         assert "gemv_kernel" in _launches(opt), (m, n, k, config)
-        tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else FP32
+        # fp32: the split sums round in another order than the operator's, an error that grows
+        # with the inner size (k = 1024 with 4 splits: 1.5e-4 in the CI of 2026-12-04, within 1e-4
+        # in earlier runs); a wrong piece of the product is off by O(1)
+        tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else dict(rtol=1e-4, atol=1e-4 * max(1, k / 256))
         torch.testing.assert_close(opt(*args), fn(*args), **tol, msg=lambda s: f"{m}x{k}x{n} {dtype} {config}: {s}")
 
 
