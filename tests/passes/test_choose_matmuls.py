@@ -294,7 +294,7 @@ def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
     assert 0 <= ptx.find("bar.sync", atom) < ptx.find("ld.global.cg", atom)
 
 
-def test_candidates_compile_ahead_in_threads(monkeypatch):
+def test_candidates_compile_ahead_in_threads(monkeypatch, caplog):
     """precompile: every candidate's Triton compile runs in a worker thread (Triton's
     AsyncCompileMode) and is done when it returns: the measurement's launches then compile
     nothing (here sm_90 cubins through the host-only driver)."""
@@ -314,11 +314,13 @@ def test_candidates_compile_ahead_in_threads(monkeypatch):
     k, n = 1088, 96  # an inner size no other test compiles (K is a constexpr)
     a, w, out = torch.randn(1, k), torch.randn(n, k), torch.empty(1, n)
     configs = [c for c in G.CONFIGS if G.useful(n, k, c)][:3]
-    CM.precompile([lambda c=c: CM._run_gemv(a, w.t(), None, out, c, compile_only=True) for c in configs])
+    with caplog.at_level("DEBUG", logger="trident.lowering"):  # a compile failed in its thread: why
+        CM.precompile([lambda c=c: CM._run_gemv(a, w.t(), None, out, c, compile_only=True) for c in configs])
     assert len(seen) == len(configs) and all(name.startswith("trident-compile") for name in seen), seen
     for c in configs:  # compiled: Triton's cache of the function has them
         CM._run_gemv(a, w.t(), None, out, c, compile_only=True)
-    assert len(seen) == len(configs)
+    # (failed once in a loaded CI run of 2026-12-04: one config compiled again in the main thread)
+    assert len(seen) == len(configs), (seen, [r.getMessage() for r in caplog.records if "compiled ahead" in r.getMessage()])
 
 
 def test_an_interrupted_precompile_leaves_no_compile_mode_behind():

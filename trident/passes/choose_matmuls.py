@@ -197,6 +197,9 @@ def precompile(compiles) -> None:
                     mode.__exit__(None, None, None)
                 finally:
                     _async_compile.active_mode.reset(token)
+                for future in mode.raw_futures:  # Triton drops them (ignore_errors): compiled again when timed
+                    if future.done() and future.exception() is not None:
+                        logs.lowering.debug("candidate not compiled ahead (in its thread): %r", future.exception())
     except Exception as e:  # noqa: BLE001 - compiling ahead is an optimization only
         logs.lowering.debug("candidates not compiled ahead: %s", e)
 
