@@ -5,6 +5,8 @@ equal eager's; from the second `generate()` on, no call runs eagerly."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -20,11 +22,29 @@ PROMPT = [[5, 7, 9, 11]]
 NEW = 12
 
 
-def _generate(model, cache: str):
-    kw = dict(max_new_tokens=NEW, do_sample=False)
+def _generate(model, cache: str, new: int = NEW, **kw):
+    kw.update(max_new_tokens=new, do_sample=False)
     if cache == "static":
         kw["cache_implementation"] = "static"
     return model.generate(torch.tensor(PROMPT), **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_output(kind, kernels, cache: str, new: int) -> tuple:
+    """`_generate` of `_model(kind, kernels)` run eagerly (no Trident), once per process: the
+    model is built as each test builds its own (seeded, from the config, the same kernels
+    patched in, undone on return), so the tests that compare with it share it. (sequences,
+    the logits of each new token); `_eager` hands out copies."""
+    with pytest.MonkeyPatch.context() as monkeypatch, torch.random.fork_rng():
+        _, model = _model(kind, kernels, monkeypatch)
+        out = _generate(model, cache, new, return_dict_in_generate=True, output_logits=True)
+    return out.sequences, tuple(out.logits)
+
+
+def _eager(kind, kernels, cache: str, new: int = NEW) -> tuple:
+    """Copies of the eager (sequences, logits): no test changes what the next one compares with."""
+    sequences, logits = _eager_output(kind, kernels, cache, new)
+    return sequences.clone(), [t.clone() for t in logits]
 
 
 def _captures(door, model, start):
@@ -53,7 +73,7 @@ def test_generate_through_every_door(kind, door, cache, monkeypatch):
     sets CompileConfig's switch for every device)."""
     torch._dynamo.reset()
     _, model = _model(kind, "own", monkeypatch)
-    want = _generate(model, cache)
+    want, _ = _eager(kind, "own", cache)
     start = len(compiled_graphs())
     if door == "compile":
         model.forward = trident.compile(model.forward)
@@ -92,7 +112,7 @@ def test_hf_auto_compile_around_a_trident_compiled_forward(monkeypatch):
     decode steps."""
     torch._dynamo.reset()
     _, model = _model("llama", "own", monkeypatch)
-    want = _generate(model, "static")
+    want, _ = _eager("llama", "own", "static")
     config = CompileConfig()  # HF's default: Inductor, mode="reduce-overhead"
     config._compile_all_devices = True
     model.generation_config.compile_config = config
@@ -137,7 +157,7 @@ def test_dynamic_cache_decode_replays_graphs_around_the_attention(door, monkeypa
 
     torch._dynamo.reset()
     _, model = _model("llama", "own", monkeypatch)
-    want = _generate(model, "dynamic")
+    want, _ = _eager("llama", "own", "dynamic")
     start = len(compiled_graphs())
     with knobs.scope(graphs="all"):
         if door == "compile":
@@ -177,9 +197,7 @@ def test_generate_with_fused_glue(kind, kernels, monkeypatch):
     rounding, and the step runs fewer operator calls than unfused."""
     torch._dynamo.reset()
     _, model = _model(kind, kernels, monkeypatch)
-    with torch.no_grad():
-        want = model.generate(torch.tensor(PROMPT), max_new_tokens=NEW, do_sample=False, cache_implementation="static",
-                              return_dict_in_generate=True, output_logits=True)
+    want_sequences, want_logits = _eager(kind, kernels, "static")
     forward = model.forward
     counts = {}
     for mode in ("", "all"):
@@ -190,8 +208,8 @@ def test_generate_with_fused_glue(kind, kernels, monkeypatch):
                     got = model.generate(torch.tensor(PROMPT), max_new_tokens=NEW, do_sample=False,
                                          cache_implementation="static", return_dict_in_generate=True,
                                          output_logits=True)
-                    assert torch.equal(got.sequences, want.sequences)
-                    for a, b in zip(got.logits, want.logits):
+                    assert torch.equal(got.sequences, want_sequences)
+                    for a, b in zip(got.logits, want_logits):
                         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         decode = max((opt for opt in model.forward.captures.values()),
                      key=lambda opt: sum(v["hits"] for v in trident.cache_info(opt).values()))
@@ -216,12 +234,14 @@ def test_dynamic_cache_generate_with_fused_glue(graphs, monkeypatch):
     slices, the symbolic capture failed, and every step past 8 captures ran eagerly."""
     torch._dynamo.reset()
     _, model = _model("llama", "plain", monkeypatch)
+    # 6 new tokens: 5 decode lengths, so a failed symbolic capture shows as well as with 12 (no
+    # symbolic capture, a static one per length: more than 3)
+    want, _ = _eager("llama", "plain", "dynamic", new=6)
     with torch.no_grad():
-        want = _generate(model, "dynamic")
         with trident.knobs.scope(fuse_glue="all", graphs=graphs, triton_copies="all", decode_attention="all"):
             model.forward = trident.compile(model.forward)
             for _ in range(2):
-                assert torch.equal(_generate(model, "dynamic"), want)
+                assert torch.equal(_generate(model, "dynamic", new=6), want)
     from trident.runtime import SCMRuntime
 
     symbolic = [opt for opt in model.forward.captures.values() if opt.meta.get("trident_symbolic")]
