@@ -58,10 +58,14 @@ class GuardError(TridentError):
     """Inputs differ from the captured graph in a way no new specialization can serve.
 
     region: the region whose guards failed before it ran any step, or None;
-    before_effects: True when nothing of the call had run (a front door may serve it otherwise).
+    before_effects: True when nothing of the call had run (a front door may serve it otherwise);
+    traced_value: True when a value the trace specialized differs (Note [Values a trace
+    specializes]): another capture of the same signature may serve the call.
     """
 
-    def __init__(self, message: str, *, region: "str | None" = None, before_effects: bool = False):
+    def __init__(self, message: str, *, region: "str | None" = None, before_effects: bool = False,
+                 traced_value: bool = False):
         super().__init__(message)
         self.region = region
         self.before_effects = before_effects
+        self.traced_value = traced_value

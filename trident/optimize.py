@@ -36,7 +36,7 @@ from .passes.outline_regions import read_sizes_from_inputs
 from .passes.partition_regions import split_symbolic_regions
 from .runtime import SCMRuntime, native
 from .runtime.native import C
-from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, first_failure
+from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, TracedValue, first_failure
 from .scm.ir import RegionProgram
 from .scm.sizes import SizeExpr, size_of
 
@@ -186,7 +186,8 @@ def _install_input_checks(gm: torch.fx.GraphModule) -> None:
             failed = first_failure(guards, args)
             if failed is not None:
                 # nothing ran: a front door may serve the call otherwise
-                error = GuardError(failed.failure(args, names), before_effects=True)
+                error = GuardError(failed.failure(args, names), before_effects=True,
+                                   traced_value=isinstance(failed, TracedValue))
                 raise error
         try:
             return direct(self, *args)
@@ -213,6 +214,7 @@ def call_guards(gm: torch.fx.GraphModule) -> list:
     guards += [KernelGlobal(kernel, name, value, held) for kernel, name, held, value in _kernel_globals(gm)]
     if gm.meta.get("trident_shape_env") is not None:
         guards.append(traced_shapes(gm))
+    guards += gm.meta.get("trident_traced_values", ())  # Note [Values a trace specializes]: after the shapes
     return guards
 
 

@@ -100,19 +100,33 @@ def _lengths(mask):
     return result
 
 
+def _kept(mask, on_device: bool):
+    """The positions a mask keeps. `on_device`: counted from a kernel's output, a value only the
+    device knows before the call runs (no guard can compute it from the inputs: Dynamo's route);
+    otherwise from the mask itself (a capture specializes the count behind a guard)."""
+    m = mask.flatten()
+    if on_device:
+        m = m.to(torch.float32)
+        seen = torch.empty_like(m)
+        K.axpy_kernel[(1,)](m, m, seen, m.numel(), 0.5, BLOCK=64)
+        m = seen
+    return torch.nonzero(m).flatten()
+
+
 class Unpadded(torch.nn.Module):
     """A recurrent layer as flash-linear-attention writes one: the tokens the attention mask
     keeps are gathered (nonzero: a data-dependent count T), a kernel runs over them with a block
     size computed from T (a Triton constexpr: no one graph holds it), the state is replaced."""
 
-    def __init__(self):
+    def __init__(self, on_device: bool = False):
         super().__init__()
         torch.manual_seed(0)
         self.proj = torch.nn.Linear(16, 16)
+        self.on_device = on_device  # the mask goes through a kernel first (_kept)
 
     def forward(self, x, attention_mask, state):
         q_len = x.shape[1]
-        keep = torch.nonzero(attention_mask[:, -q_len:].flatten()).flatten()
+        keep = _kept(attention_mask[:, -q_len:], self.on_device)
         lengths = _lengths(attention_mask)
         _TABLE.setdefault("calls", []).append(q_len)
         if not hasattr(self, "tables"):
@@ -140,9 +154,39 @@ def _steps(layer, door):
     return outs, state
 
 
-def test_trident_compile_serves_a_data_dependent_function_through_dynamo():
+def test_trident_compile_specializes_a_count_the_inputs_give():
+    """Note [Values a trace specializes]: the nonzero count of the mask is a value the inputs
+    give, so the captures specialize it behind a guard (the prompt's count 4, the steps' 1) and no
+    call goes through Dynamo; outputs and state are eager's, the memo keeps no fake tensor. Under
+    no_grad, as generate() runs (trident.scm has no derivative: docs/limits.md, inference only)."""
     torch._dynamo.reset()
     layer = Unpadded()
+    want, want_state = _steps(layer, layer)
+    _MEMO.clear()
+    compiled = trident.compile(layer)
+    with torch.no_grad():
+        got, state = _steps(layer, compiled)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(state["h"], want_state["h"])
+    fn = compiled._compiled
+    text = trident.explain(compiled)
+    assert fn.dynamo_calls == 0 and fn.eager_calls <= 2 and len(fn.captures) == 2, text
+    assert "nonzero count at" in text and "test_data_dependent.py" in text and "== 1 (specialized" in text, text
+    assert not [e for e in _MEMO if any(isinstance(t, FakeTensor) for t in (*e[0], e[1]))]
+    # a second generate(): the prompt's capture (count 4) and the steps' (count 1) serve it, each
+    # refused by the other's guard once, none made again
+    with torch.no_grad():
+        got, state = _steps(layer, compiled)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert len(fn.captures) == 2 and fn.dynamo_calls == 0, trident.explain(compiled)
+
+
+def test_trident_compile_serves_a_data_dependent_function_through_dynamo():
+    """The count comes from a kernel's output: no guard can compute it before the call runs."""
+    torch._dynamo.reset()
+    layer = Unpadded(on_device=True)
     want, want_state = _steps(layer, layer)
     _MEMO.clear()
     compiled = trident.compile(layer)
@@ -168,7 +212,7 @@ def test_a_failed_capture_leaves_no_fake_tensor_in_memos(dynamic):
     memo loses the trace's entries and keeps the caller's. Without the cleanup Dynamo, compiling
     the function next, inlined the memo and failed on its fake tensor ("unhashable type:
     non-nested SymInt")."""
-    layer = Unpadded()
+    layer = Unpadded(on_device=True)
     mask = torch.ones(1, 5, dtype=torch.long)
     _MEMO.clear()
     _MEMO.append(((mask,), mask.sum(-1)))  # an entry of the caller's: kept
@@ -186,7 +230,7 @@ def test_a_failed_capture_leaves_no_fake_tensor_in_memos(dynamic):
     # failed with NameError / AttributeError)
     assert "_TABLE" in globals() and isinstance(layer.tables, dict)
     want, _ = layer(*call)
-    torch.testing.assert_close(want, Unpadded()(*call)[0])
+    torch.testing.assert_close(want, Unpadded(on_device=True)(*call)[0])
 
 
 class Packed:
@@ -235,7 +279,7 @@ class _UnpaddingLayer(torch.nn.Module):
         self.proj = torch.nn.Linear(8, 8)
 
     def forward(self, x, mask, state: list):
-        keep = torch.nonzero(mask[:, -x.shape[1]:].flatten()).flatten()
+        keep = _kept(mask[:, -x.shape[1]:], on_device=True)
         h = self.proj(x).reshape(-1, 8).index_select(0, keep).contiguous()
         out = torch.empty_like(h)
         n = h.numel()

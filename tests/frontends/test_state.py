@@ -475,6 +475,31 @@ def test_a_refused_regime_past_the_capture_bound_runs_eagerly():
     assert "past TRIDENT_CAPTURES=3" in compiled.eager_log[-1], compiled.eager_log
 
 
+def _returns_its_state(x, state):
+    """A recurrent layer's step: replaces its state entry and returns the state with the output."""
+    state["h"] = state["h"] * 0.5 + x
+    return x * 2, state
+
+
+def test_a_state_container_returned_is_the_callers_with_the_writes():
+    """A dict argument the function writes and returns comes back as the caller's own dict, holding
+    what the call wrote, as eagerly. Flattened like any result, it was rebuilt from what it held
+    once the trace's snapshot was restored: every captured call returned the old entry (the
+    caller's dict itself got the writes, so a loop feeding the returned dict back kept its input
+    state from the first capture on)."""
+    compiled = trident.compile(_returns_its_state)
+    got, want = {"h": torch.zeros(4)}, {"h": torch.zeros(4)}
+    for step in range(6):
+        x = torch.randn(4, generator=torch.Generator().manual_seed(step))
+        out, got2 = compiled(x, got)
+        wout, want = _returns_its_state(x, want)
+        assert got2 is got
+        torch.testing.assert_close(out, wout)
+        torch.testing.assert_close(got2["h"], want["h"])
+        got = got2
+    assert compiled.captures and compiled.eager_calls <= 2, trident.explain(compiled)
+
+
 def _replace_entries(x, state, pair):
     for i, k in enumerate(list(state) if isinstance(state, dict) else range(len(state))):
         state[k] = state[k] + x.sum() * (i + 1)

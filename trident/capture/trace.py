@@ -46,6 +46,7 @@ from .collectives import check_graph, collectives_as_functional
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import inline_custom_ops
 from .shared_patch import SharedPatch, setter
+from .values import DECOMPOSITIONS, specializing
 
 # `kernel[grid]` is routed through wrap_triton only in the thread that traces: the patched
 # KernelInterface.__getitem__ is installed while any thread traces (counted) and routes a launch
@@ -319,6 +320,7 @@ def capture(
     input_names: Optional[Sequence[str]] = None,
     dynamic: bool = False,
     static_inputs: Sequence[int] = (),
+    values: bool = False,
 ) -> torch.fx.GraphModule:
     """Trace `fn(*example_inputs)` into an FX GraphModule of ATen ops and Triton launches.
 
@@ -328,6 +330,9 @@ def capture(
     an input is a symbol, and the graph serves every size its shape guards admit; the example
     inputs at `static_inputs` (positions) keep their sizes and strides (Note [Static inputs of a
     symbolic capture]).
+    With `values=True`, values only the data gives (a nonzero count, a scalar read) are computed
+    from the example inputs, which must be real, and specialized behind a per-call guard (Note
+    [Values a trace specializes]; the optimized graph checks them on every call).
     Non-tensor inputs are captured as the constants they were: the optimized module checks
     them on every call and raises GuardError if they change.
     Graph inputs carry the caller's names (Note [The caller's names]): `fn`'s parameter names,
@@ -368,8 +373,10 @@ def capture(
                 # activations) are traced through, their Python run as written, not refused
                 # ("Detected that you are using FX to symbolically trace a dynamo-optimized
                 # function"); for this thread (a config override), during the trace
-                with dynamo_config.patch(error_on_nested_fx_trace=False):
-                    gm = make_fx(noted, tracing_mode=mode, _allow_non_fake_inputs=True)(*example_inputs)
+                with dynamo_config.patch(error_on_nested_fx_trace=False), \
+                        specializing(example_inputs) if values else contextlib.nullcontext([]) as found:
+                    gm = make_fx(noted, DECOMPOSITIONS if values else None, tracing_mode=mode,
+                                 _allow_non_fake_inputs=True)(*example_inputs)
                     gm = inline_custom_ops(gm, example_inputs, mode, log)  # Note [Inlining custom ops]
                 for node in gm.graph.nodes:  # the modes of the inlining's traces too
                     if node.op == "placeholder":
@@ -413,6 +420,7 @@ def capture(
                 same.append((i, first))
     gm.meta["trident_same_inputs"] = same
     gm.meta["trident_num_inputs"] = len(example_inputs)
+    gm.meta["trident_traced_values"] = tuple(found)  # Note [Values a trace specializes]
     if dynamic:
         gm.meta["trident_shape_env"] = _shape_env(gm)
     _name_inputs(gm, fn, example_inputs, input_names)

@@ -97,9 +97,12 @@ class ServedByCache:
 
 
 def retry_static(opt: torch.fx.GraphModule, error: GuardError) -> bool:
-    """Whether a GuardError of `opt` lets the door serve the call with a static capture: `opt`
+    """Whether a GuardError of `opt` lets the door serve the call with another capture: `opt`
     is symbolic and raised before anything of the call ran (its call guards, or the guards of
-    its first region when nothing before that region has an effect)."""
+    its first region when nothing before that region has an effect), or a value its trace
+    specialized differs (Note [Values a trace specializes]: checked before anything ran)."""
+    if error.traced_value and error.before_effects:
+        return True
     return bool(opt.meta.get("trident_symbolic")) and (
         error.before_effects or error.region == opt.meta.get("trident_retry_region")
     )

@@ -675,6 +675,7 @@ class CompiledFunction(ServedByCache):
         return getattr(self.fn, "__name__", "fn")
 
     def _register(self, call: _Call, key, opt) -> None:
+        key = opt.meta.get("trident_key", key)  # a capture with values specialized has its own
         self.cache.add(key, opt)
         info = self._outputs[key]
         symbolic = opt.meta.get("trident_symbolic", False)
@@ -717,6 +718,21 @@ class CompiledFunction(ServedByCache):
     # their captures. explain() names the reason and shows the Dynamo graphs; cache_info()
     # lists their captures; `dynamo_calls` counts the calls. torch.compiler.disable on
     # __call__ does not reach the inner torch.compile: its frames are compiled.
+    def _values_through_dynamo(self, call: _Call, error: GuardError):
+        """Note [Values a trace specializes]: the family's values changed past REGIMES captures
+        of them (a scalar that differs every call): its captures with values specialized are
+        dropped and the family goes through Dynamo from now on."""
+        with self.cache.lock:
+            for e in list(self._guarded.get(call.structure, ())):
+                if _by_value(e):
+                    self._drop(e.key)
+            self._dynamo_families.add(call.family())
+            self.dynamo_reason = (
+                f"the values its captures specialized changed past {REGIMES} captures ({str(error).splitlines()[0]}): "
+                "this family of signatures goes through torch.compile(backend='trident'), which breaks the graph there")
+            logs.misses.warning("trident.compile(%s): %s", self._name, self.dynamo_reason)
+        return self._through_dynamo(call)
+
     def _through_dynamo(self, call: _Call):
         if getattr(_tracing, "active", False):  # inside another capture's trace: traced as it is
             return self.fn(*call.args, **call.kwargs)
@@ -821,6 +837,7 @@ class CompiledFunction(ServedByCache):
         return opt, None
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
+        key = opt.meta.get("trident_key", key)
         info = self._outputs[key] if info is None else info
         ints = [call.ints[i] for i in info.dynamic_ints]
         try:
@@ -832,12 +849,14 @@ class CompiledFunction(ServedByCache):
                 raise
             tried = tried | {id(opt)}
             for other in self._guarded.get(call.structure, ()):
-                if id(other.opt) not in tried and other.opt.meta.get("trident_symbolic") and \
+                if id(other.opt) not in tried and (other.opt.meta.get("trident_symbolic") or _by_value(other)) and \
                         other.ints_of(call.ints) == other.int_values and other.guards.check(*call.tensors):
                     self._promote_entry(call.structure, other)
                     return self._run(other.opt, other.key, call, other.info, tried)
             if call.walk is None:  # came through a generated check: the capture below reads the walk
                 call = _Call(call.args, call.kwargs, self.dynamic)
+            if e.traced_value and sum(map(_by_value, self._guarded.get(call.structure, ()))) >= REGIMES:
+                return self._values_through_dynamo(call, e)
             exact = call.key()
             with self.cache.lock:
                 served = self.captures.get(exact)
@@ -846,10 +865,10 @@ class CompiledFunction(ServedByCache):
                     if served is not None:  # made for these very sizes and refused them: static
                         self._drop(exact)
                     served, reason = self._recapture(call, exact, symbolic=served is None)
-                served_info = None if served is None else self._outputs[exact]
+                served_info = None if served is None else self._outputs[served.meta.get("trident_key", exact)]
             if served is None:
                 return self._eager(call, reason)
-            return self._run(served, exact, call, served_info, tried)
+            return self._run(served, served.meta.get("trident_key", exact), call, served_info, tried)
         n = info.n_user
         if info.writes:
             state.apply_writes(info.writes, call.roots, call.leaves, results[n:], ints)
@@ -910,11 +929,14 @@ class CompiledFunction(ServedByCache):
                 snapshot.restore()
             # The graph returns the tensor leaves of the result, then the tensors the state
             # gets; the rest of the result (an HF output's Cache object, Python values) is put
-            # back around them on every call.
-            out_leaves, out_spec = pytree.tree_flatten(result)
+            # back around them on every call. An object of the state it was passed (a dict or
+            # list argument returned, as a recurrent layer returns its state) comes back as the
+            # caller's own object, which has the writes by then: flattened, it was rebuilt from
+            # what it held after the snapshot's restore (the inputs, not the state written).
             places = {id(obj): (r, ()) for r, obj in enumerate(roots)}
             for r, steps, obj, _, _ in walk.nodes:
                 places.setdefault(id(obj), (r, steps))
+            out_leaves, out_spec = pytree.tree_flatten(result, is_leaf=lambda v: id(v) in places)
             template = []
             for t in out_leaves:
                 if isinstance(t, torch.Tensor):
@@ -948,10 +970,30 @@ class CompiledFunction(ServedByCache):
         input_names = [names[i] for i in tensor_pos] + [names[i] for i in dynamic_pos]
         outer, _tracing.active = getattr(_tracing, "active", False), True
         try:
-            gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static)
-            opt = optimize(gm)
+            try:
+                gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static)
+                opt = optimize(gm)
+            except TridentError as e:
+                if not getattr(e, "data_dependent", False):
+                    raise
+                # Note [Values a trace specializes]: the values the trace needs, read from this
+                # call's own tensors and guarded on every call
+                try:
+                    gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static,
+                                 values=True)
+                    opt = optimize(gm)
+                except TridentError as again:
+                    logs.misses.info("trident.compile(%s): no capture with the values specialized (%s: %s)",
+                                     self._name, type(again).__name__, str(again).splitlines()[0] if str(again) else "")
+                    # past the values, the call returns an object it made (an fla prefill): that
+                    # is the reason to give; otherwise the values were the trouble
+                    raise (again if getattr(again, "new_object", False) else e) from None
         finally:
             _tracing.active = outer  # a capture made inside another's trace leaves it tracing
+        values = gm.meta.get("trident_traced_values", ())
+        if values:  # one capture per value of the signature: each registered under its own key
+            key = (key, "values", tuple((v.kind, v.value) for v in values))
+        opt.meta["trident_key"] = key
         info = self._outputs[key] = recorded["info"]
         # Note [Carried state in rotation]: a new tensor stored over one of the call's tensor
         # inputs comes back as that input next call; its region lends it instead of copying it.
@@ -973,6 +1015,12 @@ class _FactGuards:
 
     def check(self, *tensors) -> bool:
         return self._facts(tensors) == self.facts
+
+
+def _by_value(entry: _Entry) -> bool:
+    """Whether the entry's capture specialized values only the data gives (Note [Values a trace
+    specializes])."""
+    return bool(entry.opt.meta.get("trident_traced_values"))
 
 
 def _tensor_guards(tensors, symbolic: bool = False):

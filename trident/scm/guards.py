@@ -32,6 +32,10 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
                                           region checks natively (a guard of Python code
                                           outside regions, an expression with no native
                                           form): generated Python, ~1 µs a call
+  TracedValue      the module's __call__  a value the trace specialized (a nonzero count, GuardError
+                                          a scalar read) is the same for this call: its
+                                          slice of the graph run on the call's inputs
+                                          (Note [Values a trace specializes])
 
 Every kind has `check(values) -> bool`, the test, and `failure(values, names) -> str`, what was
 expected, what came and what to do, in the caller's names (torch's guard manager's check and
@@ -407,6 +411,53 @@ class TracedShapes:
         return {"kind": "traced_shapes", "conditions": [c for c, _ in self.conditions]}
 
 
+@dataclass(frozen=True)
+class TracedValue:
+    """A value the trace specialized (Note [Values a trace specializes], capture/values.py): the
+    pure slice of the graph computing an operand (`program`, over `sources`: graph-input positions,
+    or the tensors the function holds), what of it was specialized (`kind`: "count", the number of
+    nonzero elements; "scalar", `.item()`) and the value it had at capture."""
+
+    program: Any  # torch.fx.GraphModule: one input per source, the operand out
+    sources: tuple  # per program input: an int (the graph input at that position) or a tensor held
+    kind: str
+    value: Any
+    where: str  # the user's line that read it
+    native: ClassVar[bool] = False
+
+    def evaluate(self, values: Sequence):
+        """The value for these inputs (graph inputs by position, held tensors as they are now)."""
+        inputs = [values[s] if isinstance(s, int) else s for s in self.sources]
+        with torch.no_grad():
+            operand = self.program(*inputs)
+        if self.kind == "count":
+            return int(torch.count_nonzero(operand))
+        return operand.item()
+
+    def check(self, values: Sequence) -> bool:
+        try:
+            got = self.evaluate(values)
+        except Exception:  # noqa: BLE001 - inputs the slice cannot take: not this capture's
+            return False
+        if type(got) is not type(self.value):
+            return False
+        if type(got) is float:  # by bits, as ConstantInput: the captured nan passes
+            return struct.pack("<d", got) == struct.pack("<d", self.value)
+        return got == self.value
+
+    def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        try:
+            got = repr(self.evaluate(values))
+        except Exception as e:  # noqa: BLE001
+            got = f"an error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        what = "the number of nonzero elements" if self.kind == "count" else "the scalar read"
+        return (f"the capture specialized {what} at {self.where} to {self.value!r}; these inputs give {got}. "
+                "A value only the data gives is one per capture: trident.compile captures again for it")
+
+    def record(self) -> dict:
+        return {"kind": "traced_value", "value_kind": self.kind, "value": self.value, "where": self.where}
+
+
 # Why a call replays no recorded graph (the native runtime's `Ordinary` codes, graph_replay.h),
 # in the caller's names: GraphFacts.failure and explain() both word a reason from here.
 GRAPH_MISS_REASONS = {
@@ -488,7 +539,8 @@ def _shares_storage(a, b) -> bool:
 
 
 SizeGuard = SizeRelation | FactEquals | IntegerKey
-CallGuard = ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout | TracedShapes | GraphFacts
+CallGuard = (ConstantInput | SameTensor | KernelGlobal | DisjointInputs | CapturedLayout | TracedShapes | TracedValue
+             | GraphFacts)
 
 
 class GuardList(list):
@@ -521,6 +573,9 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
     if isinstance(guard, IntegerKey):
         key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
         return f"Triton key of {guard.what} = {guard.expr} is {key}"
+    if isinstance(guard, TracedValue):
+        what = "nonzero count" if guard.kind == "count" else "scalar"
+        return f"{what} at {guard.where} == {guard.value!r} (specialized by the trace, each call)"
     if isinstance(guard, TracedShapes):
         return "symbolic trace: " + "; ".join(w for _, w in guard.conditions)
     if isinstance(guard, CapturedLayout):

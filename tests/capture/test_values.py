@@ -1,0 +1,142 @@
+"""Note [Values a trace specializes]: a nonzero count or a scalar read that the inputs give is
+computed at capture from the real inputs, traced as a constant (nonzero as nonzero_static), and
+guarded on every call; a value the function computes on the device first is declined."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+import trident
+from tests import kernels as K
+from trident.scm.guards import TracedValue
+
+
+def unpad_and_branch(x, mask):
+    keep = torch.nonzero(mask[:, -1:].flatten()).flatten()
+    again = torch.nonzero(mask[:, -1:].flatten()).flatten()  # the same slice: one guard
+    h = x.reshape(-1, 16).index_select(0, keep).contiguous()
+    out = torch.empty_like(h)
+    n = h.numel()
+    block = max(16, triton.next_power_of_2(n))  # a constexpr from the count
+    K.axpy_kernel[(triton.cdiv(n, block),)](h, h, out, n, 0.5, BLOCK=block)
+    if bool(x.sum() > 0):  # a branch on the inputs' values
+        return out * 2 + again.sum()
+    return out - 1
+
+
+def _inputs(kept: int, positive: bool):
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(kept))
+    x = x.abs() if positive else -x.abs()
+    mask = torch.ones(3, 5, dtype=torch.long)
+    mask[kept:, -1] = 0
+    return x, mask
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+def test_values_the_inputs_give_are_specialized_and_guarded(dynamic):
+    x, mask = _inputs(2, True)
+    with pytest.raises(trident.CaptureError) as info:  # the default: refused, as before
+        trident.capture(unpad_and_branch, x, mask, dynamic=dynamic)
+    assert info.value.data_dependent
+    gm = trident.capture(unpad_and_branch, x, mask, dynamic=dynamic, values=True)
+    guards = gm.meta["trident_traced_values"]
+    assert [(g.kind, g.value) for g in guards] == [("count", 2), ("scalar", True)], guards
+    assert "unpad_and_branch" in guards[0].where and "torch.nonzero(mask" in guards[0].where
+    assert "aten.nonzero_static.default" in gm.code and "aten.nonzero.default" not in gm.code, gm.code
+    opt = trident.optimize(gm)
+    torch.testing.assert_close(opt(x, mask), unpad_and_branch(x, mask))
+    x2, _ = _inputs(2, True)  # other values, the same count and branch: served
+    torch.testing.assert_close(opt(x2 * 3, mask), unpad_and_branch(x2 * 3, mask))
+    if dynamic:  # another mask length, the same count
+        wide = torch.ones(3, 9, dtype=torch.long)
+        wide[2:, -1] = 0
+        torch.testing.assert_close(opt(x, wide), unpad_and_branch(x, wide))
+    for bad in (_inputs(1, True), _inputs(2, False)):
+        with pytest.raises(trident.GuardError) as info:
+            opt(*bad)
+        assert info.value.traced_value and info.value.before_effects
+        assert "test_values.py" in str(info.value) and "these inputs give" in str(info.value), info.value
+    assert any(isinstance(g, TracedValue) for g in opt.meta["trident_call_guards"])
+    assert "nonzero count at" in trident.explain(opt) and "scalar at" in trident.explain(opt)
+
+
+def count_after_a_write(x, mask):
+    mask.add_(1)  # written before the count: the value is not the inputs' any more
+    keep = torch.nonzero(mask.flatten() - 1).flatten()
+    return x.flatten().index_select(0, keep) * 2
+
+
+def count_of_a_kernel_output(x, mask):
+    m = mask.flatten().to(torch.float32)
+    seen = torch.empty_like(m)
+    K.axpy_kernel[(1,)](m, m, seen, m.numel(), 0.5, BLOCK=64)
+    keep = torch.nonzero(seen).flatten()
+    return x.flatten().index_select(0, keep) * 2
+
+
+@pytest.mark.parametrize("fn", [count_after_a_write, count_of_a_kernel_output])
+def test_a_value_the_call_computes_first_is_declined(fn):
+    """The slice reads a tensor a write traced before it changed (an in-place op, a launch): the
+    guard could not compute the value before the call runs, so nothing is specialized: the
+    count stays data-dependent (planning refuses it), and trident.compile serves the function
+    through Dynamo with eager's results."""
+    x, mask = torch.randn(6), torch.tensor([1, 0, 1, 1, 0, 1])
+    gm = trident.capture(fn, x, mask.clone(), values=True)
+    assert gm.meta["trident_traced_values"] == () and "aten.nonzero.default" in gm.code, gm.code
+    with pytest.raises(trident.UnsupportedError) as info:
+        trident.optimize(gm)
+    assert info.value.data_dependent
+    torch._dynamo.reset()
+    compiled = trident.compile(fn)
+    for m in (mask, torch.tensor([0, 0, 1, 1, 1, 1]), mask, mask):
+        got_mask, want_mask = m.clone(), m.clone()
+        torch.testing.assert_close(compiled(x, got_mask), fn(x, want_mask))
+        assert torch.equal(got_mask, want_mask)
+    assert compiled.dynamo_calls >= 1 and not compiled.captures, trident.explain(compiled)
+    torch._dynamo.reset()
+
+
+def block_from_data(x, y):
+    n = int((x > 0).sum()) + 1  # a value only the data gives, a constexpr below
+    block = max(16, triton.next_power_of_2(n))
+    z = torch.empty_like(x)
+    K.axpy_kernel[(triton.cdiv(x.numel(), block),)](x, y, z, x.numel(), 0.5, BLOCK=block)
+    return z
+
+
+def sign_branch(x, y):
+    z = torch.empty_like(x)
+    K.axpy_kernel[(triton.cdiv(x.numel(), 64),)](x, y, z, x.numel(), 0.5, BLOCK=64)
+    return z * 2 if bool(x[0] > 0) else z - 1
+
+
+def test_trident_compile_keeps_a_capture_per_value_and_reuses_them():
+    """Two values alternating: two captures, each call served by one (the other's guard refuses
+    it first), none made again; every result eager's."""
+    compiled = trident.compile(sign_branch)
+    y = torch.randn(64)
+    for step in range(10):
+        x = torch.randn(64, generator=torch.Generator().manual_seed(step)).abs() * (1 if step % 2 else -1)
+        torch.testing.assert_close(compiled(x, y), sign_branch(x, y))
+    assert len(compiled.captures) == 2 and compiled.dynamo_calls == 0, trident.explain(compiled)
+    assert compiled.eager_calls <= 2, trident.explain(compiled)
+
+
+def test_values_that_change_every_call_go_through_dynamo():
+    """A value that differs on every call would make a capture per call: past REGIMES captures of
+    values the family goes through Dynamo (its captures by value dropped), results eager's."""
+    from trident.frontends.compile import REGIMES
+
+    torch._dynamo.reset()
+    compiled = trident.compile(block_from_data)
+    y = torch.randn(200)
+    for step in range(12):
+        x = torch.zeros(200)
+        x[: 20 * step + 5] = 1.0  # 5, 25, 45, ... positives: another block size from step to step
+        torch.testing.assert_close(compiled(x, y), block_from_data(x, y))
+    text = trident.explain(compiled)
+    assert compiled.dynamo_calls >= 2 and "changed past" in (compiled.dynamo_reason or ""), text
+    assert len(compiled.captures) <= REGIMES, text
+    torch._dynamo.reset()
