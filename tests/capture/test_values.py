@@ -140,3 +140,51 @@ def test_values_that_change_every_call_go_through_dynamo():
     assert compiled.dynamo_calls >= 2 and "changed past" in (compiled.dynamo_reason or ""), text
     assert len(compiled.captures) <= REGIMES, text
     torch._dynamo.reset()
+
+
+class _UnpaddedLayers(torch.nn.Module):
+    """Layers as flash-linear-attention writes them, on the device: each unpads the tokens by
+    the mask (a nonzero count), runs a kernel with a block size from the count, replaces its
+    state entry."""
+
+    def __init__(self, n: int, device: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.projs = torch.nn.ModuleList(torch.nn.Linear(64, 64, device=device) for _ in range(n))
+
+    def forward(self, x, mask, states: list):
+        keep = torch.nonzero(mask[:, -x.shape[1]:].flatten()).flatten()
+        for i, proj in enumerate(self.projs):
+            h = proj(x).reshape(-1, 64).index_select(0, keep).contiguous()
+            out = torch.empty_like(h)
+            n = h.numel()
+            block = max(16, triton.next_power_of_2(n))
+            K.axpy_kernel[(triton.cdiv(n, block),)](h, h, out, n, 0.5, BLOCK=block)
+            states[i] = states[i] * 0.5 + out.sum(0)
+            x = x + out.reshape(x.shape) * 0.1
+        return x
+
+
+@pytest.mark.cuda
+def test_a_count_specialized_decode_replays_graphs_cuda():
+    """On the GPU the decode step with the count specialized is one capture whose region replays
+    a CUDA graph (nonzero_static is capturable), the guard reading the count before each call;
+    outputs and states equal eager's at every step, through two generate()-like loops."""
+    model = _UnpaddedLayers(4, "cuda").eval()
+    compiled = trident.compile(model)
+    with torch.no_grad():
+        for _ in range(2):
+            states, want_states = [torch.zeros(64, device="cuda") for _ in range(4)], \
+                [torch.zeros(64, device="cuda") for _ in range(4)]
+            for step in range(10):
+                q_len = 5 if step == 0 else 1
+                x = torch.randn(1, q_len, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(step))
+                mask = torch.ones(1, 5 + step, dtype=torch.long, device="cuda")
+                torch.testing.assert_close(compiled(x, mask, states), model(x, mask, want_states))
+                for a, b in zip(states, want_states):
+                    torch.testing.assert_close(a, b)
+    fn = compiled._compiled
+    text = trident.explain(compiled)
+    assert fn.dynamo_calls == 0 and "nonzero count at" in text, text
+    replays = sum(r.get("graph_replays", 0) for c in trident.cache_info(compiled).values() for r in c.values())
+    assert replays >= 8, (trident.cache_info(compiled), text)
