@@ -504,7 +504,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
     r = {"first_call_s": round(secs[0], 2), "ms_per_token": statistics.median(secs[1:]) / NEW * 1e3,
          "ms_per_token_samples": [round(s / NEW * 1e3, 4) for s in secs[1:]],
          # issue 22: faster than eager from the second generate() on, which the median hides
-         "second_call_ms_per_token": round(secs[1] / NEW * 1e3, 4)}
+         "second_call_ms_per_token": round(secs[1] / NEW * 1e3, 4), "last_call_ms_per_token": round(secs[-1] / NEW * 1e3, 4)}
     if name == "graph_generate":
         r["graphs_recorded"], r["graph_replays"], r["hf_code_paths"] = recorded, replays, paths
     if not name.startswith("generate_own"):
@@ -663,10 +663,13 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--budget-s", type=int, default=300, help="per variant process")
+    p.add_argument("--calls", type=int, default=4, help="generate() calls per variant (the first is warm-up)")
     p.add_argument("--profile", default="", help="variants whose generate() call is profiled (torch.profiler)")
     p.add_argument("--host-profile", default="", help="variants whose host time is split (forward, native, Python)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # child: kind,kernels,cache,variant
     args = p.parse_args()
+    global CALLS
+    CALLS = args.calls
     if args.one:
         kind, kernels, cache, name = args.one.split(",")
         r = run_floor(kind, kernels, args) if name == "graph_floor" else run_variant(kind, kernels, cache, name, args)
@@ -690,6 +693,7 @@ def main() -> None:
             for cache, name in jobs:
                 cmd = [sys.executable, __file__, "--one", f"{kind},{kernels},{cache},{name}", "--device", args.device]
                 cmd += (["--tiny"] if args.tiny else []) + ["--profile", args.profile, "--host-profile", args.host_profile]
+                cmd += ["--calls", str(args.calls)]
                 began = time.perf_counter()
                 try:
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_s)
