@@ -59,17 +59,20 @@ def test_gla_generate_through_both_doors(door):
     warm = eager_calls()
     for _ in range(2):
         assert torch.equal(_generate(model), want)
-    assert eager_calls() == warm  # from the second generate() on, every call is served
+    # from the second generate() on, every call is served; through trident.compile the prefill,
+    # which returns a Cache it makes, runs eagerly (Note [Objects made per call])
+    assert eager_calls() == warm + (2 if door == "compile" else 0)
     graphs = compiled_graphs()[start:]
-    assert graphs and all(g.captures for g in graphs)
+    assert door == "compile" or (graphs and all(g.captures for g in graphs))
     text = trident.explain(model.forward)
     assert "launch fused_recurrent_fwd_kernel" in text, text  # fla's own kernels, captured
     if door == "compile":
         # the decode steps are one capture: the layers' unpadding count (nonzero of the mask) is
         # specialized behind a guard (Note [Values a trace specializes]); the prefill returns a
-        # Cache it made from generate()'s DynamicCache, so that family goes through Dynamo
+        # Cache it made from generate()'s DynamicCache: eager (Note [Objects made per call])
         assert len(model.forward.captures) == 1 and "nonzero count at" in text, text
-        assert model.forward.dynamo_calls >= 2 and "returns a Cache it made during the call" in text, text
+        assert model.forward.dynamo_calls == 0 and "returns a Cache it made during the call" in text, text
+        assert "Objects made per call" in text, text
     # fla's norms return (y, None, rstd) from disabled functions: kept in the graph, not broken at
     assert "returns TupleVariable, not tensors" not in text, text
     torch._dynamo.reset()
@@ -78,9 +81,9 @@ def test_gla_generate_through_both_doors(door):
 def test_rwkv7_generate_through_trident_compile():
     """RWKV-7 wraps its activation in torch.compile (traced through: its capture was refused and
     every decode ran eagerly) and its prefill returns a Cache the model makes from generate()'s
-    DynamicCache (that family goes through Dynamo: a capture returned the trace's Cache, its
-    tensors fake). The decode steps are one capture; from the second generate() on nothing runs
-    eagerly."""
+    DynamicCache (a capture would return the trace's Cache, its tensors fake: that family runs
+    eagerly once the decode steps are captured, Note [Objects made per call]). The decode steps
+    are one capture; from the second generate() on only the prefill runs eagerly."""
     torch._dynamo.reset()
     model = _model("rwkv7")
     want = _generate(model)
@@ -89,7 +92,7 @@ def test_rwkv7_generate_through_trident_compile():
     warm = model.forward.eager_calls
     for _ in range(2):
         assert torch.equal(_generate(model), want)
-    assert model.forward.eager_calls == warm
-    assert len(model.forward.captures) == 1 and model.forward.dynamo_calls >= 2
+    assert model.forward.eager_calls == warm + 2
+    assert len(model.forward.captures) == 1 and model.forward.dynamo_calls == 0
     assert "returns a Cache it made during the call" in trident.explain(model.forward)
     torch._dynamo.reset()

@@ -268,6 +268,42 @@ def test_a_new_object_holding_tensors_goes_through_dynamo():
     torch._dynamo.reset()
 
 
+def prefill_or_step(x, cache):
+    """A library's generate() pattern: the prefill (no cache yet) returns a Cache it makes, the
+    steps update the one they are passed and return it."""
+    out = torch.empty_like(x)
+    n = x.numel()
+    K.axpy_kernel[(triton.cdiv(n, 64),)](x, x, out, n, 0.5, BLOCK=64)
+    if cache is None:
+        return out, Packed(out.sum(0))
+    cache.state["h"] = cache.state["h"] * 0.5 + out.sum(0)
+    return out, cache
+
+
+def test_an_object_made_per_call_runs_eagerly_once_the_function_has_captures():
+    """Note [Objects made per call]: the steps are one capture; the prefill family, refused for
+    the object it makes, runs eagerly from then on (through Dynamo its frames would recompile as
+    library memos change under the captured calls), with that reason; results are eager's."""
+    torch._dynamo.reset()
+    compiled = trident.compile(prefill_or_step)
+    for call in range(3):  # three generate()s
+        x = torch.randn(2, 8, generator=torch.Generator().manual_seed(call))
+        out, cache = compiled(x, None)
+        want, want_cache = prefill_or_step(x, None)
+        torch.testing.assert_close(out, want)
+        for step in range(4):
+            x = torch.randn(1, 8, generator=torch.Generator().manual_seed(10 * call + step))
+            out, got = compiled(x, cache)
+            want, want_cache = prefill_or_step(x, want_cache)
+            assert got is cache
+            torch.testing.assert_close(out, want)
+            torch.testing.assert_close(cache.state["h"], want_cache.state["h"])
+    text = trident.explain(compiled)
+    assert len(compiled.captures) == 1 and compiled.dynamo_calls == 0, text
+    assert "Objects made per call" in text, text
+    torch._dynamo.reset()
+
+
 class _UnpaddingLayer(torch.nn.Module):
     """A layer as flash-linear-attention writes one (Unpadded above), its state indexed by an
     int attribute: a graph break at nonzero under Dynamo, and the layer's resumed frame guards

@@ -402,6 +402,7 @@ class CompiledFunction(ServedByCache):
         self._check_tried: set = set()  # structures a check was made (or refused) for
         # Note [Data-dependent calls through Dynamo]
         self._dynamo_families: set = set()
+        self._made_families: dict = {}  # of those, the ones refused for an object they make -> why (Note [Objects made per call])
         self._dynamo_fn: Optional[Callable[..., Any]] = None
         self._recompile_limit: Optional[int] = None  # Note [Recompiles per layer]
         self.dynamo_reason: Optional[str] = None
@@ -506,6 +507,7 @@ class CompiledFunction(ServedByCache):
             self._pending = None
             self._checks, self._check_tried = (), set()
             self._dynamo_families, self._dynamo_fn, self._recompile_limit = set(), None, None
+            self._made_families = {}
             self.dynamo_reason, self.dynamo_calls = None, 0
             self._generation = _generation[0]
 
@@ -513,7 +515,7 @@ class CompiledFunction(ServedByCache):
         if self._pending is not None:
             self._settle(call)
         if self._dynamo_families and call.family() in self._dynamo_families:
-            return self._through_dynamo(call)
+            return self._not_captured(call)
         if call.walk is not None and call.walk.truncated:  # leaves past the bound: no capture sees them
             return self._eager(call, f"the objects among its arguments hold more than {state.MAX_LEAVES} leaves "
                                      "(tensors, values, objects): past that bound their state is not seen")
@@ -546,7 +548,7 @@ class CompiledFunction(ServedByCache):
         if first and not self.cache.full():
             return self._eager_first(call, key, family, reason, dynamic_ints, static)
         if opt is None and family in self._dynamo_families:
-            return self._through_dynamo(call)
+            return self._not_captured(call)
         if opt is None:
             return self._eager(call, reason)
         return self._run(opt, key, call)
@@ -592,6 +594,8 @@ class CompiledFunction(ServedByCache):
                         self._symbolic_failed.add(family)
                 if opt is None and (getattr(e, "data_dependent", False) or getattr(e, "new_object", False)):
                     self._dynamo_families.add(family)  # Note [Data-dependent calls through Dynamo]
+                    if getattr(e, "new_object", False):
+                        self._made_families[family] = str(e).splitlines()[0]
                     why = "the trace decides on a tensor's values" if getattr(e, "data_dependent", False) else \
                         "the call returns an object it made"
                     self.dynamo_reason = reason = (
@@ -731,6 +735,27 @@ class CompiledFunction(ServedByCache):
                 f"the values its captures specialized changed past {REGIMES} captures ({str(error).splitlines()[0]}): "
                 "this family of signatures goes through torch.compile(backend='trident'), which breaks the graph there")
             logs.misses.warning("trident.compile(%s): %s", self._name, self.dynamo_reason)
+        return self._through_dynamo(call)
+
+    # Note [Objects made per call]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A family refused because each call returns an object it makes (a library turning the
+    # DynamicCache generate() passes into its own Cache at the prefill) goes through Dynamo only
+    # while the function has no capture. Once other families are captured, their calls run no
+    # Python, so the library's memos (flash-linear-attention's `tensor_cache`: the last four
+    # calls' arguments) no longer change as they did, and Dynamo's frames for this family, which
+    # guard on those memos, recompile on the family's next calls until the memos settle (GLA on
+    # the H200, 539d430: the 2nd-5th generate() at 340-690 ms/token, eager 43, 3.5-4.1 once
+    # settled; every layer's frames recompiled). So such calls run eagerly then, as one forward
+    # per generate() costs (Dynamo's prefill was no faster once settled), and explain() says so.
+    def _not_captured(self, call: _Call):
+        """A call of a family no capture serves: through Dynamo (Note [Data-dependent calls
+        through Dynamo]), or eagerly (Note [Objects made per call])."""
+        why = self._made_families.get(call.family()) if self._made_families and self.captures else None
+        if why is not None:
+            return self._eager(call, f"{why}; such calls run eagerly once the function has captures, whose calls run "
+                                     "no Python: through Dynamo their frames would recompile as the library's memos "
+                                     "change (Note [Objects made per call])")
         return self._through_dynamo(call)
 
     def _through_dynamo(self, call: _Call):
