@@ -98,6 +98,70 @@ def test_a_value_the_call_computes_first_is_declined(fn):
     torch._dynamo.reset()
 
 
+def count_after_a_write_to_a_piece(x, mask):
+    a, _ = mask.unbind(0)  # pieces of an op returning several views, read through getitem
+    a.zero_()
+    return x[torch.nonzero(mask).flatten()] * 2
+
+
+def sum_after_a_write_to_another_input(x, mask, row):
+    row.zero_()  # row shares mask's memory (a view passed beside it)
+    return x * 2 if bool(mask.sum() > 3) else x - 1
+
+
+def test_writes_through_pieces_and_aliases_are_seen():
+    """A write to a piece of `unbind` (a view reached through getitem) declines the count, so
+    nothing is specialized; a write to another input sharing the read input's memory declines
+    the value at capture and, in a call where the inputs come to share memory, fails the guard
+    (a value read before the write would have been baked in: eager's branch differs)."""
+    x, mask = torch.randn(6), torch.tensor([[1, 0, 1], [1, 0, 1]])
+    gm = trident.capture(count_after_a_write_to_a_piece, x, mask.clone(), values=True)
+    assert gm.meta["trident_traced_values"] == ()
+    m = torch.tensor([[1, 1, 1], [1, 0, 1]])
+    with pytest.raises(trident.CaptureError):  # the write makes the branch the device's to know
+        trident.capture(sum_after_a_write_to_another_input, torch.randn(6), m, m[0], values=True)
+    separate = torch.tensor([[1, 1, 1], [1, 0, 1]])
+    gm = trident.capture(sum_after_a_write_to_another_input, x, separate, torch.ones(3, dtype=torch.long),
+                         values=True)
+    (guard,) = gm.meta["trident_traced_values"]
+    assert guard.value is True and guard.disjoint == (2,), guard
+    opt = trident.optimize(gm)
+    torch.testing.assert_close(opt(x, separate.clone(), torch.ones(3, dtype=torch.long)), x * 2)
+    m = torch.tensor([[1, 1, 1], [1, 0, 1]])
+    with pytest.raises(trident.GuardError) as info:
+        opt(x, m, m[0])
+    assert "share memory" in str(info.value) and torch.equal(m[0], torch.ones(3, dtype=torch.long))
+    compiled = trident.compile(sum_after_a_write_to_another_input)
+    for _ in range(4):
+        m, m2 = torch.tensor([[1, 1, 1], [1, 0, 1]]), torch.tensor([[1, 1, 1], [1, 0, 1]])
+        torch.testing.assert_close(compiled(x, m, m[0]), sum_after_a_write_to_another_input(x, m2, m2[0]))
+        assert torch.equal(m, m2)
+
+
+class _Made:
+    pass
+
+
+def branch_then_new_object(x, state):
+    if bool(x.sum() > 0):
+        return x * 2
+    state["made"] = _Made()  # a new object in the state: that branch cannot be captured
+    return x - 1
+
+
+def test_a_value_no_capture_can_serve_goes_through_dynamo():
+    """The capture for the other value is refused: the family goes through Dynamo at once, not
+    a failed trace and an eager run on every call."""
+    torch._dynamo.reset()
+    compiled = trident.compile(branch_then_new_object)
+    for x in [torch.ones(4)] * 3 + [-torch.ones(4)] * 5:
+        got_state, want_state = {}, {}
+        torch.testing.assert_close(compiled(x, got_state), branch_then_new_object(x, want_state))
+        assert got_state.keys() == want_state.keys()
+    assert compiled.dynamo_calls >= 4 and compiled.eager_calls <= 2, trident.explain(compiled)
+    torch._dynamo.reset()
+
+
 def block_from_data(x, y):
     n = int((x > 0).sum()) + 1  # a value only the data gives, a constexpr below
     block = max(16, triton.next_power_of_2(n))

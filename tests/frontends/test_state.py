@@ -500,6 +500,24 @@ def test_a_state_container_returned_is_the_callers_with_the_writes():
     assert compiled.captures and compiled.eager_calls <= 2, trident.explain(compiled)
 
 
+def _swap_and_return(state, x):
+    a, b = state["a"], state["b"]
+    state["a"], state["b"] = b, a  # the state's objects move
+    return a, x * 2  # the one that was at "a"
+
+
+def test_a_state_object_returned_after_it_moved_is_the_one_eager_returns():
+    """The returned object is found where the call left it, not where it was before the call:
+    after the swap is replayed, the old place holds the other object."""
+    compiled = trident.compile(_swap_and_return)
+    x = torch.randn(4)
+    for _ in range(4):
+        got_state = {"a": [torch.zeros(2)], "b": [torch.ones(2)]}
+        got, _ = compiled(got_state, x)
+        assert got is got_state["b"] and torch.equal(got[0], torch.zeros(2))
+    assert compiled.captures, trident.explain(compiled)
+
+
 def _replace_entries(x, state, pair):
     for i, k in enumerate(list(state) if isinstance(state, dict) else range(len(state))):
         state[k] = state[k] + x.sum() * (i + 1)

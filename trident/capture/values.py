@@ -14,7 +14,10 @@ that holds before anything of the call runs:
     `.tolist()`), the part of the graph traced so far that computes the operand -- its slice, back
     to the graph's inputs and the tensors the function holds -- is checked to be pure: ATen ops
     without writes or randomness, and size arithmetic; no write traced before it (an in-place op,
-    a Triton launch, anything else taking a tensor) touches a tensor of the slice or its bases;
+    a Triton launch's stores by torch's TTIR analysis, anything else taking a tensor) touches a
+    tensor of the slice or what it views (through view ops and the pieces of `split`/`unbind`);
+    an input written before it must not share memory with an input the slice reads, at capture
+    and on every call (two inputs over one storage: the guard says so);
   * the slice runs on the capture's real inputs (the example inputs trident.compile passes are
     the call's own tensors; the function does not run) and gives the value: the count of
     nonzero elements, or the scalar;
@@ -50,7 +53,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..scm.guards import TracedValue
+from ..scm.guards import TracedValue, shares_storage
 
 aten = torch.ops.aten
 
@@ -71,6 +74,7 @@ class _Specializing:
         self.inputs = list(example_inputs)
         self.found: list[TracedValue] = []
         self.keys: set = set()
+        self.written: dict = {}  # node -> the nodes it writes (_written)
 
 
 @contextlib.contextmanager
@@ -96,9 +100,16 @@ def _pure_target(node: torch.fx.Node) -> bool:
     return t in _SYM_FUNCTIONS or getattr(t, "__module__", None) in _PURE_BUILTINS
 
 
-def _written(node: torch.fx.Node) -> list:
-    """The nodes `node` may write: an op's arguments its schema marks written; every tensor a
-    call of anything else takes (a Triton launch writes its pointer arguments)."""
+def _written(node: torch.fx.Node, known: dict) -> list:
+    """The nodes `node` may write (remembered in `known` for the trace: a launch's analysis
+    compiles its kernel to TTIR): an op's arguments its schema marks written; the pointer
+    arguments a Triton launch stores through; every tensor a call of anything else takes."""
+    if node not in known:
+        known[node] = _writes_of(node)
+    return known[node]
+
+
+def _writes_of(node: torch.fx.Node) -> list:
     if node.op != "call_function" or _pure_target(node):
         return []
     t = node.target
@@ -126,16 +137,19 @@ def _written(node: torch.fx.Node) -> list:
 
 
 def _base(node: torch.fx.Node) -> torch.fx.Node:
-    """The node whose memory `node` views (through view ops), or `node`."""
-    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view \
-            and node.args and isinstance(node.args[0], torch.fx.Node):
+    """The node whose memory `node` views (through view ops, and the pieces of ops returning
+    several: `split`, `unbind`, `chunk` read through getitem), or `node`."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) and (
+            node.target is operator.getitem
+            or (isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)):
         node = node.args[0]
     return node
 
 
-def _slice(graph: torch.fx.Graph, target: torch.fx.Node) -> "Optional[tuple[list, list]]":
-    """(the nodes computing `target` in graph order, its leaves: placeholders and get_attrs), or
-    None where it is not pure."""
+def _slice(graph: torch.fx.Graph, target: torch.fx.Node, known: dict) -> "Optional[tuple[list, list, list]]":
+    """(the nodes computing `target` in graph order, its leaves: placeholders and get_attrs, the
+    leaves written before it -- another leaf may share their memory), or None where it is not
+    pure."""
     needed: set = set()
     stack = [target]
     while stack:
@@ -149,11 +163,16 @@ def _slice(graph: torch.fx.Graph, target: torch.fx.Node) -> "Optional[tuple[list
             return None
         stack.extend(n.all_input_nodes)
     bases = {_base(n) for n in needed}
+    written_leaves = []
     for n in graph.nodes:  # every write traced before this point
-        if any(_base(w) in bases or w in needed for w in _written(n)):
-            return None
+        for w in _written(n, known):
+            b = _base(w)
+            if b in bases or w in needed:
+                return None
+            if b.op in ("placeholder", "get_attr") and b not in written_leaves:
+                written_leaves.append(b)
     order = [n for n in graph.nodes if n in needed]
-    return order, [n for n in order if n.op in ("placeholder", "get_attr")]
+    return order, [n for n in order if n.op in ("placeholder", "get_attr")], written_leaves
 
 
 def _structure(order: list, out: torch.fx.Node) -> tuple:
@@ -194,24 +213,35 @@ def _value_of(kind: str, operand) -> "tuple[Any, Any] | None":
         node = get_proxy_slot(operand, tracer).proxy.node
     except (KeyError, RuntimeError, AttributeError):
         return None
-    found = _slice(tracer.graph, node)
+    found = _slice(tracer.graph, node, state.written)
     if found is None:
         return None
-    order, leaves = found
+    order, leaves, written_leaves = found
     placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
-    sources = []
-    for leaf in leaves:
+
+    def source_of(leaf):
+        """(the real value, the guard's source: a graph-input position or the held tensor)."""
         if leaf.op == "placeholder":
             i = placeholders.index(leaf)
-            if i >= len(state.inputs):
-                return None
-            value, source = state.inputs[i], i
-        else:
-            value = getattr(tracer.root, leaf.target, None)
-            source = value
-        if isinstance(value, FakeTensor) or (isinstance(value, torch.Tensor) and value.device.type == "meta"):
+            return (state.inputs[i], i) if i < len(state.inputs) else (None, None)
+        value = getattr(tracer.root, leaf.target, None)
+        return value, value
+
+    sources = []
+    for leaf in leaves:
+        value, source = source_of(leaf)
+        if source is None or isinstance(value, FakeTensor) or (
+                isinstance(value, torch.Tensor) and value.device.type == "meta"):
             return None
         sources.append(source)
+    # a tensor written before the read may share memory with one the slice reads (two inputs
+    # over one storage): then the value is not the inputs' any more; checked again every call
+    written = [src for v, src in map(source_of, written_leaves) if isinstance(v, torch.Tensor) and src is not None]
+    guard_inputs = [s if not isinstance(s, int) else state.inputs[s] for s in sources]
+    for w in written:
+        wt = state.inputs[w] if isinstance(w, int) else w
+        if any(isinstance(t, torch.Tensor) and shares_storage(t, wt) for t in guard_inputs):
+            return None
     graph = torch.fx.Graph()
     env: dict = {}
     for n in order:
@@ -222,13 +252,13 @@ def _value_of(kind: str, operand) -> "tuple[Any, Any] | None":
             env[n].meta = {}
     graph.output(env[node])
     program = torch.fx.GraphModule(torch.nn.Module(), graph)
-    guard = TracedValue(program, tuple(sources), kind, None, _where())
+    guard = TracedValue(program, tuple(sources), kind, None, _where(), tuple(written))
     try:
         with _disable_current_modes(), torch.no_grad():
             value = guard.evaluate(state.inputs)
     except Exception:  # noqa: BLE001 - not computable here: the trace fails as it would have
         return None
-    guard = TracedValue(program, tuple(sources), kind, value, guard.where)
+    guard = TracedValue(program, tuple(sources), kind, value, guard.where, guard.disjoint)
     key = (kind, _structure(order, node), tuple(id(s) if isinstance(s, torch.Tensor) else s for s in sources))
     if key not in state.keys:
         state.keys.add(key)

@@ -891,6 +891,8 @@ class CompiledFunction(ServedByCache):
                         self._drop(exact)
                     served, reason = self._recapture(call, exact, symbolic=served is None)
                 served_info = None if served is None else self._outputs[served.meta.get("trident_key", exact)]
+            if served is None and e.traced_value:  # no capture for this value: Dynamo, not a trace every call
+                return self._values_through_dynamo(call, GuardError(f"{e}; then {reason}"))
             if served is None:
                 return self._eager(call, reason)
             return self._run(served, served.meta.get("trident_key", exact), call, served_info, tried)
@@ -948,6 +950,7 @@ class CompiledFunction(ServedByCache):
                 result = fn(*args, **kwargs)
                 writes, extra = state.record_writes(walk, snapshot, installed, n_args, traced_ids, roots,
                                                     root_names, symbols, sizes)
+                after = state.walk(roots).nodes  # where the state's objects are once the call ran
             except state.Unreplayable as e:
                 raise CaptureError(f"{e}") from None
             finally:
@@ -957,9 +960,11 @@ class CompiledFunction(ServedByCache):
             # back around them on every call. An object of the state it was passed (a dict or
             # list argument returned, as a recurrent layer returns its state) comes back as the
             # caller's own object, which has the writes by then: flattened, it was rebuilt from
-            # what it held after the snapshot's restore (the inputs, not the state written).
+            # what it held after the snapshot's restore (the inputs, not the state written). Its
+            # place is where the call left it (a function moving `state["a"]` to `state["b"]`
+            # and returning it returns what the caller finds at `state["b"]` after the writes).
             places = {id(obj): (r, ()) for r, obj in enumerate(roots)}
-            for r, steps, obj, _, _ in walk.nodes:
+            for r, steps, obj, _, _ in after:
                 places.setdefault(id(obj), (r, steps))
             out_leaves, out_spec = pytree.tree_flatten(result, is_leaf=lambda v: id(v) in places)
             template = []

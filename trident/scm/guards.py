@@ -423,6 +423,7 @@ class TracedValue:
     kind: str
     value: Any
     where: str  # the user's line that read it
+    disjoint: tuple = ()  # sources (as `sources`) written before the read: none may share memory with a source
     native: ClassVar[bool] = False
 
     def evaluate(self, values: Sequence):
@@ -434,8 +435,21 @@ class TracedValue:
             return int(torch.count_nonzero(operand))
         return operand.item()
 
+    def overlaps(self, values: Sequence) -> bool:
+        """Whether a tensor written before the read shares memory with one the slice reads."""
+        if not self.disjoint:
+            return False
+        read = [values[s] if isinstance(s, int) else s for s in self.sources]
+        for w in self.disjoint:
+            wt = values[w] if isinstance(w, int) else w
+            if any(shares_storage(t, wt) for t in read):
+                return True
+        return False
+
     def check(self, values: Sequence) -> bool:
         try:
+            if self.overlaps(values):
+                return False
             got = self.evaluate(values)
         except Exception:  # noqa: BLE001 - inputs the slice cannot take: not this capture's
             return False
@@ -446,6 +460,9 @@ class TracedValue:
         return got == self.value
 
     def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
+        if self.overlaps(values):
+            return (f"the capture specialized a value read at {self.where} from inputs that a write before it "
+                    "does not touch; in this call they share memory: capture again with separate tensors")
         try:
             got = repr(self.evaluate(values))
         except Exception as e:  # noqa: BLE001
@@ -512,7 +529,7 @@ class GraphFacts:
             if not self.staged[i]:
                 continue
             for j, u in enumerate(values):
-                if j != i and (self.written[i] or self.written[j]) and _shares_storage(t, u):
+                if j != i and (self.written[i] or self.written[j]) and shares_storage(t, u):
                     return "aliased", i
         return None
 
@@ -531,7 +548,7 @@ class GraphFacts:
                 "pinned": [i for i, s in enumerate(self.staged) if not s]}
 
 
-def _shares_storage(a, b) -> bool:
+def shares_storage(a, b) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
     pa, pb = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
