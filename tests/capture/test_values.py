@@ -138,6 +138,23 @@ def test_writes_through_pieces_and_aliases_are_seen():
         assert torch.equal(m, m2)
 
 
+def two_reads_around_a_write(x, mask, row):
+    n = int(mask.sum())
+    row.zero_()
+    m = int(mask.sum())  # the same slice, read after a write: guarded apart (its own disjointness)
+    return x * n + m
+
+
+def test_a_read_after_a_write_keeps_its_own_guard():
+    x, mask, row = torch.randn(4), torch.tensor([1, 1, 0]), torch.ones(2, dtype=torch.long)
+    gm = trident.capture(two_reads_around_a_write, x, mask, row, values=True)
+    assert [g.disjoint for g in gm.meta["trident_traced_values"]] == [(), (2,)]
+    opt = trident.optimize(gm)
+    m = torch.tensor([1, 1, 0, 1])
+    with pytest.raises(trident.GuardError):  # row now shares mask's memory: the second read moved
+        opt(x, m[:3], m[2:])
+
+
 class _Made:
     pass
 

@@ -518,6 +518,31 @@ def test_a_state_object_returned_after_it_moved_is_the_one_eager_returns():
     assert compiled.captures, trident.explain(compiled)
 
 
+class _Box:
+    def __init__(self, t):
+        self.t = t
+
+
+def _pop_and_return(state, x):
+    taken = state.pop("a")  # out of the state: no place to read it from after the call
+    state["b"] = [x * 2]
+    return taken
+
+
+def test_a_state_object_taken_out_and_returned_is_eagers():
+    """An object taken out of the state and returned: a capture would return its own trace's
+    object every call (the state no longer holds the caller's), so such a call is refused and
+    runs eagerly, returning the caller's object. (A list taken out comes back rebuilt around
+    the same tensors, as pytree rebuilds any returned list.)"""
+    compiled = trident.compile(_pop_and_return)
+    x = torch.randn(3)
+    for step in range(3):
+        mine = _Box(torch.full((2,), float(step)))
+        got_state = {"a": mine}
+        assert compiled(got_state, x) is mine and torch.equal(got_state["b"][0], x * 2)
+    assert "took out of the state" in trident.explain(compiled), trident.explain(compiled)
+
+
 def _replace_entries(x, state, pair):
     for i, k in enumerate(list(state) if isinstance(state, dict) else range(len(state))):
         state[k] = state[k] + x.sum() * (i + 1)

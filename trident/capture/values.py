@@ -236,7 +236,12 @@ def _value_of(kind: str, operand) -> "tuple[Any, Any] | None":
         sources.append(source)
     # a tensor written before the read may share memory with one the slice reads (two inputs
     # over one storage): then the value is not the inputs' any more; checked again every call
-    written = [src for v, src in map(source_of, written_leaves) if isinstance(v, torch.Tensor) and src is not None]
+    written = []
+    for v, src in map(source_of, written_leaves):
+        if src is None or isinstance(v, FakeTensor) or (isinstance(v, torch.Tensor) and v.device.type == "meta"):
+            return None  # a written input the guard could not check
+        if isinstance(v, torch.Tensor):
+            written.append(src)
     guard_inputs = [s if not isinstance(s, int) else state.inputs[s] for s in sources]
     for w in written:
         wt = state.inputs[w] if isinstance(w, int) else w
@@ -259,7 +264,8 @@ def _value_of(kind: str, operand) -> "tuple[Any, Any] | None":
     except Exception:  # noqa: BLE001 - not computable here: the trace fails as it would have
         return None
     guard = TracedValue(program, tuple(sources), kind, value, guard.where, guard.disjoint)
-    key = (kind, _structure(order, node), tuple(id(s) if isinstance(s, torch.Tensor) else s for s in sources))
+    key = (kind, _structure(order, node), tuple(id(s) if isinstance(s, torch.Tensor) else s for s in sources),
+           tuple(id(w) if isinstance(w, torch.Tensor) else w for w in written))  # a read after more writes: its own
     if key not in state.keys:
         state.keys.add(key)
         state.found.append(guard)

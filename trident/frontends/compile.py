@@ -722,18 +722,19 @@ class CompiledFunction(ServedByCache):
     # their captures. explain() names the reason and shows the Dynamo graphs; cache_info()
     # lists their captures; `dynamo_calls` counts the calls. torch.compiler.disable on
     # __call__ does not reach the inner torch.compile: its frames are compiled.
-    def _values_through_dynamo(self, call: _Call, error: GuardError):
+    def _values_through_dynamo(self, call: _Call, why: str):
         """Note [Values a trace specializes]: the family's values changed past REGIMES captures
-        of them (a scalar that differs every call): its captures with values specialized are
-        dropped and the family goes through Dynamo from now on."""
+        of them (a scalar that differs every call), or a value no capture can be made for came:
+        its captures with values specialized are dropped and the family goes through Dynamo from
+        now on."""
         with self.cache.lock:
             for e in list(self._guarded.get(call.structure, ())):
                 if _by_value(e):
                     self._drop(e.key)
             self._dynamo_families.add(call.family())
             self.dynamo_reason = (
-                f"the values its captures specialized changed past {REGIMES} captures ({str(error).splitlines()[0]}): "
-                "this family of signatures goes through torch.compile(backend='trident'), which breaks the graph there")
+                f"{why}: this family of signatures goes through torch.compile(backend='trident'), which breaks the "
+                "graph there")
             logs.misses.warning("trident.compile(%s): %s", self._name, self.dynamo_reason)
         return self._through_dynamo(call)
 
@@ -881,7 +882,8 @@ class CompiledFunction(ServedByCache):
             if call.walk is None:  # came through a generated check: the capture below reads the walk
                 call = _Call(call.args, call.kwargs, self.dynamic)
             if e.traced_value and sum(map(_by_value, self._guarded.get(call.structure, ()))) >= REGIMES:
-                return self._values_through_dynamo(call, e)
+                return self._values_through_dynamo(
+                    call, f"the values its captures specialized changed past {REGIMES} captures ({str(e).splitlines()[0]})")
             exact = call.key()
             with self.cache.lock:
                 served = self.captures.get(exact)
@@ -891,8 +893,9 @@ class CompiledFunction(ServedByCache):
                         self._drop(exact)
                     served, reason = self._recapture(call, exact, symbolic=served is None)
                 served_info = None if served is None else self._outputs[served.meta.get("trident_key", exact)]
-            if served is None and e.traced_value:  # no capture for this value: Dynamo, not a trace every call
-                return self._values_through_dynamo(call, GuardError(f"{e}; then {reason}"))
+            if served is None and e.traced_value and exact in self.cache.refused:
+                # no capture can be made for this value: Dynamo, not a failed trace every call
+                return self._values_through_dynamo(call, f"no capture for this call's value ({reason})")
             if served is None:
                 return self._eager(call, reason)
             return self._run(served, served.meta.get("trident_key", exact), call, served_info, tried)
@@ -966,6 +969,7 @@ class CompiledFunction(ServedByCache):
             places = {id(obj): (r, ()) for r, obj in enumerate(roots)}
             for r, steps, obj, _, _ in after:
                 places.setdefault(id(obj), (r, steps))
+            removed = {id(obj) for _, _, obj, _, _ in walk.nodes} - places.keys()  # taken out of the state
             out_leaves, out_spec = pytree.tree_flatten(result, is_leaf=lambda v: id(v) in places)
             template = []
             for t in out_leaves:
@@ -978,6 +982,9 @@ class CompiledFunction(ServedByCache):
                     template.append(("int", s))
                 elif id(t) in places:
                     template.append(("path", places[id(t)]))
+                elif id(t) in removed:  # no place to read it from once the writes are replayed
+                    raise CaptureError(f"{self._name} returns a {type(t).__name__} it took out of the state it was "
+                                       "passed: a capture has no place to find it after the call")
                 else:
                     made = next((steps for _, steps, v in state.walk([t]).leaves
                                  if isinstance(v, torch.Tensor) and state.is_traced(v)), None)

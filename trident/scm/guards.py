@@ -460,10 +460,10 @@ class TracedValue:
         return got == self.value
 
     def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
-        if self.overlaps(values):
-            return (f"the capture specialized a value read at {self.where} from inputs that a write before it "
-                    "does not touch; in this call they share memory: capture again with separate tensors")
         try:
+            if self.overlaps(values):
+                return (f"the capture specialized a value read at {self.where} from inputs that a write before it "
+                        "does not touch; in this call they share memory: capture again with separate tensors")
             got = repr(self.evaluate(values))
         except Exception as e:  # noqa: BLE001
             got = f"an error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
@@ -472,7 +472,8 @@ class TracedValue:
                 "A value only the data gives is one per capture: trident.compile captures again for it")
 
     def record(self) -> dict:
-        return {"kind": "traced_value", "value_kind": self.kind, "value": self.value, "where": self.where}
+        return {"kind": "traced_value", "value_kind": self.kind, "value": self.value, "where": self.where,
+                "disjoint_from": len(self.disjoint)}
 
 
 # Why a call replays no recorded graph (the native runtime's `Ordinary` codes, graph_replay.h),
