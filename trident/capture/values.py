@@ -8,7 +8,8 @@ and then computes a Triton constexpr from the count (`NB = cdiv(T, 65536)`); oth
 `.item()` or `bool(t)`. A trace that fails on such a value (an unbacked symbol a guard or a
 constexpr needs, a scalar read in a static trace) is retried by trident.compile with the values
 specialized (`capture(..., values=True)`), as Dynamo specializes what it reads, behind a guard
-that holds before anything of the call runs:
+that holds before anything of the call runs -- last: a static trace's failure is first retried
+symbolically, where libraries take traceable paths that need no guard (HF's masks):
 
   * where the trace reaches `aten.nonzero` or `aten._local_scalar_dense` (`.item()`, `bool(t)`,
     `.tolist()`), the part of the graph traced so far that computes the operand -- its slice, back

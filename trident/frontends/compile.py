@@ -592,6 +592,8 @@ class CompiledFunction(ServedByCache):
                         opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
                     except Exception:  # noqa: BLE001 - the static error is the one to report
                         self._symbolic_failed.add(family)
+                if opt is None and getattr(e, "data_dependent", False):
+                    opt, e = self._static_by_value(call, key, e)
                 if opt is None and (getattr(e, "data_dependent", False) or getattr(e, "new_object", False)):
                     self._dynamo_families.add(family)  # Note [Data-dependent calls through Dynamo]
                     if getattr(e, "new_object", False):
@@ -858,9 +860,25 @@ class CompiledFunction(ServedByCache):
         try:
             opt = self._capture(call, key)
         except TridentError as e:
-            return None, self.cache.refuse(key, e)
+            opt = None
+            if getattr(e, "data_dependent", False):
+                opt, e = self._static_by_value(call, key, e)
+            if opt is None:
+                return None, self.cache.refuse(key, e)
         self._register(call, key, opt)
         return opt, None
+
+    def _static_by_value(self, call: _Call, key, error: TridentError):
+        """(a static capture with the values only the data gives specialized, the error) after
+        the static trace failed on one (`error`) and no symbolic capture served (Note [Values a
+        trace specializes]); (None, the error to report) where that fails too: the object it
+        makes when that is what stopped it, else the first error."""
+        try:
+            return self._capture(call, key, values=True), error
+        except TridentError as again:
+            logs.misses.info("trident.compile(%s): no static capture with the values specialized (%s: %s)",
+                             self._name, type(again).__name__, str(again).splitlines()[0] if str(again) else "")
+            return None, (again if getattr(again, "new_object", False) else error)
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
         key = opt.meta.get("trident_key", key)
@@ -916,9 +934,13 @@ class CompiledFunction(ServedByCache):
         return pytree.tree_unflatten(out, info.spec)
 
     def _capture(self, call: _Call, key, dynamic: bool = False, dynamic_ints: tuple = (),
-                 static: tuple = ()) -> torch.fx.GraphModule:
+                 static: tuple = (), values: Optional[bool] = None) -> torch.fx.GraphModule:
         """The call's tensors (and its dynamic ints, as carriers) become the graph's inputs;
-        every other leaf is a constant of this capture (the signature keys it), so objects
+        every other leaf is a constant of this capture (the signature keys it). `values`: trace
+        with the values only the data gives specialized (Note [Values a trace specializes]) --
+        True at once, None after a symbolic trace failed on one (a static trace's failure is
+        retried symbolically first by the callers: libraries' traceable paths need no guard's
+        device-to-host read), False never. Objects
         make_fx cannot take (an HF Cache) are fine; what fn does to the state it is passed is
         recorded as writes (Note [State the function is passed])."""
         fn = self.fn
@@ -1008,10 +1030,11 @@ class CompiledFunction(ServedByCache):
         outer, _tracing.active = getattr(_tracing, "active", False), True
         try:
             try:
-                gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static)
+                gm = capture(flat, *examples, input_names=input_names, dynamic=dynamic, static_inputs=static,
+                             values=values is True)
                 opt = optimize(gm)
             except TridentError as e:
-                if not getattr(e, "data_dependent", False):
+                if values is not None or not dynamic or not getattr(e, "data_dependent", False):
                     raise
                 # Note [Values a trace specializes]: the values the trace needs, read from this
                 # call's own tensors and guarded on every call
