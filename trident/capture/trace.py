@@ -17,7 +17,6 @@ import functools
 import gc
 import inspect
 import keyword
-import os
 import re
 import threading
 import traceback
@@ -28,7 +27,6 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch._dynamo.config as dynamo_config
 import torch.compiler as tc
-import triton
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
@@ -43,6 +41,7 @@ from .. import triton_state
 from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
 from .collectives import check_graph, collectives_as_functional
+from .frames import user_line
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import inline_custom_ops
 from .shared_patch import SharedPatch, setter
@@ -220,11 +219,6 @@ def _no_real_compute():
         fake_tensor.should_allow_numbers_as_tensors = original
 
 
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep for m in (torch, triton) if getattr(m, "__file__", None)
-) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
-
-
 def _first_part(e: BaseException) -> str:
     """The exception's message; for torch's data-dependent guard, its first line only (the rest
     is advice about Dynamo's own debugging flags)."""
@@ -233,15 +227,8 @@ def _first_part(e: BaseException) -> str:
 
 
 def _user_frame(e: BaseException) -> Optional[str]:
-    """The innermost frame of the traceback outside torch, Triton and Trident (`file:line in
-    function: source`): where the traced program did what could not be captured (a `.item()`,
-    a data-dependent branch in a library's code)."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_LIBRARY_DIRS)]
-    if not frames:
-        return None
-    f = frames[-1]
-    source = f" `{f.line.strip()}`" if f.line else ""
-    return f"{os.path.relpath(f.filename) if not f.filename.startswith('/') else f.filename}:{f.lineno} in {f.name}{source}"
+    """Where in the user's code the trace failed (frames.user_line of its traceback)."""
+    return user_line(traceback.extract_tb(e.__traceback__))
 
 
 # What fake tensors raise where a value decides: a guard on a data-dependent size (symbolic

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-import os
 import threading
 import traceback
 from typing import Any, Optional, Sequence
@@ -55,15 +54,13 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..scm.guards import TracedValue, shares_storage
+from .frames import user_line
 
 aten = torch.ops.aten
 
 _PURE_BUILTINS = {operator.__name__, math.__name__, "_operator"}
 _SYM_FUNCTIONS = {getattr(torch, n) for n in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite",
                                               "sym_sqrt", "sym_sum") if hasattr(torch, n)}
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
-
 _active = threading.local()
 
 
@@ -195,11 +192,8 @@ def _structure(order: list, out: torch.fx.Node) -> tuple:
 
 
 def _where() -> str:
-    """The innermost frame of the current stack outside torch and Trident: the user's line."""
-    for f in reversed(traceback.extract_stack()[:-3]):
-        if not f.filename.startswith(_LIBRARY_DIRS) and "/triton/" not in f.filename:
-            return f"{f.filename}:{f.lineno} in {f.name}" + (f" `{f.line.strip()}`" if f.line else "")
-    return "?"
+    """The user's line that read the value."""
+    return user_line(traceback.extract_stack()) or "?"
 
 
 def _value_of(kind: str, operand) -> "tuple[Any, Any] | None":

@@ -881,8 +881,8 @@ class CompiledFunction(ServedByCache):
             return None, (again if getattr(again, "new_object", False) else error)
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
-        key = opt.meta.get("trident_key", key)
-        info = self._outputs[key] if info is None else info
+        if info is None:  # the hit path passes its entry's (registered under the capture's own key)
+            info = self._outputs[opt.meta.get("trident_key", key)]
         ints = [call.ints[i] for i in info.dynamic_ints]
         try:
             results = opt(*call.tensors, *map(state.carrier, ints))
@@ -975,7 +975,8 @@ class CompiledFunction(ServedByCache):
                 result = fn(*args, **kwargs)
                 writes, extra = state.record_writes(walk, snapshot, installed, n_args, traced_ids, roots,
                                                     root_names, symbols, sizes)
-                after = state.walk(roots).nodes  # where the state's objects are once the call ran
+                # where the state's objects are once the call ran (a result of tensors holds none)
+                after = () if _only_tensors(result) else state.walk(roots).nodes
             except state.Unreplayable as e:
                 raise CaptureError(f"{e}") from None
             finally:
@@ -991,7 +992,7 @@ class CompiledFunction(ServedByCache):
             places = {id(obj): (r, ()) for r, obj in enumerate(roots)}
             for r, steps, obj, _, _ in after:
                 places.setdefault(id(obj), (r, steps))
-            removed = {id(obj) for _, _, obj, _, _ in walk.nodes} - places.keys()  # taken out of the state
+            removed = {id(obj) for _, _, obj, _, _ in walk.nodes} - places.keys() if after else set()  # taken out
             out_leaves, out_spec = pytree.tree_flatten(result, is_leaf=lambda v: id(v) in places)
             template = []
             for t in out_leaves:
@@ -1075,6 +1076,13 @@ class _FactGuards:
 
     def check(self, *tensors) -> bool:
         return self._facts(tensors) == self.facts
+
+
+def _only_tensors(result) -> bool:
+    """A tensor or a tuple of tensors: no object of the state can be among them (a tuple is
+    never changed by the call, so flattening it after the state is restored is right)."""
+    return isinstance(result, torch.Tensor) or (
+        type(result) is tuple and all(isinstance(v, torch.Tensor) for v in result))
 
 
 def _by_value(entry: _Entry) -> bool:

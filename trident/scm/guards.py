@@ -60,6 +60,16 @@ from .sizes import INT_KEY_CODES, to_text
 _MISSING = object()
 
 
+def same_constant(got, want) -> bool:
+    """A value equals a captured one: same type; a float by bits (the captured nan passes, -0.0
+    is not 0.0: 1 / x differs)."""
+    if type(got) is not type(want):
+        return False
+    if type(got) is float:
+        return struct.pack("<d", got) == struct.pack("<d", want)
+    return got == want
+
+
 @dataclass(frozen=True)
 class ConstantInput:
     position: int
@@ -67,12 +77,7 @@ class ConstantInput:
     native: ClassVar[bool] = False
 
     def check(self, values: Sequence) -> bool:
-        got = values[self.position]
-        if type(got) is not type(self.value):
-            return False
-        if type(got) is float:  # by bits: the captured nan passes, -0.0 is not 0.0 (1 / x differs)
-            return struct.pack("<d", got) == struct.pack("<d", self.value)
-        return got == self.value
+        return same_constant(values[self.position], self.value)
 
     def failure(self, values: Sequence, names: Sequence[str]) -> str:
         i = self.position
@@ -453,11 +458,7 @@ class TracedValue:
             got = self.evaluate(values)
         except Exception:  # noqa: BLE001 - inputs the slice cannot take: not this capture's
             return False
-        if type(got) is not type(self.value):
-            return False
-        if type(got) is float:  # by bits, as ConstantInput: the captured nan passes
-            return struct.pack("<d", got) == struct.pack("<d", self.value)
-        return got == self.value
+        return same_constant(got, self.value)
 
     def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
         try:
