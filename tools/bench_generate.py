@@ -327,8 +327,9 @@ def device_category(name: str, trident_kernels: set) -> str:
     return "glue"
 
 
-def _profile(model, ids, cache, dev) -> dict:
-    """Where one generate() call's time goes: device time and kernels per token, the device
+def _profile(run, dev) -> dict:
+    """Where one call of `run` (a generate() of NEW tokens, or NEW replays of a floor's graph)
+    spends its time: device time and kernels per token, the device
     time split by part of the step (matmuls, attention, user kernels, Trident's, fused glue,
     ATen glue, copies) and the idle time between kernels, the top device kernels, and the top
     host operators by self time."""
@@ -339,7 +340,7 @@ def _profile(model, ids, cache, dev) -> dict:
     _sync(dev)
     with profile(activities=acts) as prof:
         t = time.perf_counter()
-        _generate(model, ids, cache)
+        run()
         _sync(dev)
         wall = time.perf_counter() - t
     dev_rows, host_rows = [], []
@@ -499,7 +500,7 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         if not name.startswith("generate_own"):
             check = _logits_check(want_logits, _generate(model, ids, cache, return_dict_in_generate=True,
                                                          output_logits=True))
-        prof = _profile(model, ids, cache, dev) if name in args.profile.split(",") else None
+        prof = _profile(lambda: _generate(model, ids, cache), dev) if name in args.profile.split(",") else None
         host = _host_profile(model, ids, cache, dev) if name in args.host_profile.split(",") else None
     r = {"first_call_s": round(secs[0], 2), "ms_per_token": statistics.median(secs[1:]) / NEW * 1e3,
          "ms_per_token_samples": [round(s / NEW * 1e3, 4) for s in secs[1:]],
@@ -612,15 +613,19 @@ def recurrent_floor(kind, kernels, args) -> dict:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             logits = step()
+        def tokens():
+            for _ in range(NEW):
+                graph.replay()
+                static_tok.copy_(logits[:, -1:].argmax(-1))
+
         times = []
         for _ in range(5):
             _sync(dev)
             t = time.perf_counter()
-            for _ in range(NEW):
-                graph.replay()
-                static_tok.copy_(logits[:, -1:].argmax(-1))
+            tokens()
             _sync(dev)
             times.append((time.perf_counter() - t) / NEW * 1e3)
+        prof = _profile(tokens, dev) if "graph_floor" in args.profile.split(",") else None
     del held
     weights = sum(p.numel() * p.element_size() for p in model.parameters()
                   if p is not model.get_input_embeddings().weight)
@@ -628,7 +633,7 @@ def recurrent_floor(kind, kernels, args) -> dict:
                     for t in d.values() if isinstance(t, torch.Tensor))  # read and written once a step
     return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times],
             "hbm_floor_ms_per_token": (weights + state) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
-            "state_bytes_per_step": state}
+            "state_bytes_per_step": state, **({"profile": prof} if prof else {})}
 
 
 def run_floor(kind, kernels, args) -> dict:
