@@ -19,6 +19,9 @@ ALL in one run per (model, kernels) case:
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
+    eager_reordered   eager with cuBLAS's bf16 reductions in fp32 (both caches): where its tokens
+                      part from eager's is the model's own sensitivity to a legitimate change of
+                      summation order, against which the other variants' partings are read
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
     trident_untuned   the same without the fused glue, decode matmuls and measured attention
@@ -87,11 +90,11 @@ from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config",
+STATIC = ("eager", "eager_reordered", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config",
           "graph_generate")
-DYNAMIC = ("eager", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
+DYNAMIC = ("eager", "eager_reordered", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
 # The variants of the eager forward: they run without HF's automatic compile (run_variant)
-EAGER_FORWARD = ("eager", "generate_own", "generate_own_stub", "graph_generate")
+EAGER_FORWARD = ("eager", "eager_reordered", "generate_own", "generate_own_stub", "graph_generate")
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
 # GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
 # knobs with 'all' too, so that the tuned passes run there as they do on the GPU.
@@ -475,6 +478,8 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
             model.forward = torch.compile(model.forward)
         elif name == "trident_config":
             model.generation_config.compile_config = CompileConfig(backend="trident")
+        elif name == "eager_reordered":  # the model's own sensitivity to a summation order
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         elif name == "generate_own":
             model.forward = inside = _Inside(forward, dev)
         elif name == "graph_generate":
