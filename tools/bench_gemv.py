@@ -5,7 +5,10 @@ rotating through copies larger than L2, so that it streams from HBM as in a deco
 the groups of Note [Products sharing a row block] (q/k/v, gate/up). Reports microseconds and the
 fraction of the H200's HBM bandwidth each reaches: which configurations to measure at all.
 
-    python tools/bench_gemv.py --out results/bench_gemv.json [--models llama,qwen2] [--sweep]
+    python tools/bench_gemv.py --out results/bench_gemv.json [--models llama,qwen2] [--sweep] [--acc2d]
+
+--acc2d measures the one-row kernels with ACC2D: a [BLOCK_N, BLOCK_K] fp32 accumulator summed
+across K once after the loop, instead of a row sum (warp shuffles) per tile.
 
 The candidates compile in parallel worker processes first (into Triton's shared cache), so that
 the measurement in this process only loads them.
@@ -29,6 +32,14 @@ from trident.kernels import gemv as G  # noqa: E402
 from trident.passes import choose_matmuls as CM  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200 peak
+
+if os.environ.get("BENCH_GEMV_ACC2D") == "1":  # --acc2d (here, so that the compile workers see it too)
+    def _acc2d(args_of):
+        def wrapped(*a, **k):
+            return {**args_of(*a, **k), "ACC2D": True}
+        return wrapped
+
+    CM._launch_args, CM._group_args = _acc2d(CM._launch_args), _acc2d(CM._group_args)
 MODELS = {  # hidden, intermediate, heads, kv heads, head dim, vocab, q/k/v bias
     "llama": (2048, 8192, 32, 8, 64, 128256, False),
     "qwen2": (896, 4864, 14, 2, 64, 151936, True),
@@ -104,9 +115,14 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench_gemv.json")
     ap.add_argument("--models", default="llama,qwen2")
     ap.add_argument("--sweep", action="store_true", help="also the wider sweep of configurations")
+    ap.add_argument("--acc2d", action="store_true",
+                    help="one row's products accumulated per element of the tile, summed after the loop (ACC2D)")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--rep-ms", type=int, default=5, help="each candidate's graph (choose_matmuls: 20)")
     args = ap.parse_args()
+    if args.acc2d and os.environ.get("BENCH_GEMV_ACC2D") != "1":  # again, with the kernels' flag set
+        os.environ["BENCH_GEMV_ACC2D"] = "1"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     bench = CM.do_bench_cudagraph
     CM.do_bench_cudagraph = lambda fn, rep, return_mode: bench(fn, rep=args.rep_ms, return_mode=return_mode)
     cases = [(m, *p) for m in args.models.split(",") for p in products(m)]
@@ -119,7 +135,7 @@ def main() -> None:
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         compiled = sum(ex.map(_compile, jobs))
     res = {"commit": os.environ.get("TRIDENT_COMMIT", "unknown"), "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "compile_s": round(time.perf_counter() - t0, 1), "compiled": compiled,
+           "torch": torch.__version__, "acc2d": args.acc2d, "compile_s": round(time.perf_counter() - t0, 1), "compiled": compiled,
            "peak_bytes_per_s": HBM_BYTES_PER_S, "cases": []}
     print(f"compiled {compiled} candidates in {res['compile_s']} s", flush=True)
     for model, label, k, ns, bias in cases:

@@ -56,7 +56,7 @@ def _gemv_program(
     pid_n, pid_k,
     HAS_C: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LAST_REDUCES: tl.constexpr, PDL: tl.constexpr,
+    LAST_REDUCES: tl.constexpr, PDL: tl.constexpr, ACC2D: tl.constexpr,
 ):
     """Program (pid_n, pid_k) of one product: columns [pid_n * BLOCK_N, ...) of out = a @ b (+ c),
     split pid_k of K; ws_ptr is this product's workspace, count_index its column block's counter."""
@@ -65,7 +65,10 @@ def _gemv_program(
     n_mask = rn < N
     m_mask = rm < M
     if BLOCK_M == 1:
-        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if ACC2D:
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        else:
+            acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K * SPLIT_K):  # split pid_k reads blocks pid_k, pid_k + SPLIT_K, ...
@@ -75,7 +78,10 @@ def _gemv_program(
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
         if BLOCK_M == 1:
             a = tl.load(a_ptr + rk * stride_ak, mask=k_mask, other=0.0)  # row 0: [BLOCK_K]
-            acc1 += tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+            if ACC2D:  # products summed across K once, after the loop (no shuffles per tile)
+                acc2 += b.to(tl.float32) * a.to(tl.float32)[None, :]
+            else:
+                acc1 += tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
         else:
             a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak,
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -83,7 +89,10 @@ def _gemv_program(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     if BLOCK_M == 1:
-        acc = acc1[None, :]
+        if ACC2D:
+            acc = tl.sum(acc2, axis=1)[None, :]
+        else:
+            acc = acc1[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K == 1:
         if HAS_C:
@@ -124,6 +133,7 @@ def gemv_kernel(
     BLOCK_K: tl.constexpr,
     LAST_REDUCES: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    ACC2D: tl.constexpr = False,
 ):
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
@@ -131,7 +141,7 @@ def gemv_kernel(
     _gemv_program(a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
                   count_offset + pid_n, pid_n, tl.program_id(1),
-                  HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL)
+                  HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D)
 
 
 @triton.jit(do_not_specialize=["count_offset"])
@@ -148,6 +158,7 @@ def gemv_group_kernel(
     BLOCK_K: tl.constexpr,
     LAST_REDUCES: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    ACC2D: tl.constexpr = False,
 ):
     """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
     launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
@@ -162,17 +173,17 @@ def gemv_group_kernel(
     if pid < NB0:
         _gemv_program(a_ptr, b0_ptr, c0_ptr, out0_ptr, ws_ptr, count_ptr, M, N0, K,
                       stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N0, 1, count_offset + pid, pid, pid_k,
-                      HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL)
+                      HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D)
     elif pid < NB0 + NB1:
         _gemv_program(a_ptr, b1_ptr, c1_ptr, out1_ptr, ws_ptr + SPLIT_K * M * N0, count_ptr, M, N1, K,
                       stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N1, 1, count_offset + pid, pid - NB0,
-                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL)
+                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D)
     else:
         if MEMBERS == 3:
             _gemv_program(a_ptr, b2_ptr, c2_ptr, out2_ptr, ws_ptr + SPLIT_K * M * (N0 + N1), count_ptr, M, N2, K,
                           stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N2, 1, count_offset + pid,
                           pid - NB0 - NB1, pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
-                          LAST_REDUCES, PDL)
+                          LAST_REDUCES, PDL, ACC2D)
 
 
 @triton.jit
