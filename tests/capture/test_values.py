@@ -62,6 +62,40 @@ def test_values_the_inputs_give_are_specialized_and_guarded(dynamic):
     assert "nonzero count at" in trident.explain(opt) and "scalar at" in trident.explain(opt)
 
 
+def chunk_indices(x, lens):
+    """As flash-linear-attention builds its chunk indices: per sequence its chunks of 4 tokens,
+    one program per chunk, the segment of each by repeat_interleave (its size only the data gives)."""
+    chunks = (lens + 3).div(4, rounding_mode="floor")
+    seg = torch.repeat_interleave(torch.arange(chunks.numel()), chunks)
+    nt = seg.shape[0]
+    out = torch.empty_like(x)
+    block = max(16, triton.next_power_of_2(triton.cdiv(x.numel(), nt)))  # a constexpr from the total
+    K.axpy_kernel[(triton.cdiv(x.numel(), block),)](x, x, out, x.numel(), 0.5, BLOCK=block)
+    return out * 2 + seg.sum()
+
+
+def test_a_repeat_total_is_specialized_and_guarded():
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    lens = torch.tensor([5, 9, 2])  # 2 + 3 + 1 chunks
+    gm = trident.capture(chunk_indices, x, lens, values=True)
+    guards = gm.meta["trident_traced_values"]
+    assert [(g.kind, g.value) for g in guards] == [("total", 6)], guards
+    assert "repeat_interleave" in guards[0].where, guards[0].where
+    assert "output_size = 6" in gm.code, gm.code
+    opt = trident.optimize(gm)
+    torch.testing.assert_close(opt(x, lens), chunk_indices(x, lens))
+    torch.testing.assert_close(opt(x * 3, torch.tensor([8, 1, 12])), chunk_indices(x * 3, torch.tensor([8, 1, 12])))
+    with pytest.raises(trident.GuardError) as info:
+        opt(x, torch.tensor([5, 9, 9]))  # 8 chunks
+    assert info.value.traced_value and "the sum of the repeats" in str(info.value) and "give 8" in str(info.value)
+    assert "repeat total at" in trident.explain(opt)
+    compiled = trident.compile(chunk_indices)  # a capture per total (6, 8, 3), each reused
+    for lens in ([5, 9, 2], [5, 9, 9], [8, 1, 12], [4, 4, 4], [1, 1, 1]) * 2:
+        lens = torch.tensor(lens)
+        torch.testing.assert_close(compiled(x, lens), chunk_indices(x, lens))
+    assert len(compiled.captures) == 3 and compiled.dynamo_calls == 0, trident.explain(compiled)
+
+
 def count_after_a_write(x, mask):
     mask.add_(1)  # written before the count: the value is not the inputs' any more
     keep = torch.nonzero(mask.flatten() - 1).flatten()

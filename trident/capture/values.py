@@ -11,20 +11,21 @@ specialized (`capture(..., values=True)`), as Dynamo specializes what it reads, 
 that holds before anything of the call runs -- last: a static trace's failure is first retried
 symbolically, where libraries take traceable paths that need no guard (HF's masks):
 
-  * where the trace reaches `aten.nonzero` or `aten._local_scalar_dense` (`.item()`, `bool(t)`,
-    `.tolist()`), the part of the graph traced so far that computes the operand -- its slice, back
-    to the graph's inputs and the tensors the function holds -- is checked to be pure: ATen ops
-    without writes or randomness, and size arithmetic; no write traced before it (an in-place op,
+  * where the trace reaches `aten.nonzero`, `aten._local_scalar_dense` (`.item()`, `bool(t)`,
+    `.tolist()`) or `aten.repeat_interleave.Tensor` without an output size (`torch.repeat_interleave(
+    x, counts)`: fla builds its chunk indices so), the part of the graph traced so far that
+    computes the operand -- its slice, back to the graph's inputs and the tensors the function
+    holds -- is checked to be pure: ATen ops without writes or randomness, and size arithmetic; no write traced before it (an in-place op,
     a Triton launch's stores by torch's TTIR analysis, anything else taking a tensor) touches a
     tensor of the slice or what it views (through view ops and the pieces of `split`/`unbind`);
     an input written before it must not share memory with an input the slice reads, at capture
     and on every call (two inputs over one storage: the guard says so);
   * the slice runs on the capture's real inputs (the example inputs trident.compile passes are
     the call's own tensors; the function does not run) and gives the value: the count of
-    nonzero elements, or the scalar;
-  * `nonzero` is traced as `aten.nonzero_static(x, size=count)` (static sizes from there on: the
-    same rows, no device-to-host read, capturable in a CUDA graph), and a scalar read as the
-    Python constant it gave;
+    nonzero elements, the sum of the repeats, or the scalar;
+  * `nonzero` is traced as `aten.nonzero_static(x, size=count)` and `repeat_interleave` with its
+    `output_size=total` (static sizes from there on: the same rows, no device-to-host read,
+    capturable in a CUDA graph), and a scalar read as the Python constant it gave;
   * the slice and its value become a `TracedValue` call guard of the optimized graph (scm/guards.py,
     Note [One guard table]): each call runs the slice on its inputs and compares (one
     device-to-host read per distinct slice on CUDA, as eager's nonzero or `.item()` costs). A call
@@ -62,6 +63,9 @@ _PURE_BUILTINS = {operator.__name__, math.__name__, "_operator"}
 _SYM_FUNCTIONS = {getattr(torch, n) for n in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite",
                                               "sym_sqrt", "sym_sum") if hasattr(torch, n)}
 _active = threading.local()
+# ops whose result's size or value only the data gives, as the trace left them (declined): never
+# part of a slice (a repeat_interleave given its output_size is, as nonzero_static is)
+_DATA_DEPENDENT = (aten.nonzero.default, aten._local_scalar_dense.default)
 
 
 class _Specializing:
@@ -94,7 +98,7 @@ def _pure_target(node: torch.fx.Node) -> bool:
     if isinstance(t, torch._ops.OpOverload):
         schema = t._schema
         return not schema.is_mutable and torch.Tag.nondeterministic_seeded not in t.tags and \
-            t not in (aten.nonzero.default, aten._local_scalar_dense.default)
+            t not in _DATA_DEPENDENT
     return t in _SYM_FUNCTIONS or getattr(t, "__module__", None) in _PURE_BUILTINS
 
 
@@ -111,7 +115,7 @@ def _writes_of(node: torch.fx.Node) -> list:
     if node.op != "call_function" or _pure_target(node):
         return []
     t = node.target
-    if isinstance(t, torch._ops.OpOverload) and t not in (aten.nonzero.default, aten._local_scalar_dense.default):
+    if isinstance(t, torch._ops.OpOverload) and t not in _DATA_DEPENDENT:
         out = []
         for i, a in enumerate(t._schema.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
@@ -274,6 +278,15 @@ def _nonzero(x):
     return aten.nonzero_static.default(x, size=got[1], fill_value=-1)
 
 
+def _repeat_interleave(repeats, output_size=None):
+    if output_size is not None:  # the caller gave the size: nothing to specialize
+        return NotImplemented
+    got = _value_of("total", repeats)
+    if got is None:
+        return NotImplemented
+    return aten.repeat_interleave.Tensor(repeats, output_size=got[1])
+
+
 def _item(x):
     got = _value_of("scalar", x)
     if got is None:
@@ -283,4 +296,5 @@ def _item(x):
 
 # make_fx's decomposition table while a trace specializes values: consulted before the op
 # reaches the fake tensors (a decomposition returning NotImplemented leaves the op as it was)
-DECOMPOSITIONS = {aten.nonzero.default: _nonzero, aten._local_scalar_dense.default: _item}
+DECOMPOSITIONS = {aten.nonzero.default: _nonzero, aten._local_scalar_dense.default: _item,
+                  aten.repeat_interleave.Tensor: _repeat_interleave}

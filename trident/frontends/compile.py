@@ -232,7 +232,7 @@ def _changeable_container(kwargs):
     def is_leaf(x):
         if x is kwargs or type(x) not in state.ARGUMENT_CONTAINERS or len(x) > _ARGUMENT_STATE_ITEMS:
             return False
-        return type(x) is list or all(type(k) in (str, int) for k in x)
+        return type(x) is list or state.followable_keys(x)
 
     return is_leaf
 
@@ -366,6 +366,7 @@ class _Entry:
     key: tuple
     opt: Any = None  # the capture and its _Outputs, held here: the hit path hashes no key
     info: Any = None
+    family: tuple = ()  # the _Call.family() it was captured for: what REGIMES counts per
     ints_of: Any = None  # the call's ints at int_positions, as a tuple (one C call on the hit path)
 
     def __post_init__(self):
@@ -687,7 +688,7 @@ class CompiledFunction(ServedByCache):
         symbolic = opt.meta.get("trident_symbolic", False)
         fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
         entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key,
-                       opt, info)
+                       opt, info, call.family())
         entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
         # static captures first: a symbolic one serves what none of them does; the newest
         # symbolic capture before the others (Note [Symbolic regimes])
@@ -729,11 +730,12 @@ class CompiledFunction(ServedByCache):
         of them (a scalar that differs every call), or a value no capture can be made for came:
         its captures with values specialized are dropped and the family goes through Dynamo from
         now on."""
+        family = call.family()
         with self.cache.lock:
             for e in list(self._guarded.get(call.structure, ())):
-                if _by_value(e):
+                if e.family == family and _by_value(e):
                     self._drop(e.key)
-            self._dynamo_families.add(call.family())
+            self._dynamo_families.add(family)
             self.dynamo_reason = (
                 f"{why}: this family of signatures goes through torch.compile(backend='trident'), which breaks the "
                 "graph there")
@@ -845,7 +847,7 @@ class CompiledFunction(ServedByCache):
             return None, self.cache.overflow()
         family = call.family()
         regimes = sum(1 for e in self._guarded.get(call.structure, ())
-                      if e.opt.meta.get("trident_symbolic") and e.guards.check(*call.tensors))
+                      if e.family == family and e.opt.meta.get("trident_symbolic"))
         if symbolic and self.dynamic is not False and family not in self._symbolic_failed and regimes < REGIMES:
             dynamic_ints, static = self._family_facts(call, family)
             try:
@@ -899,7 +901,9 @@ class CompiledFunction(ServedByCache):
                     return self._run(other.opt, other.key, call, other.info, tried)
             if call.walk is None:  # came through a generated check: the capture below reads the walk
                 call = _Call(call.args, call.kwargs, self.dynamic)
-            if e.traced_value and sum(map(_by_value, self._guarded.get(call.structure, ()))) >= REGIMES:
+            family = call.family()
+            if e.traced_value and sum(1 for other in self._guarded.get(call.structure, ())
+                                      if other.family == family and _by_value(other)) >= REGIMES:
                 return self._values_through_dynamo(
                     call, f"the values its captures specialized changed past {REGIMES} captures ({str(e).splitlines()[0]})")
             exact = call.key()

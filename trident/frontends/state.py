@@ -91,7 +91,7 @@ def _children(obj):
     if isinstance(obj, (list, tuple)):
         return [(("item", i), v) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
-        if not all(isinstance(k, (str, int)) for k in obj):
+        if not followable_keys(obj):
             return None
         return [(("key", k), v) for k, v in obj.items()]
     d = getattr(obj, "__dict__", None)
@@ -136,6 +136,12 @@ def root_depth(obj) -> int:
 # walk's leaves -- the caller's tensors -- then lived until Python's cyclic collector ran, and a
 # CUDA graph whose lent state such a leaf held could not replay (found on the H200: each graph of
 # a rotating pair replayed once, then saw its state "held by another").
+def followable_keys(d: dict) -> bool:
+    """Whether the walk follows a dict's entries: its keys are str or int (a path step names
+    them); else the dict is one leaf (trident.compile's arguments then flatten it by pytree)."""
+    return all(isinstance(k, (str, int)) for k in d)
+
+
 def _visit(out: Walk, seen: dict, r: int, steps: tuple, obj, depth: int) -> None:
     leaves = out.leaves
     if depth >= MAX_DEPTH or id(obj) in seen:
@@ -145,7 +151,7 @@ def _visit(out: Walk, seen: dict, r: int, steps: tuple, obj, depth: int) -> None
         kind, items = "item", enumerate(obj)
         keys = len(obj) if type(obj) is list else tuple(range(len(obj)))
     elif isinstance(obj, dict):
-        if not all(isinstance(k, (str, int)) for k in obj):
+        if not followable_keys(obj):
             leaves.append((r, steps, obj))
             return
         kind, items, keys = "key", obj.items(), tuple(obj)

@@ -416,12 +416,21 @@ class TracedShapes:
         return {"kind": "traced_shapes", "conditions": [c for c, _ in self.conditions]}
 
 
+# What a TracedValue specialized, by kind: (explain()'s word, the guard's failure's words)
+VALUE_KINDS = {
+    "count": ("nonzero count", "the number of nonzero elements"),
+    "total": ("repeat total", "the sum of the repeats (the size repeat_interleave makes)"),
+    "scalar": ("scalar", "the scalar read"),
+}
+
+
 @dataclass(frozen=True)
 class TracedValue:
     """A value the trace specialized (Note [Values a trace specializes], capture/values.py): the
     pure slice of the graph computing an operand (`program`, over `sources`: graph-input positions,
     or the tensors the function holds), what of it was specialized (`kind`: "count", the number of
-    nonzero elements; "scalar", `.item()`) and the value it had at capture."""
+    nonzero elements; "total", the sum of repeat_interleave's repeats; "scalar", `.item()`) and
+    the value it had at capture."""
 
     program: Any  # torch.fx.GraphModule: one input per source, the operand out
     sources: tuple  # per program input: an int (the graph input at that position) or a tensor held
@@ -438,6 +447,8 @@ class TracedValue:
             operand = self.program(*inputs)
         if self.kind == "count":
             return int(torch.count_nonzero(operand))
+        if self.kind == "total":
+            return int(operand.sum())
         return operand.item()
 
     def overlaps(self, values: Sequence) -> bool:
@@ -468,7 +479,7 @@ class TracedValue:
             got = repr(self.evaluate(values))
         except Exception as e:  # noqa: BLE001
             got = f"an error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        what = "the number of nonzero elements" if self.kind == "count" else "the scalar read"
+        what = VALUE_KINDS[self.kind][1]
         return (f"the capture specialized {what} at {self.where} to {self.value!r}; these inputs give {got}. "
                 "A value only the data gives is one per capture: trident.compile captures again for it")
 
@@ -593,7 +604,7 @@ def describe(guard: CallGuard, names: Sequence[str]) -> str:
         key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
         return f"Triton key of {guard.what} = {guard.expr} is {key}"
     if isinstance(guard, TracedValue):
-        what = "nonzero count" if guard.kind == "count" else "scalar"
+        what = VALUE_KINDS[guard.kind][0]
         return f"{what} at {guard.where} == {guard.value!r} (specialized by the trace, each call)"
     if isinstance(guard, TracedShapes):
         return "symbolic trace: " + "; ".join(w for _, w in guard.conditions)
