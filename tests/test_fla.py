@@ -29,6 +29,9 @@ def _model(kind="gla"):
     if kind == "gla":
         config = fla_models.GLAConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128,
                                       intermediate_size=128)
+    elif kind == "delta_net":
+        config = fla_models.DeltaNetConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=128,
+                                           intermediate_size=128)
     else:
         config = fla_models.RWKV7Config(hidden_size=64, num_hidden_layers=2, head_dim=32, vocab_size=128)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -78,14 +81,18 @@ def test_gla_generate_through_both_doors(door):
     torch._dynamo.reset()
 
 
-def test_rwkv7_generate_through_trident_compile():
+@pytest.mark.parametrize("kind", ["rwkv7", "delta_net"])
+def test_recurrent_models_generate_through_trident_compile(kind):
     """RWKV-7 wraps its activation in torch.compile (traced through: its capture was refused and
-    every decode ran eagerly) and its prefill returns a Cache the model makes from generate()'s
-    DynamicCache (a capture would return the trace's Cache, its tensors fake: that family runs
-    eagerly once the decode steps are captured, Note [Objects made per call]). The decode steps
-    are one capture; from the second generate() on only the prefill runs eagerly."""
+    every decode ran eagerly); DeltaNet's short convolution builds its chunk indices with
+    `repeat_interleave(arange, counts)` at the prefill (its total specialized: the trace goes on
+    to what stops it, the Cache made; before, that family went through Dynamo). Both prefills
+    return a Cache the model makes from generate()'s DynamicCache (a capture would return the
+    trace's Cache, its tensors fake: that family runs eagerly once the decode steps are
+    captured, Note [Objects made per call]). The decode steps are one capture; from the second
+    generate() on only the prefill runs eagerly."""
     torch._dynamo.reset()
-    model = _model("rwkv7")
+    model = _model(kind)
     want = _generate(model)
     model.forward = trident.compile(model.forward)
     assert torch.equal(_generate(model), want)
