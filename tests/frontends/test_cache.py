@@ -51,6 +51,7 @@ def test_compiling_a_module_gives_a_module_back():
     for _ in range(3):
         torch.testing.assert_close(compiled(x), model(x))
     assert len(compiled.captures) == 1 and compiled.eager_calls == 1
+    assert compiled.dynamo_calls == 0 and compiled.dynamo_reason is None  # the function door's counters too
     assert [n for n, _ in compiled.named_parameters()] == ["_orig_mod.0.weight", "_orig_mod.0.bias"]
     assert list(compiled.state_dict()) == ["_orig_mod.0.weight", "_orig_mod.0.bias"]
     assert compiled.flag == "kept" and compiled.eval() is compiled and not model.training

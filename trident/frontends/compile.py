@@ -1150,6 +1150,14 @@ class CompiledModule(ServedByCache, torch.nn.Module):
     def cache(self) -> CaptureCache:
         return self._compiled.cache
 
+    @property
+    def dynamo_calls(self) -> int:  # as the function door's (Note [Data-dependent calls through Dynamo])
+        return self._compiled.dynamo_calls
+
+    @property
+    def dynamo_reason(self) -> Optional[str]:
+        return self._compiled.dynamo_reason
+
     def forward(self, *args, **kwargs):
         return self._compiled(*args, **kwargs)
 
