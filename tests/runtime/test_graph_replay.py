@@ -708,7 +708,7 @@ def test_graph_facts_reasons(device):
     assert guard.reason((x, torch.randn(256, device=device, dtype=torch.float64))) == ("facts", 1)
     assert guard.failure((x, x), names) == ("graph 0: staged input 'a' shares memory with an input the region "
                                              "writes (or is written and shares memory with another input)")
-    assert "pinned at their recorded addresses: x" in trident.scm.guards.describe(guard, names)
+    assert "pinned at their recorded addresses: x" in guard.describe(names)
 
 
 def _handoff(x, y):

@@ -14,7 +14,7 @@ from tests import kernels as K
 from trident import knobs
 from trident.errors import GuardError
 from trident.runtime import SCMRuntime
-from trident.scm.guards import ConstantInput, DisjointInputs, KernelGlobal, SameTensor, describe, first_failure
+from trident.scm.guards import ConstantInput, DisjointInputs, KernelGlobal, SameTensor, first_failure
 
 
 def test_kinds_check_and_explain_in_the_callers_names():
@@ -33,7 +33,7 @@ def test_kinds_check_and_explain_in_the_callers_names():
     assert first_failure([c, same, g], [t, 3, t]) is g
     nan, zero = ConstantInput(0, float("nan")), ConstantInput(0, 0.0)
     assert nan.check([float("nan")]) and zero.check([0.0]) and not zero.check([-0.0]) and not zero.check([0])
-    assert describe(c, names) == "scale == 3 (a captured constant)"
+    assert c.describe(names) == "scale == 3 (a captured constant)"
     assert [k.record()["kind"] for k in (c, same, g)] == ["constant_input", "same_tensor", "kernel_global"]
     assert g.record()["module"] == "user_module"
 

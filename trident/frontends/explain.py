@@ -10,7 +10,6 @@ from torch._dynamo.utils import counters
 from ..optimize import _regions
 from ..runtime import SCMRuntime, graphs
 from ..runtime.native import C
-from ..scm.guards import describe
 from ..scm.printer import format_guard, format_scm, format_symbols
 from .compile import CompiledModule
 from .dynamo import graphs_of
@@ -121,7 +120,7 @@ def explain(gm) -> str:
     call = gm.meta.get("trident_call_guards", [])
     if call:
         lines.append("call guards (checked on every call, Note [One guard table]):")
-        lines.extend(f"  {describe(g, placeholders)}" for g in call)
+        lines.extend(f"  {g.describe(placeholders)}" for g in call)
     for rt in regions:
         s = rt.stats()
         lines.append(
@@ -129,11 +128,11 @@ def explain(gm) -> str:
             f"hits={s['hits']} misses={s['misses']} specializations={s['specializations']}"
         )
         lines.append(f"  operator calls: {_call_mix(rt)}")
-        lines.extend(f"  call guard {describe(g, [i.name for i in rt.program.inputs])}" for g in rt.guards)
+        lines.extend(f"  call guard {g.describe([i.name for i in rt.program.inputs])}" for g in rt.guards)
         names = [i.name for i in rt.program.inputs]
         if rt.program.symbolic:
             lines.append(f"  symbolic sizes: {format_symbols(rt.program)} (one specialization per Triton key)")
-            lines.extend(f"  size guard {describe(g, names)} (every call)" for g in rt.program.size_guards)
+            lines.extend(f"  size guard {g.describe(names)} (every call)" for g in rt.program.size_guards)
         program_guards = set(map(id, rt.program.size_guards))
         for spec in rt.scm.specializations:
             if spec.index in rt.retired:  # Note [A specialization proves itself]
@@ -143,7 +142,7 @@ def explain(gm) -> str:
             exprs = rt.program.input_exprs if rt.program.symbolic else None
             lines.extend(f"    guard {format_guard(g, exprs[g.input] if exprs else ())}" for g in spec.guards)
             lines.extend(
-                f"    guard {describe(g, names)}" for g in spec.size_guards if id(g) not in program_guards
+                f"    guard {g.describe(names)}" for g in spec.size_guards if id(g) not in program_guards
             )
             for launch in spec.launches:
                 extra = f" num_ctas={launch.num_ctas} (clusters: cuLaunchKernelEx)" if launch.num_ctas > 1 else ""

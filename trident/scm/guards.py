@@ -37,9 +37,9 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
                                           slice of the graph run on the call's inputs
                                           (Note [Values a trace specializes])
 
-Every kind has `check(values) -> bool`, the test, and `failure(values, names) -> str`, what was
+Every kind has `check(values) -> bool`, the test, `failure(values, names) -> str`, what was
 expected, what came and what to do, in the caller's names (torch's guard manager's check and
-check_verbose). A native kind's `check` is the Python twin of its native code, which the tests
+check_verbose), and `describe(names)`, its one line in explain(). A native kind's `check` is the Python twin of its native code, which the tests
 compare on generated inputs; `record()` is its plain-data form (no live object; KernelGlobal
 names its value's module dict by the kernel's module). Guards on the graph's inputs index the
 graph's placeholders; region guards (`native`) index the region's inputs.
@@ -86,6 +86,10 @@ class ConstantInput:
             "non-tensor inputs are baked into the captured graph: capture again with this value"
         )
 
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"{names[self.position]} == {self.value!r} (a captured constant)"
+
     def record(self) -> dict:
         return {"kind": "constant_input", "position": self.position, "value": repr(self.value)}
 
@@ -106,6 +110,10 @@ class SameTensor:
             "so the captured graph reads that tensor for both; pass one tensor in both positions again, or "
             "capture with distinct tensors"
         )
+
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"{names[self.first]} is {names[self.second]} (one tensor at capture)"
 
     def record(self) -> dict:
         return {"kind": "same_tensor", "first": self.first, "second": self.second}
@@ -129,6 +137,10 @@ class KernelGlobal:
             f"and is {'absent' if now is _MISSING else repr(now)} now; Triton refuses to launch it after such a "
             "change too (kernel[grid] raises): restore the value, or define a new kernel that reads the new one"
         )
+
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"global {self.name} == {self.value!r} (read by kernel {self.kernel})"
 
     def record(self) -> dict:
         return {"kind": "kernel_global", "kernel": self.kernel, "name": self.name, "value": repr(self.value),
@@ -156,6 +168,10 @@ class DisjointInputs:
             "elements of the input tensor and the written-to tensor refer to a single memory location); pass "
             "tensors that do not overlap, e.g. a .clone() of the one read."
         )
+
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"disjoint: {self.what} (natively, each call)"
 
     def record(self) -> dict:
         return {"kind": "disjoint_inputs", "written": self.written, "read": self.read, "what": self.what}
@@ -216,6 +232,10 @@ class CapturedLayout:
             "when a size changes)."
         )
 
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"{self.name}: sizes {list(self.sizes)} strides {list(self.strides)} (static capture, on a miss)"
+
     def record(self) -> dict:
         return {"kind": "captured_layout", "input": self.input, "sizes": list(self.sizes),
                 "strides": list(self.strides)}  # fmt: skip
@@ -272,6 +292,10 @@ class SizeRelation:
             "torch.compile's are; capture again with inputs of these sizes."
         )
 
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"{self.expr} ({self.why})"
+
     def record(self) -> dict:
         return {"kind": "size_relation", "expr": to_text(self.expr), "why": self.why}
 
@@ -313,6 +337,10 @@ class FactEquals:
             f"got {got}. Capture again with inputs related like these."
         )
 
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"{self.name}.{'shape' if self.kind == 'size' else 'stride()'}[{self.dim}] == {self.expr}"
+
     def record(self) -> dict:
         return {"kind": "fact_equals", "input": self.input, "fact": self.kind, "dim": self.dim, "expr": to_text(self.expr)}
 
@@ -346,6 +374,11 @@ class IntegerKey:
 
     def failure(self, values: Sequence, names: Sequence[str] = ()) -> str:
         return f"{self.what} = {self.expr} has another Triton key: Triton compiles another binary for it"
+
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        key = next((k for k, c in INT_KEY_CODES.items() if c == self.code), self.code)
+        return f"Triton key of {self.what} = {self.expr} is {key}"
 
     def record(self) -> dict:
         return {"kind": "integer_key", "expr": to_text(self.expr), "code": self.code, "specialize": self.specialize,
@@ -411,6 +444,10 @@ class TracedShapes:
             "inputs break it. Sizes 0 and 1 and sizes the traced code compared are specialized by the trace, as "
             "torch.compile's are; capture again with inputs of these sizes (trident.compile does)."
         )
+
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return "symbolic trace: " + "; ".join(w for _, w in self.conditions)
 
     def record(self) -> dict:
         return {"kind": "traced_shapes", "conditions": [c for c, _ in self.conditions]}
@@ -482,6 +519,10 @@ class TracedValue:
         what = VALUE_KINDS[self.kind][1]
         return (f"the capture specialized {what} at {self.where} to {self.value!r}; these inputs give {got}. "
                 "A value only the data gives is one per capture: trident.compile captures again for it")
+
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        return f"{VALUE_KINDS[self.kind][0]} at {self.where} == {self.value!r} (specialized by the trace, each call)"
 
     def record(self) -> dict:
         return {"kind": "traced_value", "value_kind": self.kind, "value": self.value, "where": self.where,
@@ -556,6 +597,12 @@ class GraphFacts:
         code, i = why
         return f"graph {self.graph}: " + GRAPH_MISS_REASONS[code].format(name=names[i])
 
+    def describe(self, names: Sequence[str]) -> str:
+        """One line for explain() and the printed program."""
+        pinned = [names[i] for i, st in enumerate(self.staged) if not st]
+        return (f"graph {self.graph}: every input's dtype, sizes and strides as recorded; pinned at their "
+                f"recorded addresses: {', '.join(pinned) or 'none'}; staged inputs not sharing a written one's memory")
+
     def record(self) -> dict:
         return {"kind": "graph_facts", "graph": self.graph, "staged": list(self.staged),
                 "pinned": [i for i, s in enumerate(self.staged) if not s]}
@@ -586,32 +633,3 @@ def first_failure(guards: Sequence[CallGuard], values: Sequence) -> "CallGuard |
         if not g.check(values):
             return g
     return None
-
-
-def describe(guard: CallGuard, names: Sequence[str]) -> str:
-    """One line for explain()."""
-    if isinstance(guard, ConstantInput):
-        return f"{names[guard.position]} == {guard.value!r} (a captured constant)"
-    if isinstance(guard, SameTensor):
-        return f"{names[guard.first]} is {names[guard.second]} (one tensor at capture)"
-    if isinstance(guard, KernelGlobal):
-        return f"global {guard.name} == {guard.value!r} (read by kernel {guard.kernel})"
-    if isinstance(guard, SizeRelation):
-        return f"{guard.expr} ({guard.why})"
-    if isinstance(guard, FactEquals):
-        return f"{guard.name}.{'shape' if guard.kind == 'size' else 'stride()'}[{guard.dim}] == {guard.expr}"
-    if isinstance(guard, IntegerKey):
-        key = next((k for k, c in INT_KEY_CODES.items() if c == guard.code), guard.code)
-        return f"Triton key of {guard.what} = {guard.expr} is {key}"
-    if isinstance(guard, TracedValue):
-        what = VALUE_KINDS[guard.kind][0]
-        return f"{what} at {guard.where} == {guard.value!r} (specialized by the trace, each call)"
-    if isinstance(guard, TracedShapes):
-        return "symbolic trace: " + "; ".join(w for _, w in guard.conditions)
-    if isinstance(guard, CapturedLayout):
-        return f"{guard.name}: sizes {list(guard.sizes)} strides {list(guard.strides)} (static capture, on a miss)"
-    if isinstance(guard, GraphFacts):
-        pinned = [names[i] for i, st in enumerate(guard.staged) if not st]
-        return (f"graph {guard.graph}: every input's dtype, sizes and strides as recorded; pinned at their "
-                f"recorded addresses: {', '.join(pinned) or 'none'}; staged inputs not sharing a written one's memory")
-    return f"disjoint: {guard.what} (natively, each call)"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .guards import describe
 from .ir import SCM, AllocStep, AtenStep, LaunchStep, Param, Specialization, TensorFacts, TensorGuard, ValueRef
 
 _DTYPE_SHORT = {
@@ -103,7 +102,7 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
     lines = [f"  specialization {spec.index}:"]
     lines.append("    guards:")
     lines.extend(f"      {format_guard(g, program.input_exprs[g.input] if symbolic else ())}" for g in spec.guards)
-    lines.extend(f"      size: {describe(g, names)}" for g in spec.size_guards)
+    lines.extend(f"      size: {g.describe(names)}" for g in spec.size_guards)
     lines.append("    plan:")
     for a in spec.allocs:
         exprs = (a.sizes_expr, a.strides_expr) if a.dynamic else ()
