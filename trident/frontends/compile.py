@@ -599,11 +599,13 @@ class CompiledFunction(ServedByCache):
                     self._dynamo_families.add(family)  # Note [Data-dependent calls through Dynamo]
                     if getattr(e, "new_object", False):
                         self._made_families[family] = str(e).splitlines()[0]
-                    why = "the trace decides on a tensor's values" if getattr(e, "data_dependent", False) else \
-                        "the call returns an object it made"
-                    self.dynamo_reason = reason = (
-                        f"{why} ({str(e).splitlines()[0]}): this family of signatures goes through "
-                        "torch.compile(backend='trident'), which breaks the graph there or rebuilds the object")
+                    if getattr(e, "data_dependent", False):
+                        how = ("the trace decides on a tensor's values", "goes through torch.compile(backend="
+                               "'trident'), which breaks the graph there")
+                    else:  # Note [Objects made per call]
+                        how = ("the call returns an object it made", "runs eagerly once the function has captures, "
+                               "through torch.compile(backend='trident') until then, which rebuilds the object")
+                    self.dynamo_reason = reason = f"{how[0]} ({str(e).splitlines()[0]}): this family of signatures {how[1]}"
                     logs.misses.warning("trident.compile(%s): %s", self._name, reason)
                 elif opt is None:
                     reason = self.cache.refuse(key, e)
