@@ -3,7 +3,7 @@
 # build the extension in place, run the benchmarks, then every test (CUDA ones included).
 # Writes logs and JSON under $OUT (or ./out). Benchmarks run before the tests so that a crash
 # in a test cannot cost the measurements.
-#   env: BENCH_DECODE/BENCH_GEMM/BENCH_GEMV (GEMV_MODELS, GEMV_SWEEP=1, GEMV_BUDGET_S)/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/BENCH_DYNAMIC/BENCH_GENERATE/BENCH_RECURRENT/RUN_TESTS/
+#   env: BENCH_DECODE/BENCH_GEMM/BENCH_GEMV (GEMV_MODELS, GEMV_SWEEP=1, GEMV_ACC2D=1, GEMV_BUDGET_S)/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/BENCH_DYNAMIC/BENCH_GENERATE/BENCH_RECURRENT/RUN_TESTS/
 #        SANITIZE (1/0), RECUR_VARIANTS, RECUR_BUDGET_S (per variant), GEN_MODELS, GEN_KERNELS, GEN_CACHES, GEN_VARIANTS, GEN_BUDGET_S, GEN_PROFILE, GEN_HOST_PROFILE, DECODE_MODELS,
 #        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS, BENCH_BATCHES, BATCH_BUDGET_S, BATCH_STEPS,
 #        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
@@ -48,7 +48,7 @@ if [[ "${BENCH_GEMM:-1}" == 1 ]]; then
   timeout 120 python3 tools/bench_gemm.py --out "$OUT/bench_gemm.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench_gemm.log"; tail -3 "$OUT/bench_gemm.log" | cut -c1-300
 fi
 if [[ "${BENCH_GEMV:-0}" == 1 ]]; then  # issue 25: GEMV configurations against cuBLAS per decode product
-  sweep=(); [[ "${GEMV_SWEEP:-0}" == 1 ]] && sweep=(--sweep)
+  sweep=(); [[ "${GEMV_SWEEP:-0}" == 1 ]] && sweep=(--sweep); [[ "${GEMV_ACC2D:-0}" == 1 ]] && sweep+=(--acc2d)
   timeout "${GEMV_BUDGET_S:-300}" python3 tools/bench_gemv.py --out "$OUT/bench_gemv.json" --models "${GEMV_MODELS:-llama,qwen2}" "${sweep[@]}" 2>&1 \
     | grep --line-buffered -v "^W1\|Warning\|warn" | tee "$OUT/bench_gemv.log" | cut -c1-300
 fi
