@@ -72,3 +72,44 @@ def test_an_interrupt_leaves_nothing_patched(where, at, monkeypatch):
     after = _language_state()
     assert [k for k, v in before.items() if after.get(k) is not v] == []
     _assert_all_works(opt, x, y)
+
+
+from triton.language.extra import libdevice  # noqa: E402
+from triton.language.extra.libdevice import tanh  # noqa: E402
+
+
+@triton.jit
+def _libdevice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + o, mask=o < n, other=1.0)
+    tl.store(out_ptr + o, libdevice.rsqrt(x) + tanh(x), mask=o < n)
+
+
+@triton.jit
+def _no_twin_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(out_ptr + o, libdevice.j0(tl.load(x_ptr + o, mask=o < n, other=1.0)), mask=o < n)
+
+
+def _through_trident(kernel, x):
+    def fn(x):
+        out = torch.empty_like(x)
+        kernel[(1,)](x, out, x.numel(), BLOCK=64)
+        return out
+
+    return trident.optimize(trident.capture(fn, x))(x)
+
+
+def test_libdevice_twins_compute_on_the_cpu_and_are_put_back():
+    """Note [libdevice under the interpreter]: libdevice called through its module and through a
+    name the kernel's module imported computes on the CPU, launch after launch (the names to patch
+    are remembered per module); a function without a twin says so; afterwards libdevice's
+    attributes and the kernel module's names are the originals again."""
+    before = dict(vars(libdevice))
+    for _ in range(3):
+        x = torch.rand(50) + 0.5
+        torch.testing.assert_close(_through_trident(_libdevice_kernel, x), x.rsqrt() + x.tanh())
+    with pytest.raises(Exception, match="libdevice.j0 has no twin"):
+        _through_trident(_no_twin_kernel, torch.rand(50) + 0.5)
+    assert dict(vars(libdevice)) == before and tanh.__module__ == "triton.language.extra.libdevice"
+    assert globals()["tanh"] is before["tanh"]

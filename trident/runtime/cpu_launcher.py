@@ -128,6 +128,14 @@ _LIBDEVICE_TWINS: dict[str, Callable] = {
 }
 
 
+def _twin(name: str) -> Callable:
+    """The twin of libdevice function `name` (made once: a launch patches ~450 names)."""
+    twin = _LIBDEVICE_TWINS.get(name)
+    if twin is None:
+        twin = _LIBDEVICE_TWINS[name] = _missing_twin(name)
+    return twin
+
+
 _libdevice_seen: list = [0, []]  # len(sys.modules) when last scanned, the libdevice modules then
 
 
@@ -140,18 +148,41 @@ def _libdevice_modules() -> list:
     return _libdevice_seen[1]
 
 
+_libdevice_names: dict = {}  # id(libdevice module) -> (its attributes' count, its functions' names)
+_libdevice_globals: dict = {}  # id(a kernel module's globals) -> (their count, the libdevice functions' names)
+
+
+def _libdevice_functions(module) -> list:
+    """The names of a libdevice module's functions (~500: scanned again only when the module's
+    attributes change in number, not on every interpreted launch; the patches this file makes
+    replace values, and are undone before the next launch)."""
+    attrs = vars(module)
+    known = _libdevice_names.get(id(module))
+    if known is None or known[0] != len(attrs):
+        names = [name for name, value in list(attrs.items())
+                 if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", ""))]
+        known = _libdevice_names[id(module)] = (len(attrs), names)
+    return known[1]
+
+
 def _patch_libdevice(fn, scope, replaced: list) -> None:
     """Twins for libdevice in `fn`'s module (Note [libdevice under the interpreter]); the globals
     to restore are appended to `replaced` as they change (module attributes go through `scope`)."""
     for module in _libdevice_modules():
-        for name, value in list(vars(module).items()):
-            if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", "")):
-                scope.set_attr(module, name, _LIBDEVICE_TWINS.get(name) or _missing_twin(name))
+        for name in _libdevice_functions(module):
+            scope.set_attr(module, name, _twin(name))
     g = fn.__globals__
-    for name, value in list(g.items()):
-        if callable(value) and _is_libdevice(getattr(value, "__module__", "") or ""):
-            replaced.append((name, value))
-            g[name] = _LIBDEVICE_TWINS.get(value.__name__) or _missing_twin(value.__name__)
+    known = _libdevice_globals.get(id(g))
+    if known is None or known[0] != len(g) or any(not _is_libdevice_function(g.get(n)) for n in known[1]):
+        known = _libdevice_globals[id(g)] = (len(g), [n for n, v in list(g.items()) if _is_libdevice_function(v)])
+    for name in known[1]:
+        value = g[name]
+        replaced.append((name, value))
+        g[name] = _twin(value.__name__)
+
+
+def _is_libdevice_function(value) -> bool:
+    return callable(value) and _is_libdevice(getattr(value, "__module__", "") or "")
 
 
 # Note [Interrupted patches]
