@@ -33,13 +33,19 @@ from trident.passes import choose_matmuls as CM  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200 peak
 
-if os.environ.get("BENCH_GEMV_ACC2D") == "1":  # --acc2d (here, so that the compile workers see it too)
-    def _acc2d(args_of):
+def _use_acc2d() -> None:
+    """--acc2d: every candidate launched with ACC2D (the compile workers, spawned, re-import this
+    module and see the variable main() sets)."""
+    def with_acc2d(args_of):
         def wrapped(*a, **k):
             return {**args_of(*a, **k), "ACC2D": True}
         return wrapped
 
-    CM._launch_args, CM._group_args = _acc2d(CM._launch_args), _acc2d(CM._group_args)
+    CM._launch_args, CM._group_args = with_acc2d(CM._launch_args), with_acc2d(CM._group_args)
+
+
+if os.environ.get("BENCH_GEMV_ACC2D") == "1":
+    _use_acc2d()
 MODELS = {  # hidden, intermediate, heads, kv heads, head dim, vocab, q/k/v bias
     "llama": (2048, 8192, 32, 8, 64, 128256, False),
     "qwen2": (896, 4864, 14, 2, 64, 151936, True),
@@ -120,9 +126,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--rep-ms", type=int, default=5, help="each candidate's graph (choose_matmuls: 20)")
     args = ap.parse_args()
-    if args.acc2d and os.environ.get("BENCH_GEMV_ACC2D") != "1":  # again, with the kernels' flag set
+    if args.acc2d and os.environ.get("BENCH_GEMV_ACC2D") != "1":
         os.environ["BENCH_GEMV_ACC2D"] = "1"
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        _use_acc2d()
     bench = CM.do_bench_cudagraph
     CM.do_bench_cudagraph = lambda fn, rep, return_mode: bench(fn, rep=args.rep_ms, return_mode=return_mode)
     cases = [(m, *p) for m in args.models.split(",") for p in products(m)]

@@ -19,9 +19,10 @@ ALL in one run per (model, kernels) case:
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
-    eager_reordered   eager with cuBLAS's bf16 reductions in fp32 (both caches): where its tokens
-                      part from eager's is the model's own sensitivity to a legitimate change of
-                      summation order, against which the other variants' partings are read
+    eager_reordered   eager with cuBLAS's bf16 reductions in fp32 (both caches; only when
+                      --variants names it): where its tokens part from eager's is the model's own
+                      sensitivity to a legitimate change of summation order, against which the
+                      other variants' partings are read
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
     trident_untuned   the same without the fused glue, decode matmuls and measured attention
@@ -93,6 +94,7 @@ CALLS = 4
 STATIC = ("eager", "eager_reordered", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config",
           "graph_generate")
 DYNAMIC = ("eager", "eager_reordered", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
+OPT_IN = ("eager_reordered",)  # run only when --variants names them (a diagnosis, not a baseline)
 # The variants of the eager forward: they run without HF's automatic compile (run_variant)
 EAGER_FORWARD = ("eager", "eager_reordered", "generate_own", "generate_own_stub", "graph_generate")
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
@@ -674,7 +676,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--budget-s", type=int, default=300, help="per variant process")
     p.add_argument("--calls", type=int, default=4, help="generate() calls per variant (the first is warm-up)")
-    p.add_argument("--profile", default="", help="variants whose generate() call is profiled (torch.profiler)")
+    p.add_argument("--profile", default="", help="variants whose generate() call is profiled (torch.profiler); "
+                   "graph_floor: the recurrent (gla) floor's replays")
     p.add_argument("--host-profile", default="", help="variants whose host time is split (forward, native, Python)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # child: kind,kernels,cache,variant
     args = p.parse_args()
@@ -697,7 +700,7 @@ def main() -> None:
                 if kind == "gla" and cache == "static":
                     continue  # flash-linear-attention's models have no static cache
                 names = (STATIC if cache == "static" else DYNAMIC) + ("generate_own", "generate_own_stub")
-                jobs += [(cache, n) for n in names if pick is None or n in pick]
+                jobs += [(cache, n) for n in names if (pick is None and n not in OPT_IN) or (pick and n in pick)]
             if args.device == "cuda" and (pick is None or "graph_floor" in pick):
                 jobs.append(("dynamic" if kind == "gla" else "static", "graph_floor"))
             for cache, name in jobs:

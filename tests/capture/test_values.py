@@ -96,6 +96,45 @@ def test_a_repeat_total_is_specialized_and_guarded():
     assert len(compiled.captures) == 3 and compiled.dynamo_calls == 0, trident.explain(compiled)
 
 
+def branch_on_selected(x, mask):
+    keep = torch.nonzero(mask).flatten()
+    picked = x.index_select(0, keep)
+    if bool(picked.sum() > 0):  # a value read from the rows a count selected
+        return picked * 2
+    return picked - 1
+
+
+def test_a_later_value_computes_the_earlier_one_anew():
+    """The scalar's slice goes through the rows nonzero selected: its guard computes them with
+    nonzero, never with the capture's count fixed (with another count, fill rows of -1 would
+    index out of bounds: a device-side assert on CUDA, whatever order the guards run in)."""
+    x, mask = torch.randn(8).abs(), torch.tensor([1, 0, 1, 1, 0, 0, 1, 0])
+    gm = trident.capture(branch_on_selected, x, mask, values=True)
+    count, scalar = gm.meta["trident_traced_values"]
+    assert (count.kind, count.value, scalar.kind, scalar.value) == ("count", 4, "scalar", True)
+    assert "aten.nonzero.default" in scalar.program.code and "nonzero_static" not in scalar.program.code
+    # alone, on a mask of another count: nonzero computed anew gives 8 rows where the capture's
+    # view holds 4, a host-side error the guard turns into a refusal (with the count fixed it read
+    # 4 of the 8 rows and said True)
+    assert not scalar.check([x, torch.ones(8, dtype=torch.long)])
+    opt = trident.optimize(gm)
+    torch.testing.assert_close(opt(x * 2, mask), branch_on_selected(x * 2, mask))
+    with pytest.raises(trident.GuardError):
+        opt(x, torch.ones(8, dtype=torch.long))
+
+
+def test_negative_repeats_are_not_a_total():
+    """Eager refuses negative repeats; a total guard does too (a kernel given the total would
+    not), and a capture is not made from them."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    gm = trident.capture(chunk_indices, x, torch.tensor([5, 9, 2]), values=True)
+    guard = gm.meta["trident_traced_values"][0]
+    assert not guard.check([x, torch.tensor([17, -9, 10])])  # 5 - 2 + 3 = 6 chunks: one count negative
+    assert "negative" in guard.failure([x, torch.tensor([17, -9, 10])], ["x", "lens"])
+    with pytest.raises(trident.CaptureError):
+        trident.capture(chunk_indices, x, torch.tensor([17, -9, 10]), values=True)
+
+
 def count_after_a_write(x, mask):
     mask.add_(1)  # written before the count: the value is not the inputs' any more
     keep = torch.nonzero(mask.flatten() - 1).flatten()
@@ -237,6 +276,24 @@ def test_trident_compile_keeps_a_capture_per_value_and_reuses_them():
         torch.testing.assert_close(compiled(x, y), sign_branch(x, y))
     assert len(compiled.captures) == 2 and compiled.dynamo_calls == 0, trident.explain(compiled)
     assert compiled.eager_calls <= 2, trident.explain(compiled)
+
+
+def test_regimes_are_counted_per_family():
+    """float32 and float64 calls share a structure but not a family: float64's values get their
+    own captures while float32's are many (before, REGIMES counted the structure's, and float64
+    went through Dynamo)."""
+    from trident.frontends.compile import REGIMES
+
+    torch._dynamo.reset()
+    compiled = trident.compile(block_from_data)
+    for dtype, steps in ((torch.float32, range(REGIMES)), (torch.float64, range(3)), (torch.float64, range(3))):
+        for step in steps:
+            x = torch.zeros(200, dtype=dtype)
+            x[: 40 * step + 5] = 1.0
+            y = torch.ones(200, dtype=dtype)
+            torch.testing.assert_close(compiled(x, y), block_from_data(x, y))
+    assert compiled.dynamo_calls == 0 and len(compiled.captures) == REGIMES - 1 + 3, trident.explain(compiled)
+    torch._dynamo.reset()
 
 
 def test_values_that_change_every_call_go_through_dynamo():

@@ -33,6 +33,12 @@ symbolically, where libraries take traceable paths that need no guard (HF's mask
     another capture of the family, or makes one for that value (at most REGIMES per family; past
     that the family goes through Dynamo, Note [Data-dependent calls through Dynamo]).
 
+A slice through a node traced with a value fixed (the rows a count selected) computes that node
+anew (`nonzero`, `repeat_interleave` without a size), never with the earlier value's size. A
+total is also checked for negative repeats, which eager refuses. Values are specialized in a
+symbolic trace too: a total that comes from sizes (`x.repeat_interleave(2)` over a tensor of
+repeats) then holds for one size, each new one a capture (as `nonzero`'s count), past REGIMES
+Dynamo.
 A slice that is not pure, or an input that is not a real tensor (the caller traced with fake
 inputs), is declined: the trace fails as it would have, and the door serves the call otherwise.
 Equal slices (one mask read by every layer) make one guard. Only `trident.compile` asks for it:
@@ -63,8 +69,8 @@ _PURE_BUILTINS = {operator.__name__, math.__name__, "_operator"}
 _SYM_FUNCTIONS = {getattr(torch, n) for n in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite",
                                               "sym_sqrt", "sym_sum") if hasattr(torch, n)}
 _active = threading.local()
-# ops whose result's size or value only the data gives, as the trace left them (declined): never
-# part of a slice (a repeat_interleave given its output_size is, as nonzero_static is)
+# ops whose result's size or value only the data gives: a slice through one is declined (its
+# value would wait for another read); a repeat_interleave without output_size runs as it is
 _DATA_DEPENDENT = (aten.nonzero.default, aten._local_scalar_dense.default)
 
 
@@ -77,6 +83,7 @@ class _Specializing:
         self.found: list[TracedValue] = []
         self.keys: set = set()
         self.written: dict = {}  # node -> the nodes it writes (_written)
+        self.specialized: dict = {}  # node traced with a value fixed -> the op that computes it anew
 
 
 @contextlib.contextmanager
@@ -251,6 +258,8 @@ def _value_of(kind: str, operand) -> "tuple[Any, Any] | None":
     for n in order:
         if n.op in ("placeholder", "get_attr"):
             env[n] = graph.placeholder(f"in{len(env)}")
+        elif n in state.specialized:  # computed anew, never with an earlier value's size fixed
+            env[n] = graph.call_function(state.specialized[n], (env[n.args[0]],))
         else:
             env[n] = graph.node_copy(n, lambda a: env[a])
             env[n].meta = {}
@@ -275,7 +284,7 @@ def _nonzero(x):
     got = _value_of("count", x)
     if got is None:
         return NotImplemented
-    return aten.nonzero_static.default(x, size=got[1], fill_value=-1)
+    return _specialized(aten.nonzero_static.default(x, size=got[1], fill_value=-1), aten.nonzero.default)
 
 
 def _repeat_interleave(repeats, output_size=None):
@@ -284,7 +293,20 @@ def _repeat_interleave(repeats, output_size=None):
     got = _value_of("total", repeats)
     if got is None:
         return NotImplemented
-    return aten.repeat_interleave.Tensor(repeats, output_size=got[1])
+    return _specialized(aten.repeat_interleave.Tensor(repeats, output_size=got[1]), aten.repeat_interleave.Tensor)
+
+
+def _specialized(result, anew):
+    """Remembers the node just traced with a value fixed: a later value's slice through it (a
+    count over the rows it selected) computes it with `anew` on the call's inputs, so that slice
+    never runs with an earlier value's size -- on CUDA a wrong size is a device-side assert, which
+    the guard could not catch -- whatever order the guards are checked in."""
+    try:
+        node = get_proxy_slot(result, get_proxy_mode().tracer).proxy.node
+    except (KeyError, RuntimeError, AttributeError):
+        return result
+    _active.state.specialized[node] = anew
+    return result
 
 
 def _item(x):

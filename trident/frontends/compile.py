@@ -364,9 +364,9 @@ class _Entry:
     int_positions: tuple
     int_values: tuple
     key: tuple
+    family: tuple  # the _Call.family() it was captured for: what REGIMES counts per
     opt: Any = None  # the capture and its _Outputs, held here: the hit path hashes no key
     info: Any = None
-    family: tuple = ()  # the _Call.family() it was captured for: what REGIMES counts per
     ints_of: Any = None  # the call's ints at int_positions, as a tuple (one C call on the hit path)
 
     def __post_init__(self):
@@ -690,7 +690,7 @@ class CompiledFunction(ServedByCache):
         symbolic = opt.meta.get("trident_symbolic", False)
         fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
         entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key,
-                       opt, info, call.family())
+                       call.family(), opt, info)
         entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
         # static captures first: a symbolic one serves what none of them does; the newest
         # symbolic capture before the others (Note [Symbolic regimes])

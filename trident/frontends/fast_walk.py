@@ -96,7 +96,7 @@ class _Writer:
         elif walked and id(obj) in self.seen:  # an object met before: a leaf holding it
             self.fail_if(f"{var} is not {self.seen[id(obj)]}")
         elif walked and state.walkable(obj):
-            if isinstance(obj, dict) and not all(isinstance(k, (str, int)) for k in obj):
+            if isinstance(obj, dict) and not state.followable_keys(obj):
                 raise Unexpressible("a dict whose keys are not all str or int")
             self.fail_if(f"type({var}) is not {self.const(type(obj))}")  # at the depth bound
         else:  # matched by identity
@@ -118,7 +118,7 @@ class _Writer:
         elif isinstance(obj, dict):
             if type(obj) is not dict:
                 raise Unexpressible(f"a {type(obj).__name__} (a dict subclass) in the state")
-            if not all(isinstance(k, (str, int)) for k in obj):
+            if not state.followable_keys(obj):
                 raise Unexpressible("a dict whose keys are not all str or int")
             kind, items = "key", [(k, f"{var}[{self.key(k)}]", v) for k, v in obj.items()]
             # its keys in their order: the walk's order is the leaves' order (and reading a key
@@ -168,7 +168,7 @@ def _containers(w: _Writer, spec, expr: str, leaves: list) -> None:
         children = [f"{expr}[{i}]" for i in range(spec.num_children)]
     elif kind is dict:
         keys = list(spec.context)
-        if not all(isinstance(k, (str, int)) for k in keys):
+        if not state.followable_keys(keys):
             raise Unexpressible("an argument dict whose keys are not all str or int")
         w.fail_if(f"type({expr}) is not dict or tuple({expr}) != {w.const(tuple(keys))}")  # pytree keeps their order
         children = [f"{expr}[{w.key(k)}]" for k in keys]

@@ -131,17 +131,18 @@ def root_depth(obj) -> int:
     return -1 if type(obj) in ARGUMENT_CONTAINERS else 0
 
 
+def followable_keys(keys) -> bool:
+    """Whether the walk follows a dict's entries (`keys`: the dict or its keys): its keys are str
+    or int (a path step names them); else the dict is one leaf (trident.compile's arguments then
+    flatten it by pytree)."""
+    return all(isinstance(k, (str, int)) for k in keys)
+
+
 # Note [No cycles on the call path]: a module-level function, not a closure that calls itself. A
 # recursive closure is a reference cycle (the function, its cell, the lists it fills): the
 # walk's leaves -- the caller's tensors -- then lived until Python's cyclic collector ran, and a
 # CUDA graph whose lent state such a leaf held could not replay (found on the H200: each graph of
 # a rotating pair replayed once, then saw its state "held by another").
-def followable_keys(d: dict) -> bool:
-    """Whether the walk follows a dict's entries: its keys are str or int (a path step names
-    them); else the dict is one leaf (trident.compile's arguments then flatten it by pytree)."""
-    return all(isinstance(k, (str, int)) for k in d)
-
-
 def _visit(out: Walk, seen: dict, r: int, steps: tuple, obj, depth: int) -> None:
     leaves = out.leaves
     if depth >= MAX_DEPTH or id(obj) in seen:

@@ -484,8 +484,11 @@ class TracedValue:
             operand = self.program(*inputs)
         if self.kind == "count":
             return int(torch.count_nonzero(operand))
-        if self.kind == "total":
-            return int(operand.sum())
+        if self.kind == "total":  # one read for both: the sum, and that no repeat is negative
+            total, least = torch.stack([operand.sum(), operand.min()]).tolist() if operand.numel() else (0, 0)
+            if least < 0:  # eager refuses these (on the host); a kernel given the total would not
+                raise ValueError(f"repeat_interleave's repeats include {least} (negative)")
+            return int(total)
         return operand.item()
 
     def overlaps(self, values: Sequence) -> bool:
