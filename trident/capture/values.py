@@ -15,11 +15,12 @@ symbolically, where libraries take traceable paths that need no guard (HF's mask
     `.tolist()`) or `aten.repeat_interleave.Tensor` without an output size (`torch.repeat_interleave(
     x, counts)`: fla builds its chunk indices so), the part of the graph traced so far that
     computes the operand -- its slice, back to the graph's inputs and the tensors the function
-    holds -- is checked to be pure: ATen ops without writes or randomness, and size arithmetic; no write traced before it (an in-place op,
-    a Triton launch's stores by torch's TTIR analysis, anything else taking a tensor) touches a
-    tensor of the slice or what it views (through view ops and the pieces of `split`/`unbind`);
-    an input written before it must not share memory with an input the slice reads, at capture
-    and on every call (two inputs over one storage: the guard says so);
+    holds -- is checked to be pure: ATen ops without writes or randomness, and size arithmetic;
+    no write traced before it (an in-place op, a Triton launch's stores by torch's TTIR analysis,
+    anything else taking a tensor) touches a tensor of the slice or what it views (through view
+    ops and the pieces of `split`/`unbind`); an input written before it must not share memory
+    with an input the slice reads, at capture and on every call (two inputs over one storage:
+    the guard says so);
   * the slice runs on the capture's real inputs (the example inputs trident.compile passes are
     the call's own tensors; the function does not run) and gives the value: the count of
     nonzero elements, the sum of the repeats, or the scalar;
