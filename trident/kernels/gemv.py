@@ -35,6 +35,10 @@ putting them back makes a buffer reusable as the measurement reuses it.
 PDL (both kernels): wait for the kernel before first, release the next one after the loads
 (Note [Programmatic dependent launch]).
 
+ACC2D (off; measured by tools/bench_gemv.py --acc2d, a default only where the H200 says it is
+faster): a one-row product accumulates its [BLOCK_N, BLOCK_K] tile per element and sums across
+K once after the loop, instead of a row sum (warp shuffles) per tile.
+
 K is a constexpr: a weight's inner size is fixed, and the loop bound is then known to the
 compiler (and a plain int to Triton's interpreter, which cannot range over a scalar argument).
 

@@ -159,8 +159,7 @@ def _libdevice_functions(module) -> list:
     attrs = vars(module)
     known = _libdevice_names.get(id(module))
     if known is None or known[0] != len(attrs):
-        names = [name for name, value in list(attrs.items())
-                 if callable(value) and not name.startswith("_") and _is_libdevice(getattr(value, "__module__", ""))]
+        names = [name for name, value in list(attrs.items()) if not name.startswith("_") and _is_libdevice_function(value)]
         known = _libdevice_names[id(module)] = (len(attrs), names)
     return known[1]
 

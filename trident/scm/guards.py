@@ -33,16 +33,18 @@ scm_select), an optimized graph checks a few facts about a whole call that its p
                                           outside regions, an expression with no native
                                           form): generated Python, ~1 µs a call
   TracedValue      the module's __call__  a value the trace specialized (a nonzero count, GuardError
-                                          a scalar read) is the same for this call: its
-                                          slice of the graph run on the call's inputs
+                                          a repeat total, a scalar read) is the same for
+                                          this call: its slice of the graph run on the
+                                          call's inputs
                                           (Note [Values a trace specializes])
 
 Every kind has `check(values) -> bool`, the test, `failure(values, names) -> str`, what was
 expected, what came and what to do, in the caller's names (torch's guard manager's check and
-check_verbose), and `describe(names)`, its one line in explain(). A native kind's `check` is the Python twin of its native code, which the tests
-compare on generated inputs; `record()` is its plain-data form (no live object; KernelGlobal
-names its value's module dict by the kernel's module). Guards on the graph's inputs index the
-graph's placeholders; region guards (`native`) index the region's inputs.
+check_verbose), and `describe(names)`, its one line in explain(). A native kind's `check` is the
+Python twin of its native code, which the tests compare on generated inputs; `record()` is its
+plain-data form (no live object; KernelGlobal names its value's module dict by the kernel's module).
+Guards on the graph's inputs index the graph's placeholders; region guards (`native`) index the
+region's inputs.
 """
 
 from __future__ import annotations
