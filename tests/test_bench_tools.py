@@ -1,14 +1,15 @@
-"""The benchmark tools' own logic that runs without a GPU: how tools/bench_generate.py splits a
-step's device time by part (issue 25 item 4), from kernel names as torch.profiler gives them, and
-its floors of generate() (`GraphStep`, `_Inside`) on the CPU."""
+"""The benchmark tools' own logic that runs without a GPU: how tools/bench_hf.py and
+tools/bench_generate.py split a step's device time by part and bound it by the HBM floor (issue 25
+item 4), from kernel names as torch.profiler gives them, and bench_generate's floors of
+generate() (`GraphStep`, `_Inside`) on the CPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tools.bench_generate import (CALLS, NEW, PROMPT, _build, _Inside, _timed, _trident_kernel_names, device_category,
-                                  use_graph_step)
+from tools.bench_generate import CALLS, NEW, PROMPT, _build, _Inside, _timed, use_graph_step
+from tools.bench_hf import _trident_kernel_names, device_category, device_split, hbm_floor_ms
 
 
 @pytest.mark.parametrize("name,part", [
@@ -20,6 +21,8 @@ from tools.bench_generate import (CALLS, NEW, PROMPT, _build, _Inside, _timed, _
     ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<64, 64, 256, 4>>(...)", "attention"),
     ("decode_attention_split_kernel", "attention"),
     ("cache_write_kernel", "trident"),
+    ("gemv_kernel", "matmul"),
+    ("gemv_group_kernel", "matmul"),
     ("strided_copy_kernel", "trident"),
     ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused_glue"),
     ("triton_poi_fused_0", "fused_glue"),
@@ -34,6 +37,31 @@ from tools.bench_generate import (CALLS, NEW, PROMPT, _build, _Inside, _timed, _
 ])
 def test_device_time_parts(name, part):
     assert device_category(name, _trident_kernel_names()) == part
+
+
+def test_device_split_sums_per_part():
+    rows = [(10.0, 1.0, "gemv_kernel"), (5.0, 2.0, "nvjet_tst_64x8_64x16_4x1_v_bz_TNT"), (1.5, 3.0, "triton_poi_fused_0"),
+            (2.0, 1.0, "_rms_norm_forward_kernel")]
+    assert device_split(rows) == {"matmul": {"us": 15.0, "kernels": 3.0}, "user": {"us": 2.0, "kernels": 1.0},
+                                  "fused_glue": {"us": 1.5, "kernels": 3.0}}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_hbm_floor_counts_each_weight_once_and_the_kv_read(tied):
+    """Every weight a step multiplies, read once: an untied embedding only by its looked-up row, a
+    tied one in full (it is the lm_head's weight); the KV cache at the given context."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())  # a tied weight once
+    embed = 256 * 64
+    want_weights = 2 * (params - (0 if tied else embed) + 64)
+    floor = hbm_floor_ms(model, cfg, context=100)
+    assert floor["weight_bytes"] == want_weights
+    assert floor["kv_bytes_mean"] == 2 * 2 * 2 * 16 * 100 * 2  # K and V, layers, kv heads, head dim, tokens, bf16
+    assert floor["hbm_floor_ms_per_token"] == pytest.approx((want_weights + floor["kv_bytes_mean"]) / 4.8e12 * 1e3)
 
 
 def test_trident_kernel_names_are_its_jit_functions():

@@ -3,7 +3,9 @@ configuration Trident measures (trident/kernels/gemv.py CONFIGS) and against a w
 tile sizes, splits and warps, each timed as choose_matmuls times it (in a CUDA graph, the weight
 rotating through copies larger than L2, so that it streams from HBM as in a decode step). Also
 the groups of Note [Products sharing a row block] (q/k/v, gate/up). Reports microseconds and the
-fraction of the H200's HBM bandwidth each reaches: which configurations to measure at all.
+fraction of the H200's HBM bandwidth each reaches, and the fastest of each kind of K loop (as
+compiled by default, pipelined, unrolled: Note [Bytes in flight]): which configurations to
+measure at all.
 
     python tools/bench_gemv.py --out results/bench_gemv.json [--models llama,qwen2] [--sweep] [--acc2d]
 
@@ -64,7 +66,7 @@ def products(model: str) -> list:
 
 def sweep(k: int, ns: list) -> list:
     """A wider set than CONFIGS: tiles of 2-32 K elements, 4-16 rows of a tile per thread, grids
-    of half a wave to 32 waves of 132 SMs; a split's last program reduces."""
+    of half a wave to 32 waves of 132 SMs, each K loop of _LOOPS; a split's last program reduces."""
     n = sum(ns)
     out = []
     for block_n in (8, 16, 32, 64, 128):
@@ -79,8 +81,20 @@ def sweep(k: int, ns: list) -> list:
                         continue
                     if block_n > max(32, 2 * (1 << (n - 1).bit_length())):
                         continue
-                    out.append((block_n, block_k, split, warps, int(split > 1)))
+                    for stages, unroll in _LOOPS:
+                        config = G.Config(block_n, block_k, split, warps, int(split > 1), stages, unroll)
+                        if G.useful(n, k, config):
+                            out.append(config)
     return out
+
+
+# the sweep's K loops (Note [Bytes in flight]): as compiled by default, pipelined in 2-4 stages, unrolled 2 or 4 times
+_LOOPS = ((0, 1), (2, 1), (3, 1), (4, 1), (0, 2), (0, 4))
+
+
+def _loop_kind(config) -> str:
+    c = G.Config(*config)
+    return "pipelined" if c.stages else ("unrolled" if c.unroll > 1 else "default")
 
 
 def candidates(k: int, ns: list, wide: bool) -> list:
@@ -160,13 +174,18 @@ def main() -> None:
             print(f"{model} {label}: not measured", flush=True)
             continue
         base = {CM._name(c) for c in G.CONFIGS}
+        kinds = {CM._name(c): _loop_kind(c) for c in cands}
+        best_by_loop = {}  # the fastest of each kind of K loop: which kinds earn their compiles
+        for n, us in ranked:
+            if n in kinds and kinds[n] not in best_by_loop:
+                best_by_loop[kinds[n]] = [n, round(us, 2)]
         best_base = next(((n, us) for n, us in ranked if n in base), None)
         row = {"model": model, "product": label, "K": k, "N": ns, "bias": bias, "mb": round(nbytes / 1e6, 2),
                "aten_us": round(times["aten"], 2) if "aten" in times else None,
                "best": ranked[0][0], "best_us": round(ranked[0][1], 2),
                "best_fraction_of_peak": round(nbytes / (ranked[0][1] * 1e-6) / HBM_BYTES_PER_S, 3),
                "best_of_configs": best_base[0] if best_base else None,
-               "best_of_configs_us": round(best_base[1], 2) if best_base else None,
+               "best_of_configs_us": round(best_base[1], 2) if best_base else None, "best_by_loop": best_by_loop,
                "top": [[n, round(us, 2), round(nbytes / (us * 1e-6) / HBM_BYTES_PER_S, 3)] for n, us in ranked[:12]],
                "measured": len(times), "seconds": round(time.perf_counter() - t, 1)}
         if "aten" in times:

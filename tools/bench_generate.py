@@ -71,10 +71,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import os
-import pkgutil
 import statistics
 import subprocess
 import sys
@@ -86,7 +84,8 @@ from transformers.cache_utils import Cache, StaticCache
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor  # noqa: E402
+from tools.bench_hf import (HBM_BYTES_PER_S, Loop, build_model, capture_eager_step, choices,  # noqa: E402
+                            device_split, graph_floor, hbm_floor_ms)
 
 PROMPT = 16
 NEW = 64
@@ -292,46 +291,6 @@ def _logits_check(want, got) -> dict:
     return out
 
 
-def _trident_kernel_names() -> set:
-    """The @triton.jit kernels Trident itself emits (trident/kernels/: copies, cache writes,
-    decode attention)."""
-    import trident.kernels as tk
-    from triton.runtime.jit import JITFunction
-
-    names = set()
-    for info in pkgutil.iter_modules(tk.__path__):
-        module = importlib.import_module(f"trident.kernels.{info.name}")
-        names |= {v.__name__ for v in vars(module).values() if isinstance(v, JITFunction)}
-    return names
-
-
-_MATMUL = ("nvjet", "gemm", "gemv", "xmma", "cutlass", "cublas", "splitk", "gemmk1")
-_ATTENTION = ("flash", "fmha", "cudnn", "attention", "sdpa", "softmax_warp")
-
-
-def device_category(name: str, trident_kernels: set) -> str:
-    """Issue 25 item 4: which part of a step a device kernel is -- 'matmul' (cuBLAS/cuBLASLt,
-    CUTLASS), 'attention' (SDPA backends, Trident's decode attention), 'trident' (Trident's own
-    copy and cache-write kernels), 'fused_glue' (Inductor-generated, `triton_poi_/per_/red_`),
-    'user' (any other Triton kernel: the model's or a library's), 'copy' (memcpy/memset) or
-    'glue' (ATen's elementwise, reduction and indexing kernels)."""
-    low = name.lower()
-    bare = name.split("(")[0].split()[-1] if name.split("(")[0].split() else name
-    if low.startswith(("memcpy", "memset")):
-        return "copy"
-    if bare in trident_kernels:
-        return "attention" if "attention" in bare else "trident"
-    if any(k in low for k in _ATTENTION):  # first: flash's split-KV kernels say "splitkv"
-        return "attention"
-    if any(k in low for k in _MATMUL):
-        return "matmul"
-    if bare.startswith(("triton_poi_", "triton_per_", "triton_red_")):
-        return "fused_glue"
-    if "::" not in name and "<" not in name and " " not in name:
-        return "user"  # a Triton kernel is its function's bare name; CUDA C++ kernels have a signature
-    return "glue"
-
-
 def _profile(run, dev) -> dict:
     """Where one call of `run` (a generate() of NEW tokens, or NEW replays of a floor's graph)
     spends its time: device time and kernels per token, the device
@@ -358,20 +317,13 @@ def _profile(run, dev) -> dict:
             host_rows.append((e.self_cpu_time_total / NEW, e.count / NEW, e.key))
     dev_rows.sort(reverse=True)
     host_rows.sort(reverse=True)
-    ours = _trident_kernel_names()
-    split: dict = {}
-    for us, count, key in dev_rows:
-        part = split.setdefault(device_category(key, ours), {"us": 0.0, "kernels": 0.0})
-        part["us"] += us
-        part["kernels"] += count
     busy = sum(r[0] for r in dev_rows)
     return {
         "device_us_per_token": round(busy, 1),
         "kernels_per_token": round(sum(r[1] for r in dev_rows), 1),
         # wall time of the profiled call (the profiler's own overhead included) less device time
         "idle_us_per_token": round(max(wall / NEW * 1e6 - busy, 0.0), 1),
-        "device_split_per_token": {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 2)}
-                                   for k, v in sorted(split.items(), key=lambda kv: -kv[1]["us"])},
+        "device_split_per_token": device_split(dev_rows),
         "top_device": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in dev_rows[:10]],
         "top_host_self": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in host_rows[:15]],
     }
@@ -564,25 +516,6 @@ def _regions_summary(opt) -> dict:
             "cuts": len(opt.meta.get("trident_cuts", ()))}
 
 
-HBM_BYTES_PER_S = 4.8e12  # H200 (HBM3e) peak
-
-
-def hbm_floor_ms(model, cfg) -> dict:
-    """Issue 25: the least time a decode token can take on this GPU at batch 1 -- every weight a
-    step multiplies with read once (the lm_head's too when tied to the embedding, whose lookup
-    reads one row), plus the KV cache at generate()'s mean context -- at peak HBM bandwidth."""
-    embed = model.get_input_embeddings().weight
-    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
-    head = model.get_output_embeddings().weight
-    weights += head.numel() * head.element_size() if head is embed else 0
-    weights += embed.shape[1] * embed.element_size()  # the looked-up row
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * heads * head_dim * (PROMPT + NEW / 2) * embed.element_size()
-    return {"hbm_floor_ms_per_token": (weights + kv) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
-            "kv_bytes_mean": int(kv)}
-
-
 def _layer_states(cache) -> list:
     """flash-linear-attention's per-layer state dicts (`layers[i].state` in its HF-style Cache,
     `states[i]` in its older one)."""
@@ -662,7 +595,7 @@ def run_floor(kind, kernels, args) -> dict:
             _sync(dev)
             times.append((time.perf_counter() - t) / NEW * 1e3)
     return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times],
-            **hbm_floor_ms(model, cfg)}
+            **hbm_floor_ms(model, cfg, PROMPT + NEW / 2)}
 
 
 def main() -> None:

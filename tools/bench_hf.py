@@ -28,6 +28,12 @@ that is also the warm-up. The check: from a fresh cache and the same prompt, 64 
 equal eager's; where they part, the logits at the first differing step are compared (bf16:
 max |variant - eager| / max |eager|).
 
+Issue 25's limit beside the floor: each case's `hbm_floor_ms_per_token` (every weight a step
+multiplies and the KV cache at the timed steps' mean context, read once at the H200's peak
+bandwidth) and each variant's `hbm_fraction` of it; a profiled variant (--profile) also gives its
+kernels per step, its device time by part (matmuls, attention, user kernels, Trident's, fused
+glue, ATen glue, copies) and the idle time between kernels.
+
 Each (model, kernels) case runs in its own process (no compiled state, graph pool or Liger patch
 carries over), one after another, all in this one run. --device cpu --tiny runs a smoke test of
 the whole script on a small config.
@@ -37,8 +43,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
+import pkgutil
 import statistics
 import subprocess
 import sys
@@ -247,9 +255,82 @@ def compare(keep, ref) -> dict:
     return out
 
 
+HBM_BYTES_PER_S = 4.8e12  # H200 (HBM3e) peak
+
+
+def hbm_floor_ms(model, cfg, context: float) -> dict:
+    """Issue 25: the least time a decode token can take on this GPU at batch 1 -- every weight a
+    step multiplies with read once (the lm_head's too when tied to the embedding, whose lookup
+    reads one row), plus the KV cache of `context` tokens (the timed steps' mean) -- at peak HBM
+    bandwidth."""
+    embed = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+    head = model.get_output_embeddings().weight
+    weights += head.numel() * head.element_size() if head is embed else 0
+    weights += embed.shape[1] * embed.element_size()  # the looked-up row
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * heads * head_dim * context * embed.element_size()
+    return {"hbm_floor_ms_per_token": (weights + kv) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
+            "kv_bytes_mean": int(kv)}
+
+
+def _trident_kernel_names() -> set:
+    """The @triton.jit kernels Trident itself emits (trident/kernels/: copies, cache writes,
+    decode attention)."""
+    import trident.kernels as tk
+    from triton.runtime.jit import JITFunction
+
+    names = set()
+    for info in pkgutil.iter_modules(tk.__path__):
+        module = importlib.import_module(f"trident.kernels.{info.name}")
+        names |= {v.__name__ for v in vars(module).values() if isinstance(v, JITFunction)}
+    return names
+
+
+_MATMUL = ("nvjet", "gemm", "gemv", "xmma", "cutlass", "cublas", "splitk", "gemmk1")
+_ATTENTION = ("flash", "fmha", "cudnn", "attention", "sdpa", "softmax_warp")
+
+
+def device_category(name: str, trident_kernels: set) -> str:
+    """Issue 25 item 4: which part of a step a device kernel is -- 'matmul' (cuBLAS/cuBLASLt,
+    CUTLASS, Trident's GEMVs), 'attention' (SDPA backends, Trident's decode attention), 'trident'
+    (Trident's own copy and cache-write kernels), 'fused_glue' (Inductor-generated, `triton_poi_/per_/red_`),
+    'user' (any other Triton kernel: the model's or a library's), 'copy' (memcpy/memset) or
+    'glue' (ATen's elementwise, reduction and indexing kernels)."""
+    low = name.lower()
+    bare = name.split("(")[0].split()[-1] if name.split("(")[0].split() else name
+    if low.startswith(("memcpy", "memset")):
+        return "copy"
+    if bare in trident_kernels:  # its decode attention, its GEMVs (choose_matmuls), its copies
+        return "attention" if "attention" in bare else ("matmul" if bare.startswith("gemv") else "trident")
+    if any(k in low for k in _ATTENTION):  # first: flash's split-KV kernels say "splitkv"
+        return "attention"
+    if any(k in low for k in _MATMUL):
+        return "matmul"
+    if bare.startswith(("triton_poi_", "triton_per_", "triton_red_")):
+        return "fused_glue"
+    if "::" not in name and "<" not in name and " " not in name:
+        return "user"  # a Triton kernel is its function's bare name; CUDA C++ kernels have a signature
+    return "glue"
+
+
+def device_split(rows) -> dict:
+    """Device time and kernels per step (or token) by part: rows of (us, count, kernel name)."""
+    ours = _trident_kernel_names()
+    split: dict = {}
+    for us, count, name in rows:
+        part = split.setdefault(device_category(name, ours), {"us": 0.0, "kernels": 0.0})
+        part["us"] += us
+        part["kernels"] += count
+    return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 2)}
+            for k, v in sorted(split.items(), key=lambda kv: -kv[1]["us"])}
+
+
 def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
     """Where a step's device time goes: torch.profiler over n steps (kernels inside CUDA graph
-    replays included), per kernel name its launches and device µs per step, top 15 by time.
+    replays included), per kernel name its launches and device µs per step, top 15 by time; on
+    CUDA also the split by part of the step (device_category) and the idle time between kernels.
     On the CPU (smoke test) the same over CPU operators."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -257,8 +338,10 @@ def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
     cuda = loop.dev == "cuda"
     _sync(loop.dev)
     with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
         tok, pos = loop.steps(fwd, cache, tok, pos, n)
         _sync(loop.dev)
+        wall = time.perf_counter() - t
     rows = []
     for e in prof.key_averages():
         if cuda and e.device_type != DeviceType.CUDA:
@@ -269,10 +352,14 @@ def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
         if us > 0:
             rows.append((us / n, e.count / n, e.key))
     rows.sort(reverse=True)
+    busy = sum(r[0] for r in rows)
     return {
         "steps": n,
-        "device_us_per_step": round(sum(r[0] for r in rows), 1),
+        "device_us_per_step": round(busy, 1),
         "kernels_per_step": round(sum(r[1] for r in rows), 1),
+        # issue 25 item 4: by part of the step, and the wall time (profiler included) less device time
+        **({"device_split_per_step": device_split(rows),
+            "idle_us_per_step": round(max(wall / n * 1e6 - busy, 0.0), 1)} if cuda else {}),
         "top": [{"us_per_step": round(us, 1), "per_step": round(c, 2), "name": name[:120]} for us, c, name in rows[:15]],
     }
 
@@ -291,6 +378,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
         "model": kind, "kernels": kernels, "dtype": str(dt), "batch": 1, "prompt": PROMPT, "max_cache_len": MAX_CACHE,
         "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
         "build_s": round(time.time() - t0, 1),
+        # issue 25 item 4: the least a token can take at peak HBM bandwidth, KV at the timed steps' mean context
+        **hbm_floor_ms(model, cfg, PROMPT + CHECK + args.steps * args.reps / 2),
     }
     only = [v for v in args.variants.split(",") if v] or list(VARIANTS)
     ref = None
@@ -340,6 +429,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                     _sync(dev)
                     samples.append((time.perf_counter_ns() - t1) / args.steps / 1e6)
                 entry["ms_per_token"] = statistics.median(samples)
+                entry["hbm_fraction"] = round(res["hbm_floor_ms_per_token"] / entry["ms_per_token"], 3)
                 entry["ms_per_token_samples"] = samples
                 if key in args.profile.split(","):
                     entry["profile"] = profile_steps(loop, fwd, cache, tok, pos)
@@ -451,8 +541,9 @@ def main() -> None:
                 result["cases"][f"{kind}_{kernels}"] = {"error": f"the case's process exited with {rc}"}
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2, default=str)
-    summary = {
-        c: {k: v.get("ms_per_token") for k, v in r.items() if isinstance(v, dict) and k in VARIANTS}
+    summary = {  # ms/token (fraction of the HBM floor)
+        c: {k: f"{v['ms_per_token']:.3f} ({v['hbm_fraction']:.0%})" for k, v in r.items()
+            if isinstance(v, dict) and k in VARIANTS and "hbm_fraction" in v}
         for c, r in result["cases"].items()
     }
     print(json.dumps(summary, indent=1))

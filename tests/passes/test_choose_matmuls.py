@@ -33,7 +33,7 @@ def _favor(config):
     def timer(name, shape, cfg):
         if config == "aten":
             return 1.0 if name == "aten" else 2.0
-        return 0.5 if cfg == config else (1.0 if name == "aten" else 0.9)
+        return 0.5 if cfg is not None and G.Config(*cfg) == G.Config(*config) else (1.0 if name == "aten" else 0.9)
 
     return timer
 
@@ -53,6 +53,7 @@ def _linear_bias(x, w, bias):
 
 
 FP32 = dict(rtol=1e-4, atol=1e-4)  # another summation order than the operator's
+_DEFAULT_LOOPS = [c for c in G.CONFIGS if not c.stages and c.unroll == 1]  # the interpreter runs the others alike
 
 
 def _run(fn, args, config, **scope):
@@ -180,9 +181,10 @@ def _group_timer(config, group_us=0.5):
     with `config`, 5.0 with others."""
 
     def timer(name, shape, cfg):
+        chosen = cfg is not None and G.Config(*cfg) == G.Config(*config)
         if name == "group":
-            return group_us if cfg == config else 5.0
-        return 2.0 if name == "aten" else (1.0 if cfg == config else 3.0)
+            return group_us if chosen else 5.0
+        return 2.0 if name == "aten" else (1.0 if chosen else 3.0)
 
     return timer
 
@@ -212,7 +214,7 @@ def test_products_of_one_row_block_become_one_launch(config, rows, bias):
             torch.testing.assert_close(got, want, **FP32)
 
 
-@pytest.mark.parametrize("config", [c for c in G.CONFIGS if c[2] == 1 or c[4]], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config", [c for c in _DEFAULT_LOOPS if c[2] == 1 or c[4]], ids=lambda c: "x".join(map(str, c)))
 def test_every_group_config_through_the_interpreter(config):
     """Each config a group may take, 2 and 3 members, 1 and 3 rows, with bias rows: the one
     launch equals the operator's products."""
@@ -538,7 +540,7 @@ def test_bf16_on_the_cpu_keeps_the_operator_where_the_interpreter_cannot_multipl
         torch.testing.assert_close(opt(x, w).float(), _linear(x, w).float(), rtol=2e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("config", G.CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config", _DEFAULT_LOOPS, ids=lambda c: "x".join(map(str, c)))
 def test_every_config_through_the_interpreter(config):
     """Each configuration the pass may choose, for one row (the multiply-and-sum path) and for
     three (the tl.dot path), with an addend, equals the operator."""
@@ -550,3 +552,79 @@ def test_every_config_through_the_interpreter(config):
         opt = _run(_linear_bias, [x, w, bias], config)
         assert "gemv_kernel" in _launches(opt)
         torch.testing.assert_close(opt(x, w, bias), _linear_bias(x, w, bias), **FP32)
+
+
+def _sm90(config, m=1, n=2048, k=2048):
+    """gemv_kernel compiled for sm_90 with `config` (bf16, an nn.Linear weight seen through .t()),
+    nothing launched: on the CPU through the host-only driver."""
+    a, w = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+    out, ws = torch.empty(m, n, dtype=torch.bfloat16), torch.empty(config[2], m, n)
+    counts = torch.zeros(max(1, G.counters(n, config)), dtype=torch.int32)
+    return G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config),
+                                **CM._launch_args(a, w.t(), None, config, m, n, k))
+
+
+def test_pipelined_and_unrolled_loops_put_more_tiles_in_flight():
+    """Note [Bytes in flight], checked in the sm_90 code Triton emits: STAGES=3 loads the weight's
+    tiles through shared memory with cp.async, 2 tiles ahead (two buffers of a 64 x 128 bf16 tile);
+    UNROLL=2 issues twice the 128-bit global loads per loop iteration; the default loop neither."""
+    import re
+
+    base = G.Config(64, 128, 1, 4, 0)
+    plain, staged, unrolled = (_sm90(c) for c in (base, base._replace(stages=3), base._replace(unroll=2)))
+    vector_loads = [len(re.findall(r"ld\.global(?:\.\w+)*\.v4", k.asm["ptx"])) for k in (plain, staged, unrolled)]
+    assert "cp.async" not in plain.asm["ptx"] and "cp.async" in staged.asm["ptx"], vector_loads
+    assert staged.metadata.shared >= 2 * 64 * 128 * 2 > plain.metadata.shared
+    assert vector_loads[0] >= 8 and vector_loads[2] >= 2 * vector_loads[0] and vector_loads[1] < vector_loads[0], vector_loads
+
+
+def test_pipelined_and_unrolled_configs_only_where_they_change_the_kernel():
+    """A pipelined config is measured for one row only (Triton pipelines the tl.dot loop of more
+    rows by default) and only where the loop runs at least STAGES tiles; an unrolled one where it
+    runs at least UNROLL."""
+    staged, unrolled = G.Config(64, 128, 4, 4, 1, stages=3), G.Config(64, 128, 4, 4, 1, unroll=2)
+    assert G.useful(2048, 2048, staged, m=1) and not G.useful(2048, 2048, staged, m=4)  # 4 tiles a split
+    assert not G.useful(2048, 1024, staged) and G.useful(2048, 1024, unrolled)  # 2 tiles a split
+    assert not G.useful(2048, 512, unrolled) and G.useful(2048, 512, G.Config(64, 128, 4, 4, 1))
+    assert {c for c in G.CONFIGS if G.useful(2048, 2048, c, m=4)} >= {c._replace(unroll=2) for c in _DEFAULT_LOOPS
+                                                                   if G.useful(2048, 1024, c, m=4)}
+
+
+def test_a_pipelined_config_is_chosen_named_and_restored(tmp_path):
+    """A config with its loads pipelined runs through the pass like any (the interpreter ignores
+    the stages), explain() names it, and the choice comes back from TRIDENT_CACHE_DIR with them."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(1, 1024, generator=g), torch.randn(64, 1024, generator=g)
+    config = G.Config(64, 128, 1, 4, 0, stages=3)
+    assert config in G.CONFIGS
+    name = "gemv(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, STAGES=3, num_warps=4)"
+    with knobs.scope(cache_dir=str(tmp_path)):
+        opt = _run(_linear, [x, w], config)
+        assert _launches(opt) == ["axpy_kernel", "gemv_kernel"] and f"{name} [measured: " in trident.explain(opt)
+        torch.testing.assert_close(opt(x, w), _linear(x, w), **FP32)
+
+        def no_timer(*_):
+            raise AssertionError("measured again")
+
+        CM.set_timer(no_timer)  # also clears the process's memo
+        with knobs.scope(decode_matmuls="all"):
+            opt = trident.optimize(trident.capture(_linear, x, w))
+        assert f"{name} [measured, from TRIDENT_CACHE_DIR: " in trident.explain(opt)
+        torch.testing.assert_close(opt(x, w), _linear(x, w), **FP32)
+
+
+@_CUDA
+def test_pipelined_and_unrolled_loops_give_the_same_bits_cuda():
+    """Note [Bytes in flight]: the stages and the unrolling change when tiles are loaded, not the
+    order they are summed in: each such config's result is bit for bit its default loop's."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for m, n, k in [(1, 2048, 2048), (1, 512, 2048), (1, 2048, 8192), (1, 4864, 896), (4, 8192, 2048)]:
+        a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+        c = torch.randn(n, device="cuda", generator=g).bfloat16()
+        for config in [cfg for cfg in G.CONFIGS if (cfg.stages or cfg.unroll > 1) and G.useful(n, k, cfg, m)]:
+            want = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            CM._run_gemv(a, w.t(), c, want, config._replace(stages=0, unroll=1))
+            got = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            CM._run_gemv(a, w.t(), c, got, config)
+            assert torch.equal(got, want), (m, n, k, config)

@@ -35,6 +35,20 @@ putting them back makes a buffer reusable as the measurement reuses it.
 PDL (both kernels): wait for the kernel before first, release the next one after the loads
 (Note [Programmatic dependent launch]).
 
+Note [Bytes in flight]
+~~~~~~~~~~~~~~~~~~~~~~
+A stream reaches the bandwidth only with enough loads outstanding: by Little's law an H200's
+~4.8 TB/s at ~0.7 us of latency is ~3.4 MB in flight, ~25 KB per SM. The K loop as Triton
+compiles it by default (no dot: no software pipelining) issues one tile's loads (16 KB at
+64 x 128 bf16) and waits for them before the next tile's, so a grid of one program per SM keeps
+at most that much in flight. Two config fields let more tiles be outstanding, each measured per
+shape like the tile sizes (choose_matmuls): STAGES >= 2 pipelines the loop's loads through shared
+memory (`tl.range(num_stages=...)`: cp.async, STAGES - 1 tiles ahead of the one summed), UNROLL
+unrolls it (that many tiles' loads issued into registers before the first is summed; the SASS
+of 64 x 128 at UNROLL 2 issues 18 global loads before its first shuffle, 9 at 1). Neither
+changes the sum's order: a config's result is the same bits with or without them. 0 and 1 (the
+defaults) compile the loop as before they existed. Triton's interpreter ignores both.
+
 ACC2D (off; measured by tools/bench_gemv.py --acc2d, a default only where the H200 says it is
 faster): a one-row product accumulates its [BLOCK_N, BLOCK_K] tile per element and sums across
 K once after the loop, instead of a row sum (warp shuffles) per tile.
@@ -48,6 +62,8 @@ fp32 before the one rounding. Every stride is an argument: a and b may be transp
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -60,7 +76,7 @@ def _gemv_program(
     pid_n, pid_k,
     HAS_C: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LAST_REDUCES: tl.constexpr, PDL: tl.constexpr, ACC2D: tl.constexpr,
+    LAST_REDUCES: tl.constexpr, PDL: tl.constexpr, ACC2D: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Program (pid_n, pid_k) of one product: columns [pid_n * BLOCK_N, ...) of out = a @ b (+ c),
     split pid_k of K; ws_ptr is this product's workspace, count_index its column block's counter."""
@@ -75,7 +91,9 @@ def _gemv_program(
             acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K * SPLIT_K):  # split pid_k reads blocks pid_k, pid_k + SPLIT_K, ...
+    # split pid_k reads blocks pid_k, pid_k + SPLIT_K, ...; Note [Bytes in flight]
+    for k0 in tl.range(0, K, BLOCK_K * SPLIT_K, num_stages=STAGES if STAGES > 0 else None,
+                       loop_unroll_factor=UNROLL if UNROLL > 1 else None):
         rk = k0 + pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < K
         b = tl.load(b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn,
@@ -138,6 +156,8 @@ def gemv_kernel(
     LAST_REDUCES: tl.constexpr = False,
     PDL: tl.constexpr = False,
     ACC2D: tl.constexpr = False,
+    STAGES: tl.constexpr = 0,
+    UNROLL: tl.constexpr = 1,
 ):
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
@@ -145,7 +165,7 @@ def gemv_kernel(
     _gemv_program(a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
                   count_offset + pid_n, pid_n, tl.program_id(1),
-                  HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D)
+                  HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
 
 
 @triton.jit(do_not_specialize=["count_offset"])
@@ -163,6 +183,8 @@ def gemv_group_kernel(
     LAST_REDUCES: tl.constexpr = False,
     PDL: tl.constexpr = False,
     ACC2D: tl.constexpr = False,
+    STAGES: tl.constexpr = 0,
+    UNROLL: tl.constexpr = 1,
 ):
     """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
     launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
@@ -177,17 +199,17 @@ def gemv_group_kernel(
     if pid < NB0:
         _gemv_program(a_ptr, b0_ptr, c0_ptr, out0_ptr, ws_ptr, count_ptr, M, N0, K,
                       stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N0, 1, count_offset + pid, pid, pid_k,
-                      HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D)
+                      HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
     elif pid < NB0 + NB1:
         _gemv_program(a_ptr, b1_ptr, c1_ptr, out1_ptr, ws_ptr + SPLIT_K * M * N0, count_ptr, M, N1, K,
                       stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N1, 1, count_offset + pid, pid - NB0,
-                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D)
+                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
     else:
         if MEMBERS == 3:
             _gemv_program(a_ptr, b2_ptr, c2_ptr, out2_ptr, ws_ptr + SPLIT_K * M * (N0 + N1), count_ptr, M, N2, K,
                           stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N2, 1, count_offset + pid,
                           pid - NB0 - NB1, pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
-                          LAST_REDUCES, PDL, ACC2D)
+                          LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
 
 
 @triton.jit
@@ -216,19 +238,36 @@ def gemv_reduce_kernel(
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# The configurations a decode product is measured over (choose_matmuls): (BLOCK_N, BLOCK_K,
-# SPLIT_K, num_warps, LAST_REDUCES). Small N (k/v projections: 256-1024 columns) needs K split to
-# fill 132 SMs; large N (MLP, lm_head) has enough column blocks alone. A split config's last
-# program sums the pieces (1): measured on the H200 against the two-launch form (0) for every
-# Llama-1B decode product at M = 1 and 16, the one-launch form was faster wherever a split config
-# won (results/bench_generate_llama_dynamic_c73d461.json); the two-launch form (gemv_reduce_kernel)
-# stays the reference it is tested against bit for bit, and is no longer measured (each config
-# measured is one more compile on the first call).
+class Config(NamedTuple):
+    """A configuration a decode product is measured with (choose_matmuls): the tile, the split of
+    K, warps, whether the last program reduces (Note [The last program reduces]) and how many
+    tiles are in flight (Note [Bytes in flight]). Config(*five fields) is the config whose loop
+    is compiled as by default (how tests and tools name one)."""
+    block_n: int
+    block_k: int
+    split_k: int
+    warps: int
+    last: int
+    stages: int = 0
+    unroll: int = 1
+
+
+# The configurations a decode product is measured over (choose_matmuls). Small N (k/v
+# projections: 256-1024 columns) needs K split to fill 132 SMs; large N (MLP, lm_head) has enough
+# column blocks alone. A split config's last program sums the pieces: measured on the H200
+# against the two-launch form for every Llama-1B decode product at M = 1 and 16, the one-launch
+# form was faster wherever a split config won (results/bench_generate_llama_dynamic_c73d461.json);
+# the two-launch form (gemv_reduce_kernel) stays the reference it is tested against bit for bit,
+# and is no longer measured. Each tile is measured as compiled by default, with its loads
+# pipelined in 3 stages and with its loop unrolled twice (Note [Bytes in flight]): each config is
+# one more compile (~0.15 s of an sm_90 compile, in parallel threads) and one timing on a
+# capture's first call, where the choice is not already in TRIDENT_CACHE_DIR.
 _SPLIT = ((32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2))
-CONFIGS = (
-    (32, 256, 1, 4, 0), (64, 128, 1, 4, 0), (64, 256, 1, 8, 0), (128, 128, 1, 8, 0),
-    *((*c, 1) for c in _SPLIT),
+_TILES = (
+    Config(32, 256, 1, 4, 0), Config(64, 128, 1, 4, 0), Config(64, 256, 1, 8, 0), Config(128, 128, 1, 8, 0),
+    *(Config(*c, 1) for c in _SPLIT),
 )
+CONFIGS = (*_TILES, *(c._replace(stages=3) for c in _TILES), *(c._replace(unroll=2) for c in _TILES))
 
 
 def block_m(m: int) -> int:
@@ -250,12 +289,18 @@ def group_grid(ns, config) -> tuple:
 def counters(n: int, config) -> int:
     """int32 counters a launch with `config` needs (Note [The last program reduces]): one per
     column block where the last program reduces, else none."""
-    block_n, _, split_k, _, last = config
+    block_n, _, split_k, _, last = config[:5]
     return triton.cdiv(n, block_n) if split_k > 1 and last else 0
 
 
-def useful(n: int, k: int, config) -> bool:
+def useful(n: int, k: int, config, m: int = 1) -> bool:
     """A config whose splits each get at least one block of K and whose column block is not
-    more than twice the product's columns."""
-    block_n, block_k, split_k = config[:3]
+    more than twice the product's columns; pipelined or unrolled (Note [Bytes in flight]) only
+    where its loop runs at least that many tiles, and pipelined only for one row (the tl.dot loop
+    of more rows is pipelined in Triton's default 3 stages already): else it is the same kernel
+    as the config without them, compiled and timed again for nothing."""
+    block_n, block_k, split_k, _, _, stages, unroll = Config(*config)
+    tiles = triton.cdiv(k, block_k * split_k)
+    if (stages and (m > 1 or tiles < stages)) or tiles < unroll:
+        return False
     return (split_k == 1 or k >= block_k * split_k) and block_n <= max(32, 2 * triton.next_power_of_2(n))

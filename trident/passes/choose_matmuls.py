@@ -9,8 +9,8 @@ of a static capture with at most 16 rows, one dtype among bf16/fp16/fp32 and eve
 device the knob allows (TRIDENT_DECODE_MATMULS: 'cuda', 'all' for the CPU tests, '' off), this
 pass measures the operator against the configurations of trident/kernels/gemv.py
 (`gemv_kernel`; split-K with `gemv_reduce_kernel` or with its last program reducing, Note [The
-last program reduces]) on stand-in tensors of the product's sizes,
-strides and dtype, and keeps the fastest: the operator stays, or becomes those launches, which
+last program reduces]; loads pipelined or the loop unrolled, Note [Bytes in flight]) on stand-in
+tensors of the product's sizes, strides and dtype, and keeps the fastest: the operator stays, or becomes those launches, which
 the SCM serves like any kernel (its guards, native launches, graph replay). As @triton.autotune
 chooses a config, the choice is made once per product shape -- remembered for the process and,
 with TRIDENT_CACHE_DIR, on disk (`decode-matmul` entries of Note [Cached analyses], per device
@@ -128,7 +128,7 @@ def _c_strides(vc, m: int) -> tuple:
 def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int = 0) -> dict:
     """gemv_kernel's scalar and constexpr arguments. The addend is the kernel's where it writes
     out: one split, or the last program reducing (else gemv_reduce_kernel adds it)."""
-    block_n, block_k, split_k, warps, last = config
+    block_n, block_k, split_k, warps, last, stages, unroll = G.Config(*config)
     writes_out = split_k == 1 or bool(last)
     cm, cn = _c_strides(vc if writes_out else None, m)
     return {
@@ -139,7 +139,7 @@ def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int =
         "HAS_C": vc is not None and writes_out, "SPLIT_K": split_k,
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
         "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
-        "num_warps": warps,
+        "STAGES": stages, "UNROLL": unroll, "num_warps": warps,
     }
 
 
@@ -254,8 +254,10 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
 
 
 def _name(config) -> str:
-    block_n, block_k, split_k, warps, last = config
+    block_n, block_k, split_k, warps, last, stages, unroll = G.Config(*config)
     how = ", LAST_REDUCES" if last else ""
+    how += f", STAGES={stages}" if stages else ""
+    how += f", UNROLL={unroll}" if unroll > 1 else ""
     return f"gemv(BLOCK_N={block_n}, BLOCK_K={block_k}, SPLIT_K={split_k}{how}, num_warps={warps})"
 
 
@@ -268,7 +270,7 @@ def _choose(node, va, vb, vc) -> dict:
     key = (name, m, n, k, str(va.dtype), layouts, device)
     if key in _CHOICES:
         return _CHOICES[key]
-    configs = [c for c in G.CONFIGS if G.useful(n, k, c)]
+    configs = [c for c in G.CONFIGS if G.useful(n, k, c, m)]
     disk_key = disk_cache.key_of("decode-matmul", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # an entry of another Trident may name a config this one does not measure
@@ -393,7 +395,7 @@ def _moves(members, order) -> Optional[list]:
 
 
 def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0) -> dict:
-    block_n, block_k, split_k, warps, last = config
+    block_n, block_k, split_k, warps, last, stages, unroll = G.Config(*config)
     m, k = va.shape
     return {
         "M": m, "K": k, "N0": ns[0], "N1": ns[1], "N2": ns[2] if len(ns) > 2 else 0,
@@ -401,7 +403,7 @@ def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0) -> dict:
         "stride_cn": 1, "count_offset": count_offset, "MEMBERS": len(ns), "HAS_C": has_c, "SPLIT_K": split_k,
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
         "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
-        "num_warps": warps,
+        "STAGES": stages, "UNROLL": unroll, "num_warps": warps,
     }
 
 
@@ -482,7 +484,7 @@ def _choose_group(members) -> dict:
     key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device)
     if key in _CHOICES:
         return _decide_group(_CHOICES[key], alone)
-    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg) for n in ns)]
+    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg, m) for n in ns)]
     disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # the group's own times (each config's): whether to group is decided per use
