@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tools.bench_generate import CALLS, NEW, PROMPT, _build, _Inside, _timed, use_graph_step
-from tools.bench_hf import _trident_kernel_names, device_category, device_split, hbm_floor_ms
+from tools.bench_hf import hbm_floor_ms
+from tools.device_time import device_category, device_split, trident_kernel_names
 
 
 @pytest.mark.parametrize("name,part", [
@@ -36,7 +37,7 @@ from tools.bench_hf import _trident_kernel_names, device_category, device_split,
     ("Memset (Device)", "copy"),
 ])
 def test_device_time_parts(name, part):
-    assert device_category(name, _trident_kernel_names()) == part
+    assert device_category(name, trident_kernel_names()) == part
 
 
 def test_device_split_sums_per_part():
@@ -65,7 +66,7 @@ def test_hbm_floor_counts_each_weight_once_and_the_kv_read(tied):
 
 
 def test_trident_kernel_names_are_its_jit_functions():
-    names = _trident_kernel_names()
+    names = trident_kernel_names()
     assert {"strided_copy_kernel", "index_copy_kernel", "cache_write_kernel", "decode_attention_split_kernel",
             "decode_attention_combine_kernel"} <= names
     assert "decode_attention" not in names  # a Python wrapper, not a kernel

@@ -16,6 +16,9 @@ the previous step's output ("feedback", default) or an embedding lookup of a new
 variants: trident_embedding (embedding inputs), trident_inplace (a step that writes the hidden
 state in place, embedding inputs: Note [Staging written inputs]).
 Outputs of every variant are checked against eager (bf16 tolerance) from identical caches.
+Each case gives its HBM floor (every weight and the filled KV positions read once at peak
+bandwidth) and each variant its fraction of it; --profile's variants (on CUDA) their kernels per
+step, device time by part and idle time (tools/device_time.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import trident  # noqa: E402
 from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights  # noqa: E402
+from tools.device_time import hbm_floor_us, profile_device  # noqa: E402
 from trident.runtime.native import C  # noqa: E402
 
 MODELS = {
@@ -102,7 +106,7 @@ def decode_step_inplace(cfg: Config, x, *rest):
 
 def run_case(
     name: str, cfg: Config, batch: int, steps: int, reps: int, deadline: float, dev: str = "cuda", only=(),
-    inputs: str = "feedback",
+    inputs: str = "feedback", profiled=(),
 ) -> dict:
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
     weights, cos, sin = make_weights(cfg, dev, dt)
@@ -118,9 +122,13 @@ def run_case(
         x, pos, _ = loops[inputs].first(p)
         return (x, pos, *rest)
 
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    kv_bytes = 2 * cfg.layers * batch * cfg.kv_heads * (START + 1) * cfg.head_dim * caches[0].element_size()
     res: dict = {
         "config": cfg.__dict__ | {"batch": batch, "dtype": str(dt), "start_position": START},
         "inputs": inputs,
+        # issue 25 item 4: the least a step can take, every weight and the filled KV positions read once at peak HBM bandwidth
+        "hbm_floor_us_per_step": hbm_floor_us(weight_bytes + kv_bytes), "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
     }
 
     def check(fn, loop) -> float:
@@ -155,6 +163,9 @@ def run_case(
                 # The graph replays position START with its own inputs: no comparison.
                 "max_rel_diff_vs_eager": None if key == "graph_floor" else check(fn, loop),
             }
+            res[key]["hbm_fraction"] = round(res["hbm_floor_us_per_step"] / res[key]["us_per_step"], 3)
+            if dev == "cuda" and key in profiled:  # kernels per step, device time by part, idle
+                res[key]["profile"] = profile_device(lambda: run_steps(fn, loop, rest, 8), 8)
             return fn
         except Exception as e:  # a baseline that cannot run is reported, not fatal
             res[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -285,6 +296,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", default="", help="comma list to run (default all)")
+    ap.add_argument("--profile", default="trident,graph_floor",
+                    help="comma list of variants whose device time is profiled (CUDA)")
     ap.add_argument("--inputs", default="feedback", choices=("feedback", "embedding"),
                     help="how the loop makes the hidden state: the previous output, or an embedding lookup")
     args = ap.parse_args()
@@ -302,7 +315,7 @@ def main() -> None:
         for batch in map(int, args.batches.split(",")):
             result["cases"][f"{model}_b{batch}"] = run_case(
                 model, MODELS[model], batch, args.steps, args.reps, deadline, args.device,
-                tuple(v for v in args.variants.split(",") if v), args.inputs,
+                tuple(v for v in args.variants.split(",") if v), args.inputs, tuple(args.profile.split(",")),
             )
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:

@@ -84,8 +84,8 @@ from transformers.cache_utils import Cache, StaticCache
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.bench_hf import (HBM_BYTES_PER_S, Loop, build_model, capture_eager_step, choices,  # noqa: E402
-                            device_split, graph_floor, hbm_floor_ms)
+from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor, hbm_floor_ms  # noqa: E402
+from tools.device_time import HBM_BYTES_PER_S, device_split  # noqa: E402
 
 PROMPT = 16
 NEW = 64

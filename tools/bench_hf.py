@@ -43,10 +43,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
-import pkgutil
 import statistics
 import subprocess
 import sys
@@ -56,6 +54,8 @@ import torch
 import transformers.utils.import_utils as hf_imports
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tools.device_time import HBM_BYTES_PER_S, device_split  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl",
             "trident_backend", "compile_default", "compile_reduce_overhead")
@@ -255,9 +255,6 @@ def compare(keep, ref) -> dict:
     return out
 
 
-HBM_BYTES_PER_S = 4.8e12  # H200 (HBM3e) peak
-
-
 def hbm_floor_ms(model, cfg, context: float) -> dict:
     """Issue 25: the least time a decode token can take on this GPU at batch 1 -- every weight a
     step multiplies with read once (the lm_head's too when tied to the embedding, whose lookup
@@ -273,58 +270,6 @@ def hbm_floor_ms(model, cfg, context: float) -> dict:
     kv = 2 * cfg.num_hidden_layers * heads * head_dim * context * embed.element_size()
     return {"hbm_floor_ms_per_token": (weights + kv) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
             "kv_bytes_mean": int(kv)}
-
-
-def _trident_kernel_names() -> set:
-    """The @triton.jit kernels Trident itself emits (trident/kernels/: copies, cache writes,
-    decode attention)."""
-    import trident.kernels as tk
-    from triton.runtime.jit import JITFunction
-
-    names = set()
-    for info in pkgutil.iter_modules(tk.__path__):
-        module = importlib.import_module(f"trident.kernels.{info.name}")
-        names |= {v.__name__ for v in vars(module).values() if isinstance(v, JITFunction)}
-    return names
-
-
-_MATMUL = ("nvjet", "gemm", "gemv", "xmma", "cutlass", "cublas", "splitk", "gemmk1")
-_ATTENTION = ("flash", "fmha", "cudnn", "attention", "sdpa", "softmax_warp")
-
-
-def device_category(name: str, trident_kernels: set) -> str:
-    """Issue 25 item 4: which part of a step a device kernel is -- 'matmul' (cuBLAS/cuBLASLt,
-    CUTLASS, Trident's GEMVs), 'attention' (SDPA backends, Trident's decode attention), 'trident'
-    (Trident's own copy and cache-write kernels), 'fused_glue' (Inductor-generated, `triton_poi_/per_/red_`),
-    'user' (any other Triton kernel: the model's or a library's), 'copy' (memcpy/memset) or
-    'glue' (ATen's elementwise, reduction and indexing kernels)."""
-    low = name.lower()
-    bare = name.split("(")[0].split()[-1] if name.split("(")[0].split() else name
-    if low.startswith(("memcpy", "memset")):
-        return "copy"
-    if bare in trident_kernels:  # its decode attention, its GEMVs (choose_matmuls), its copies
-        return "attention" if "attention" in bare else ("matmul" if bare.startswith("gemv") else "trident")
-    if any(k in low for k in _ATTENTION):  # first: flash's split-KV kernels say "splitkv"
-        return "attention"
-    if any(k in low for k in _MATMUL):
-        return "matmul"
-    if bare.startswith(("triton_poi_", "triton_per_", "triton_red_")):
-        return "fused_glue"
-    if "::" not in name and "<" not in name and " " not in name:
-        return "user"  # a Triton kernel is its function's bare name; CUDA C++ kernels have a signature
-    return "glue"
-
-
-def device_split(rows) -> dict:
-    """Device time and kernels per step (or token) by part: rows of (us, count, kernel name)."""
-    ours = _trident_kernel_names()
-    split: dict = {}
-    for us, count, name in rows:
-        part = split.setdefault(device_category(name, ours), {"us": 0.0, "kernels": 0.0})
-        part["us"] += us
-        part["kernels"] += count
-    return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 2)}
-            for k, v in sorted(split.items(), key=lambda kv: -kv[1]["us"])}
 
 
 def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:

@@ -19,7 +19,10 @@ the same start (outputs, final states and counter; bf16 tolerance), which is als
 with `warm` more decodes (graphs of the first steps of a request are recorded over requests),
 then ms/step = wall time of `steps` steps (synchronized before and after) / steps, median over
 `reps` decodes from a fresh cache. Warm-up steps a variant spends compiling or capturing are
-reported as `first_steps_s`. --device cpu --tiny: a smoke test of the script.
+reported as `first_steps_s`. Each variant also gives the HBM floor (every weight read once, each
+layer's state read and written) and its fraction of it; --profile's variants (CUDA) their host
+time and their kernels per step, device time by part and idle time (tools/device_time.py).
+--device cpu --tiny: a smoke test of the script.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.recurrent_model import RecurrentCache, RecurrentModel  # noqa: E402
+from tools.device_time import hbm_floor_us, profile_device  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_backend", "compile_default", "compile_reduce_overhead")
 
@@ -179,6 +183,7 @@ def run_variant(name, model, x0, args) -> dict:
             times.append((time.perf_counter() - t) / args.steps * 1e3)
         if dev == "cuda" and name in args.profile.split(","):
             out["host"] = _host_profile(step, x0, args.steps)
+            out["device"] = profile_device(lambda: _decode(step, x0.clone(), 8), 8)  # per step
     out["ms_per_step"] = statistics.median(times)
     out["ms_per_step_samples"] = [round(v, 4) for v in times]
     if name in ("trident_compile", "trident_backend"):  # where the time goes: regions, graphs, cuts
@@ -210,8 +215,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--variants", default="")
     p.add_argument("--budget-s", type=int, default=300, help="per variant process")
-    p.add_argument("--profile", default="trident_compile,trident_backend",
-                   help="variants whose host time is profiled (CUDA)")
+    p.add_argument("--profile", default="trident_compile,trident_backend,graph_floor",
+                   help="variants whose host and device time are profiled (CUDA)")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)  # one variant in this process
     args = p.parse_args()
@@ -224,7 +229,16 @@ def main() -> None:
         torch.manual_seed(0)
         model = RecurrentModel(dim=args.dim, layers=args.layers, max_positions=4096).to(args.device, dt).eval()
         x0 = (torch.randn(1, args.dim) * 0.5).to(args.device, dt)
-        print(json.dumps(run_variant(args.variant, model, x0, args)))
+        out = run_variant(args.variant, model, x0, args)
+        # issue 25 item 4: every weight read once (of the position table the one row looked up),
+        # each layer's state read and its new one written
+        with torch.no_grad():
+            _, cache = _decode(model, x0.clone(), 1)
+        nbytes = sum((p[0] if name == "positions" else p).numel() * p.element_size() for name, p in model.named_parameters())
+        nbytes += 2 * sum(d["recurrent_state"].numel() * d["recurrent_state"].element_size() for d in cache.states)
+        out["hbm_floor_ms_per_step"] = hbm_floor_us(nbytes) / 1e3
+        out["hbm_fraction"] = round(out["hbm_floor_ms_per_step"] / out["ms_per_step"], 3)
+        print(json.dumps(out))
         return
     results = {"commit": os.environ.get("TRIDENT_COMMIT", ""), "device": args.device,
                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "",

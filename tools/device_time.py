@@ -1,0 +1,97 @@
+"""Issue 25 item 4 for every decode benchmark: the limit a step's time is measured against (the
+HBM floor: every byte a step must read, at the H200's peak bandwidth) and where a step's device
+time goes -- torch.profiler's kernels by part of the step (matmuls, attention, user kernels,
+Trident's, fused glue, ATen glue, copies), kernels per step and the idle time between them.
+Used by tools/bench_hf.py, bench_generate.py, bench_decode.py and bench_recurrent.py."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+
+import torch
+
+HBM_BYTES_PER_S = 4.8e12  # H200 (HBM3e) peak
+
+
+def hbm_floor_us(nbytes: float) -> float:
+    """Microseconds to read `nbytes` once at peak HBM bandwidth."""
+    return nbytes / HBM_BYTES_PER_S * 1e6
+
+
+def trident_kernel_names() -> set:
+    """The @triton.jit kernels Trident itself emits (trident/kernels/: copies, cache writes,
+    decode attention)."""
+    import trident.kernels as tk
+    from triton.runtime.jit import JITFunction
+
+    names = set()
+    for info in pkgutil.iter_modules(tk.__path__):
+        module = importlib.import_module(f"trident.kernels.{info.name}")
+        names |= {v.__name__ for v in vars(module).values() if isinstance(v, JITFunction)}
+    return names
+
+
+_MATMUL = ("nvjet", "gemm", "gemv", "xmma", "cutlass", "cublas", "splitk", "gemmk1")
+_ATTENTION = ("flash", "fmha", "cudnn", "attention", "sdpa", "softmax_warp")
+
+
+def device_category(name: str, trident_kernels: set) -> str:
+    """Issue 25 item 4: which part of a step a device kernel is -- 'matmul' (cuBLAS/cuBLASLt,
+    CUTLASS, Trident's GEMVs), 'attention' (SDPA backends, Trident's decode attention), 'trident'
+    (Trident's own copy and cache-write kernels), 'fused_glue' (Inductor-generated, `triton_poi_/per_/red_`),
+    'user' (any other Triton kernel: the model's or a library's), 'copy' (memcpy/memset) or
+    'glue' (ATen's elementwise, reduction and indexing kernels)."""
+    low = name.lower()
+    bare = name.split("(")[0].split()[-1] if name.split("(")[0].split() else name
+    if low.startswith(("memcpy", "memset")):
+        return "copy"
+    if bare in trident_kernels:  # its decode attention, its GEMVs (choose_matmuls), its copies
+        return "attention" if "attention" in bare else ("matmul" if bare.startswith("gemv") else "trident")
+    if any(k in low for k in _ATTENTION):  # first: flash's split-KV kernels say "splitkv"
+        return "attention"
+    if any(k in low for k in _MATMUL):
+        return "matmul"
+    if bare.startswith(("triton_poi_", "triton_per_", "triton_red_")):
+        return "fused_glue"
+    if "::" not in name and "<" not in name and " " not in name:
+        return "user"  # a Triton kernel is its function's bare name; CUDA C++ kernels have a signature
+    return "glue"
+
+
+def device_split(rows) -> dict:
+    """Device time and kernels per step (or token) by part: rows of (us, count, kernel name)."""
+    ours = trident_kernel_names()
+    split: dict = {}
+    for us, count, name in rows:
+        part = split.setdefault(device_category(name, ours), {"us": 0.0, "kernels": 0.0})
+        part["us"] += us
+        part["kernels"] += count
+    return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 2)}
+            for k, v in sorted(split.items(), key=lambda kv: -kv[1]["us"])}
+
+
+def profile_device(run, per: int) -> dict:
+    """Device time of one call of `run` (on CUDA), per unit (`per` steps or tokens in the call):
+    device microseconds and kernels, the split by part, the idle time (the call's wall time,
+    profiler included, less device time) and the top kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0) or 0
+        if e.device_type == DeviceType.CUDA and us > 0:
+            rows.append((us / per, e.count / per, e.key))
+    rows.sort(reverse=True)
+    busy = sum(r[0] for r in rows)
+    return {"device_us": round(busy, 1), "kernels": round(sum(r[1] for r in rows), 1),
+            "idle_us": round(max(wall / per * 1e6 - busy, 0.0), 1), "device_split": device_split(rows),
+            "top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in rows[:12]]}
