@@ -103,3 +103,29 @@ def test_recurrent_models_generate_through_trident_compile(kind):
     assert len(model.forward.captures) == 1 and model.forward.dynamo_calls == 0
     assert "returns a Cache it made during the call" in trident.explain(model.forward)
     torch._dynamo.reset()
+
+
+def test_chunked_kernels_through_trident_compile():
+    """fla's chunked form (what its layers run for more than 64 tokens), called as its README
+    shows (`chunk_gla(q, k, v, g, initial_state=..., output_final_state=True)`): its kernels call
+    methods of their loop variables (Note [Loop variables under the interpreter]); through
+    trident.compile, for two lengths, outputs and final states equal fla's naive recurrence."""
+    import torch.nn.functional as F
+    from fla.ops.gla import chunk_gla
+    from fla.ops.gla.naive import naive_recurrent_gla
+
+    def attend(q, k, v, gk, h0):
+        return chunk_gla(q, k, v, gk, initial_state=h0, output_final_state=True)
+
+    compiled = trident.compile(attend)
+    g = torch.Generator().manual_seed(0)
+    for t in (80, 80, 100):
+        q, k, v = (torch.randn(1, t, 2, 32, generator=g) for _ in range(3))
+        gk = F.logsigmoid(torch.randn(1, t, 2, 32, generator=g)) / 16
+        h0 = torch.randn(1, 2, 32, 32, generator=g)
+        with torch.no_grad():
+            o, ht = compiled(q, k, v, gk, h0)
+        want_o, want_ht = naive_recurrent_gla(q, k, v, gk, initial_state=h0, output_final_state=True)
+        torch.testing.assert_close(o, want_o, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ht, want_ht, rtol=1e-4, atol=1e-4)
+    assert compiled.captures

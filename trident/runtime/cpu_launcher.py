@@ -18,6 +18,7 @@ keeps working on a machine without a GPU after `import trident`.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import re
@@ -247,6 +248,38 @@ def _create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
     return _ORIGINAL_CREATE_INLINE_ASM(self, asm, constraints, values, types, is_pure, pack)
 
 
+# Note [Loop variables under the interpreter]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Compiled, `for i in range(n)` (or tl.range) is a loop whose variable is an integer tensor: a
+# kernel may call its methods, as flash-linear-attention's chunk kernels do (`i_t.to(tl.int64)`
+# before multiplying by a stride). Triton 3.6's interpreter runs the loop over a Python range, so
+# the variable is a Python int and such a kernel fails ("'int' object has no attribute 'to'").
+# While Trident interprets, the kernel source is rewritten (Triton's own AST rewrite, one rule
+# more) so that each such loop's body starts by making its variable a tensor, as the interpreter
+# makes every assigned value one (an int32 scalar, int64 past int32's range). tl.static_range
+# loops keep Python ints: compiled, their variable is a constexpr.
+
+
+class _LoopVariablesAsTensors(interp.ASTTransformer):
+    """Triton's interpreter rewrite (assignments make tensors) and loop variables as tensors
+    (Note [Loop variables under the interpreter])."""
+
+    def visit_For(self, node):
+        self.generic_visit(node)
+        call = node.iter
+        func = call.func if isinstance(call, ast.Call) else None
+        runtime_range = (isinstance(func, ast.Name) and func.id == "range") or (
+            isinstance(func, ast.Attribute) and func.attr == "range")
+        if runtime_range and isinstance(node.target, ast.Name):
+            name = node.target.id
+            node.body.insert(0, self.visit_Assign(ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())],
+                                                             value=ast.Name(id=name, ctx=ast.Load()))))
+        return node
+
+
+_LOOP_REWRITE = _LoopVariablesAsTensors()
+
+
 def _restore(fn, scope, replaced: list) -> None:
     """Note [Interrupted patches]: both restores run to their end; an interrupt meanwhile is
     raised after."""
@@ -298,6 +331,7 @@ def _interpreting(jit_fn):
             patch_scope.set_attr(JITFunction, "__call__", _call_interpreted)
             patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
             patch_scope.set_attr(interp.InterpreterBuilder, "create_inline_asm", _create_inline_asm)
+            patch_scope.set_attr(interp.FunctionRewriter, "ast_transformer", _LOOP_REWRITE)
             _patch_libdevice(jit_fn.fn, patch_scope, replaced)
             yield
         finally:
