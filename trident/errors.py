@@ -14,17 +14,12 @@ class CaptureError(TridentError):
     new_object: True when the function returns an object it made during the call that holds
     tensors (a library's own Cache built from the one passed in): a capture cannot make that
     object again per call, Dynamo can (the same Note).
-    needs_grad: True when grad is enabled and the call's result requires grad (a parameter or
-    closed-over tensor that requires grad): a capture has no derivative, so such a call runs
-    eagerly (Note [Calls that need grad]); the same signature under no_grad is captured.
     """
 
-    def __init__(self, message: str, *, data_dependent: bool = False, new_object: bool = False,
-                 needs_grad: bool = False):
+    def __init__(self, message: str, *, data_dependent: bool = False, new_object: bool = False):
         super().__init__(message)
         self.data_dependent = data_dependent
         self.new_object = new_object
-        self.needs_grad = needs_grad
 
 
 class UnsupportedError(TridentError):

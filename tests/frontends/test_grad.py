@@ -1,6 +1,8 @@
-"""Note [Calls that need grad]: a capture has no derivative, so a call made with grad enabled
-whose result needs one runs eagerly (its backward is eager's); the same signature under no_grad
-is captured. Before, such calls were captured and backward silently gave no gradient."""
+"""Note [Calls that need grad]: a capture has no derivative, so with grad enabled a call whose
+tensors (arguments, parameters, closed-over tensors) require grad runs eagerly (its backward is
+eager's); the same signature under no_grad is served. requires_grad is read per call (a
+parameter unfrozen after a capture). Before, such calls were served by a capture and backward
+silently gave no gradient."""
 
 from __future__ import annotations
 
@@ -34,18 +36,18 @@ def test_a_training_step_runs_eagerly_and_its_gradients_are_eagers():
         x = torch.randn(4, 32, generator=g)
         got, want = _grads(compiled, model, x), _grads(model, model, x)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert not compiled.captures and compiled.eager_calls == 4
+    assert compiled.eager_calls == 4  # captured from its first call, never served with grad
     assert "requires grad: Trident is inference only" in trident.explain(compiled)
-    with torch.no_grad():  # the same signature for inference: captured and served
+    with torch.no_grad():  # the same signature for inference: served
         for _ in range(3):
             x = torch.randn(4, 32, generator=g)
             torch.testing.assert_close(compiled(x), model(x))
-    assert len(compiled.captures) == 1
+    assert len(compiled.captures) == 1 and compiled.eager_calls == 4
 
 
 def test_a_closed_over_parameter_is_never_served_with_grad_enabled():
-    """A function reading a module it closes over: refused under grad mode (its trace's result
-    requires grad), captured under no_grad, and that capture still not served with grad enabled."""
+    """A function reading a module it closes over: with grad enabled its calls run eagerly,
+    under no_grad the capture serves them, and with grad enabled again it still does not."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 32)
 
@@ -63,15 +65,43 @@ def test_a_closed_over_parameter_is_never_served_with_grad_enabled():
     for _ in range(3):
         x = torch.randn(4, 32, generator=g)
         assert torch.equal(grads(compiled, x), grads(fn, x))
-    assert not compiled.captures
+    assert compiled.eager_calls == 3
     assert "a tensor it closes over requires grad" in trident.explain(compiled)
     with torch.no_grad():
         for _ in range(3):
             x = torch.randn(4, 32, generator=g)
             torch.testing.assert_close(compiled(x), fn(x))
-    assert len(compiled.captures) == 1
+    assert len(compiled.captures) == 1 and compiled.eager_calls == 3
     eager = compiled.eager_calls
     for _ in range(2):  # grad enabled again, the capture exists: not served
         x = torch.randn(4, 32, generator=g)
         assert torch.equal(grads(compiled, x), grads(fn, x))
     assert compiled.eager_calls == eager + 2
+
+
+def test_requires_grad_is_read_per_call():
+    """A frozen parameter (requires_grad False) is served with grad enabled; unfrozen after the
+    capture, the next call runs eagerly and its gradient is eager's; frozen again, served again."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 32).requires_grad_(False)
+
+    def fn(x):
+        return lin(K.axpy(x, x)).relu().sum()
+
+    compiled = trident.compile(fn)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x = torch.randn(4, 32, generator=g)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert len(compiled.captures) == 1 and compiled.eager_calls == 1
+    lin.requires_grad_(True)  # unfrozen to fine-tune
+    lin.zero_grad()
+    x = torch.randn(4, 32, generator=g)
+    compiled(x).backward()
+    got = lin.weight.grad.clone()
+    lin.zero_grad()
+    fn(x).backward()
+    assert torch.equal(got, lin.weight.grad) and compiled.eager_calls == 2
+    lin.requires_grad_(False)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert compiled.eager_calls == 2

@@ -4,6 +4,7 @@ eagerly and captured; static_range loops keep constexpr variables."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -54,3 +55,23 @@ def test_loop_variables_are_tensors_eagerly_and_captured(device):
         y = torch.randn(n * 16, generator=g).to(device)
         torch.testing.assert_close(compiled(y), _reference(y))
     assert compiled.captures
+
+
+@triton.jit
+def _count_kernel(out_ptr, n):
+    total = tl.zeros([1], dtype=tl.int64)
+    for i in range(n):
+        total += i.to(tl.int64)
+    tl.store(out_ptr + tl.arange(0, 1), total)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="eager launches on CPU tensors need Trident's host-only driver")
+def test_a_rewrite_made_without_the_rule_is_not_reused():
+    """Triton keeps one rewritten function per kernel for the process: one made by Triton's own
+    interpreter first (as under TRITON_INTERPRET=1) lacks the rule, and Trident does not reuse it."""
+    from triton.runtime import interpreter as interp
+
+    interp.InterpretedFunction(_count_kernel.fn).rewrite()  # Triton's own rewrite, cached by Triton
+    out = torch.zeros(1, dtype=torch.int64)
+    _count_kernel[(1,)](out, 5)  # on the CPU: through Trident's host-only driver
+    assert out.item() == 10

@@ -333,29 +333,30 @@ class _Pending:
 
 # Note [Calls that need grad]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# `trident.scm` has no derivative: a capture's outputs carry no autograd history. A call made
-# with grad enabled whose result needs one -- an argument's tensor (a module's parameter) or a
-# tensor the function closes over requires grad, as in a training step -- runs eagerly, so that
-# its backward is eager's; before, it was captured and backward silently gave no gradient. The
-# hit path serves no capture to such a call (torch.is_grad_enabled() is the only cost when grad
-# is off), the miss path runs it eagerly with the leaf named in explain(), and a trace whose
-# result requires grad (a closed-over tensor) is refused for its signature under grad mode only:
-# the same signature under torch.no_grad() or torch.inference_mode() is captured.
+# `trident.scm` has no derivative: a capture's outputs carry no autograd history. With grad
+# enabled, a call whose tensors require grad -- an argument's (a tensor the walk reaches), or one
+# the capture closes over (a module's parameter read as an attribute of the graph) -- runs
+# eagerly, so that a training step's backward is eager's; before, it was captured and backward
+# silently gave no gradient. Both are read per call, never remembered: a parameter unfrozen
+# (`requires_grad_(True)`) after a capture is seen at once, and one frozen after is served
+# again. The capture itself is made as for any call (under grad too: the trace takes no
+# gradient), so the same signature under torch.no_grad() or torch.inference_mode() is served.
+# Conservative: a parameter only a Triton kernel reads (no autograd through it in eager either)
+# also sends grad-mode calls to eager. With grad off the hit path pays one
+# torch.is_grad_enabled(); with it on, a requires_grad read per tensor reached.
 def _needs_grad(what: str) -> str:
     return (f"grad is enabled and {what} requires grad: Trident is inference only (a capture has no derivative), "
-            "so the call runs eagerly; call it under torch.no_grad() or torch.inference_mode() to have it captured")
+            "so the call runs eagerly; call it under torch.no_grad() or torch.inference_mode() to have it served")
 
 
-def _closes_over_grad(opt) -> bool:
-    """Whether a capture holds a tensor that requires grad (a closed-over parameter, read as an
-    attribute of the graph): with grad enabled its result would need a derivative."""
-    if opt is None:
-        return False
-    if "trident_closes_over_grad" not in opt.meta:
-        opt.meta["trident_closes_over_grad"] = any(
-            getattr(operator.attrgetter(n.target)(opt), "requires_grad", False)
-            for n in opt.graph.nodes if n.op == "get_attr")
-    return opt.meta["trident_closes_over_grad"]
+def _held_tensors(opt) -> tuple:
+    """The tensors a capture closes over (its graph's attributes: parameters, constants)."""
+    held = opt.meta.get("trident_held_tensors")
+    if held is None:
+        held = tuple(v for v in (operator.attrgetter(n.target)(opt) for n in opt.graph.nodes if n.op == "get_attr")
+                     if isinstance(v, torch.Tensor))
+        opt.meta["trident_held_tensors"] = held
+    return held
 
 
 def _context() -> tuple:
@@ -395,8 +396,7 @@ class _Entry:
     opt: Any = None  # the capture and its _Outputs, held here: the hit path hashes no key
     info: Any = None
     ints_of: Any = None  # the call's ints at int_positions, as a tuple (one C call on the hit path)
-    # it closes over a tensor that requires grad: never served with grad enabled (Note [Calls that need grad])
-    closes_over_grad: bool = False
+    held: tuple = ()  # the tensors the capture closes over (Note [Calls that need grad])
 
     def __post_init__(self):
         positions = self.int_positions
@@ -433,7 +433,6 @@ class CompiledFunction(ServedByCache):
         # Note [Data-dependent calls through Dynamo]
         self._dynamo_families: set = set()
         self._made_families: dict = {}  # of those, the ones refused for an object they make -> why (Note [Objects made per call])
-        self._grad_refused: dict = {}  # signatures whose result required grad under grad mode -> why (Note [Calls that need grad])
         self._dynamo_fn: Optional[Callable[..., Any]] = None
         self._recompile_limit: Optional[int] = None  # Note [Recompiles per layer]
         self.dynamo_reason: Optional[str] = None
@@ -472,7 +471,7 @@ class CompiledFunction(ServedByCache):
         if grad and any(t.requires_grad for t in call.tensors):
             entries = ()  # Note [Calls that need grad]: no capture serves it
         for e in entries:
-            if grad and e.closes_over_grad:
+            if grad and any(t.requires_grad for t in e.held):  # Note [Calls that need grad]
                 continue
             if e.ints_of(ints) == e.int_values and e.guards.check(*call.tensors):
                 if call.walk is not None and call.structure not in self._check_tried:
@@ -543,7 +542,7 @@ class CompiledFunction(ServedByCache):
             self._pending = None
             self._checks, self._check_tried = (), set()
             self._dynamo_families, self._dynamo_fn, self._recompile_limit = set(), None, None
-            self._made_families, self._grad_refused = {}, {}
+            self._made_families = {}
             self.dynamo_reason, self.dynamo_calls = None, 0
             self._generation = _generation[0]
 
@@ -560,8 +559,6 @@ class CompiledFunction(ServedByCache):
             if needs is not None:
                 return self._eager(call, _needs_grad(self._leaf_names(call)[needs]))
         key = call.key()
-        if torch.is_grad_enabled() and (key in self._grad_refused or _closes_over_grad(self.captures.get(key))):
-            return self._eager(call, self._grad_refused.get(key) or _needs_grad("a tensor it closes over"))
         opt = self.captures.get(key)
         if opt is None and key in self.cache.refused:  # Trident cannot capture it: eager, as the backend does
             return self._eager(call, self.cache.refused[key])
@@ -619,9 +616,6 @@ class CompiledFunction(ServedByCache):
             try:
                 opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints, static=static)
             except Exception as e:  # noqa: BLE001 - served by a static capture instead
-                if isinstance(e, CaptureError) and e.needs_grad:  # no fault of the sizes
-                    self._grad_refused[key] = str(e)
-                    return None, str(e)
                 self._symbolic_failed.add(family)
                 logs.misses.info(
                     "trident.compile(%s): no symbolic capture (%s: %s); capturing these sizes statically",
@@ -631,9 +625,6 @@ class CompiledFunction(ServedByCache):
             try:
                 opt = self._capture(call, key)
             except TridentError as e:
-                if isinstance(e, CaptureError) and e.needs_grad:
-                    self._grad_refused[key] = reason = str(e)  # refused under grad mode only
-                    return None, reason
                 if not symbolic and self.dynamic is not False and family not in self._symbolic_failed and \
                         not getattr(e, "new_object", False):  # sizes do not change what it returns
                     try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
@@ -737,7 +728,7 @@ class CompiledFunction(ServedByCache):
         symbolic = opt.meta.get("trident_symbolic", False)
         fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
         entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key,
-                       call.family(), opt, info, closes_over_grad=_closes_over_grad(opt))
+                       call.family(), opt, info, held=_held_tensors(opt))
         entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
         # static captures first: a symbolic one serves what none of them does; the newest
         # symbolic capture before the others (Note [Symbolic regimes])
@@ -932,6 +923,8 @@ class CompiledFunction(ServedByCache):
             return None, (again if getattr(again, "new_object", False) else error)
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in _held_tensors(opt)):
+            return self._eager(call, _needs_grad("a tensor it closes over"))  # Note [Calls that need grad]
         if info is None:  # the hit path passes its entry's (registered under the capture's own key)
             info = self._outputs[opt.meta.get("trident_key", key)]
         ints = [call.ints[i] for i in info.dynamic_ints]
@@ -1026,9 +1019,6 @@ class CompiledFunction(ServedByCache):
                         state.set_path(roots[r], steps, new)
                 args, kwargs = pytree.tree_unflatten(full[:n_args], call.spec)
                 result = fn(*args, **kwargs)
-                if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                   for t in pytree.tree_leaves(result)):
-                    raise CaptureError(_needs_grad("a tensor it closes over"), needs_grad=True)
                 writes, extra = state.record_writes(walk, snapshot, installed, n_args, traced_ids, roots,
                                                     root_names, symbols, sizes)
                 # where the state's objects are once the call ran (a result of tensors holds none)

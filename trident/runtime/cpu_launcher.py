@@ -254,10 +254,17 @@ def _create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
 # kernel may call its methods, as flash-linear-attention's chunk kernels do (`i_t.to(tl.int64)`
 # before multiplying by a stride). Triton 3.6's interpreter runs the loop over a Python range, so
 # the variable is a Python int and such a kernel fails ("'int' object has no attribute 'to'").
-# While Trident interprets, the kernel source is rewritten (Triton's own AST rewrite, one rule
-# more) so that each such loop's body starts by making its variable a tensor, as the interpreter
-# makes every assigned value one (an int32 scalar, int64 past int32's range). tl.static_range
-# loops keep Python ints: compiled, their variable is a constexpr.
+# While Trident interprets (its regions' launches; on a machine without a GPU, eager launches
+# through the host-only driver), the kernel source is rewritten (Triton's own AST rewrite, one
+# rule more) so that each such loop's body starts by making its variable a tensor, as the
+# interpreter makes every assigned value one: typed by its value as Triton types a constant
+# (int32; uint32 or int64 past int32's range), where compiled code types it by the bounds (an
+# int64 bound gives int64): the two differ only past 2**31. tl.static_range loops keep Python
+# ints: compiled, their variable is a constexpr. Rewritten functions are kept in a table of
+# Trident's own (Triton's is per process and keyed by function: one rewritten before without
+# the rule, under TRITON_INTERPRET=1, would be reused, and Triton's own interpreting would
+# reuse Trident's). Under TRITON_INTERPRET=1 a user's own eager launches run Triton's
+# interpreter as before, without the rule.
 
 
 class _LoopVariablesAsTensors(interp.ASTTransformer):
@@ -278,6 +285,7 @@ class _LoopVariablesAsTensors(interp.ASTTransformer):
 
 
 _LOOP_REWRITE = _LoopVariablesAsTensors()
+_REWRITTEN: dict = {}  # function -> rewritten with _LOOP_REWRITE (InterpretedFunction.rewritten_fn while interpreting)
 
 
 def _restore(fn, scope, replaced: list) -> None:
@@ -332,6 +340,7 @@ def _interpreting(jit_fn):
             patch_scope.set_attr(interp.InterpreterBuilder, "cast_impl", _cast_impl)
             patch_scope.set_attr(interp.InterpreterBuilder, "create_inline_asm", _create_inline_asm)
             patch_scope.set_attr(interp.FunctionRewriter, "ast_transformer", _LOOP_REWRITE)
+            patch_scope.set_attr(interp.InterpretedFunction, "rewritten_fn", _REWRITTEN)
             _patch_libdevice(jit_fn.fn, patch_scope, replaced)
             yield
         finally:
