@@ -923,8 +923,10 @@ class CompiledFunction(ServedByCache):
             return None, (again if getattr(again, "new_object", False) else error)
 
     def _run(self, opt, key, call: _Call, info: Optional[_Outputs] = None, tried: frozenset = frozenset()):
-        if torch.is_grad_enabled() and any(t.requires_grad for t in _held_tensors(opt)):
-            return self._eager(call, _needs_grad("a tensor it closes over"))  # Note [Calls that need grad]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in _held_tensors(opt)):  # Note [Calls that need grad]
+            name = next(n.name for n in opt.graph.nodes if n.op == "get_attr" and
+                        getattr(operator.attrgetter(n.target)(opt), "requires_grad", False))
+            return self._eager(call, _needs_grad(f"{name} (a tensor it closes over)"))
         if info is None:  # the hit path passes its entry's (registered under the capture's own key)
             info = self._outputs[opt.meta.get("trident_key", key)]
         ints = [call.ints[i] for i in info.dynamic_ints]
