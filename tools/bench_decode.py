@@ -127,8 +127,10 @@ def run_case(
     res: dict = {
         "config": cfg.__dict__ | {"batch": batch, "dtype": str(dt), "start_position": START},
         "inputs": inputs,
-        # issue 25 item 4: the least a step can take, every weight and the filled KV positions read once at peak HBM bandwidth
-        "hbm_floor_us_per_step": hbm_floor_us(weight_bytes + kv_bytes), "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
+        # issue 25 item 4: the least a step can take, every weight and the filled KV positions
+        # read once at peak HBM bandwidth
+        "hbm_floor_us_per_step": hbm_floor_us(weight_bytes + kv_bytes),
+        "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
     }
 
     def check(fn, loop) -> float:

@@ -234,7 +234,8 @@ def main() -> None:
         # each layer's state read and its new one written
         with torch.no_grad():
             _, cache = _decode(model, x0.clone(), 1)
-        nbytes = sum((p[0] if name == "positions" else p).numel() * p.element_size() for name, p in model.named_parameters())
+        nbytes = sum((p[0] if name == "positions" else p).numel() * p.element_size()
+                     for name, p in model.named_parameters())
         nbytes += 2 * sum(d["recurrent_state"].numel() * d["recurrent_state"].element_size() for d in cache.states)
         out["hbm_floor_ms_per_step"] = hbm_floor_us(nbytes) / 1e3
         out["hbm_fraction"] = round(out["hbm_floor_ms_per_step"] / out["ms_per_step"], 3)

@@ -203,7 +203,8 @@ def gemv_group_kernel(
     elif pid < NB0 + NB1:
         _gemv_program(a_ptr, b1_ptr, c1_ptr, out1_ptr, ws_ptr + SPLIT_K * M * N0, count_ptr, M, N1, K,
                       stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N1, 1, count_offset + pid, pid - NB0,
-                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
+                      pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D,
+                      STAGES, UNROLL)
     else:
         if MEMBERS == 3:
             _gemv_program(a_ptr, b2_ptr, c2_ptr, out2_ptr, ws_ptr + SPLIT_K * M * (N0 + N1), count_ptr, M, N2, K,

@@ -10,8 +10,9 @@ device the knob allows (TRIDENT_DECODE_MATMULS: 'cuda', 'all' for the CPU tests,
 pass measures the operator against the configurations of trident/kernels/gemv.py
 (`gemv_kernel`; split-K with `gemv_reduce_kernel` or with its last program reducing, Note [The
 last program reduces]; loads pipelined or the loop unrolled, Note [Bytes in flight]) on stand-in
-tensors of the product's sizes, strides and dtype, and keeps the fastest: the operator stays, or becomes those launches, which
-the SCM serves like any kernel (its guards, native launches, graph replay). As @triton.autotune
+tensors of the product's sizes, strides and dtype, and keeps the fastest: the operator stays, or
+becomes those launches, which the SCM serves like any kernel (its guards, native launches, graph
+replay). As @triton.autotune
 chooses a config, the choice is made once per product shape -- remembered for the process and,
 with TRIDENT_CACHE_DIR, on disk (`decode-matmul` entries of Note [Cached analyses], per device
 name, torch and Triton version) -- and printed by `explain()` with every time measured.
