@@ -27,13 +27,23 @@ def _no_timer():
     CM.set_timer(None)
 
 
+def _tile(cfg):
+    """The config with the K loop as compiled by default (first round of the measurement)."""
+    return G.Config(*cfg)._replace(stages=0, unroll=1)
+
+
 def _favor(config):
-    """A timer under which `config` is fastest ('aten' for the operator)."""
+    """A timer under which `config` is fastest ('aten' for the operator); its tile with the
+    default loop second, so that a pipelined or unrolled config gets to the second round."""
 
     def timer(name, shape, cfg):
         if config == "aten":
             return 1.0 if name == "aten" else 2.0
-        return 0.5 if cfg is not None and G.Config(*cfg) == G.Config(*config) else (1.0 if name == "aten" else 0.9)
+        if cfg is not None and G.Config(*cfg) == G.Config(*config):
+            return 0.5
+        if cfg is not None and G.Config(*cfg) == _tile(config):
+            return 0.7
+        return 1.0 if name == "aten" else 0.9
 
     return timer
 
@@ -630,3 +640,29 @@ def test_pipelined_and_unrolled_loops_give_the_same_bits_cuda():
             got = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             CM._run_gemv(a, w.t(), c, got, config)
             assert torch.equal(got, want), (m, n, k, config)
+
+
+def test_other_k_loops_are_measured_for_the_two_fastest_tiles_only():
+    """Note [Bytes in flight]: the first round times every tile with the default loop, the second
+    the pipelined and unrolled loops of the two fastest; the choice is the fastest of both."""
+    x, w = torch.randn(1, 2048), torch.randn(96, 2048)
+    useful = [c for c in G.CONFIGS if G.useful(96, 2048, c)]
+    tiles = [c for c in useful if c == _tile(c)]
+    fast = [tiles[3], tiles[1]]  # the two fastest tiles with the default loop
+    timed = []
+
+    def timer(name, shape, cfg):
+        timed.append(cfg)
+        if name == "aten":
+            return 10.0
+        speed = {fast[0]: 2.0, fast[1]: 3.0}.get(_tile(cfg), 5.0)
+        return speed - (1.5 if cfg.unroll > 1 and _tile(cfg) == fast[1] else 0.0)  # fast[1] unrolled: 1.5
+
+    CM.set_timer(timer)
+    with knobs.scope(decode_matmuls="all"):
+        opt = trident.optimize(trident.capture(_linear, x, w))
+    others = [c for c in timed[1:] if c != _tile(c)]
+    assert timed[1:len(tiles) + 1] == tiles and set(others) == {c for c in useful if c != c._replace(
+        stages=0, unroll=1) and _tile(c) in fast}, (timed, fast)
+    assert len(timed) == 1 + len(tiles) + len(others)
+    assert f"{CM._name(fast[1]._replace(unroll=2))} [measured: " in trident.explain(opt)

@@ -39,15 +39,17 @@ Note [Bytes in flight]
 ~~~~~~~~~~~~~~~~~~~~~~
 A stream reaches the bandwidth only with enough loads outstanding: by Little's law an H200's
 ~4.8 TB/s at ~0.7 us of latency is ~3.4 MB in flight, ~25 KB per SM. The K loop as Triton
-compiles it by default (no dot: no software pipelining) issues one tile's loads (16 KB at
-64 x 128 bf16) and waits for them before the next tile's, so a grid of one program per SM keeps
-at most that much in flight. Two config fields let more tiles be outstanding, each measured per
-shape like the tile sizes (choose_matmuls): STAGES >= 2 pipelines the loop's loads through shared
-memory (`tl.range(num_stages=...)`: cp.async, STAGES - 1 tiles ahead of the one summed), UNROLL
-unrolls it (that many tiles' loads issued into registers before the first is summed; the SASS
-of 64 x 128 at UNROLL 2 issues 18 global loads before its first shuffle, 9 at 1). Neither
-changes the sum's order: a config's result is the same bits with or without them. 0 and 1 (the
-defaults) compile the loop as before they existed. Triton's interpreter ignores both.
+compiles it by default (no dot: no software pipelining) issues one tile's loads (16 KB at 64x128
+bf16) and waits for them before the next tile's, so a grid of one program per SM keeps at most
+that much in flight. Two config fields let more tiles be outstanding, measured per shape like
+the tile sizes (choose_matmuls: in a second round, for the two tiles fastest with the default
+loop, so that the first call compiles and times ~14 candidates, not ~25): STAGES >= 2 pipelines
+the loop's loads through shared memory (`tl.range(num_stages=...)`: cp.async, STAGES-1 tiles
+ahead of the one summed), UNROLL unrolls it (that many tiles' loads issued into registers before
+the first is summed; the SASS of 64x128 at UNROLL 2 issues 18 global loads before its first
+shuffle, 9 at 1). Neither changes the sum's order: a config's result is the same bits with or
+without them. 0 and 1 (the defaults) compile the loop as before they existed. Triton's
+interpreter ignores both.
 
 ACC2D (off; measured by tools/bench_gemv.py --acc2d, a default only where the H200 says it is
 faster): a one-row product accumulates its [BLOCK_N, BLOCK_K] tile per element and sums across
@@ -259,10 +261,11 @@ class Config(NamedTuple):
 # against the two-launch form for every Llama-1B decode product at M = 1 and 16, the one-launch
 # form was faster wherever a split config won (results/bench_generate_llama_dynamic_c73d461.json);
 # the two-launch form (gemv_reduce_kernel) stays the reference it is tested against bit for bit,
-# and is no longer measured. Each tile is measured as compiled by default, with its loads
-# pipelined in 3 stages and with its loop unrolled twice (Note [Bytes in flight]): each config is
-# one more compile (~0.15 s of an sm_90 compile, in parallel threads) and one timing on a
-# capture's first call, where the choice is not already in TRIDENT_CACHE_DIR.
+# and is no longer measured. Each tile is measured as compiled by default; the two fastest also
+# with their loads pipelined in 3 stages and with their loop unrolled twice (Note [Bytes in
+# flight]): each config measured is one more compile (~0.15 s of an sm_90 compile, in parallel
+# threads) and one timing on a capture's first call, where the choice is not already in
+# TRIDENT_CACHE_DIR.
 _SPLIT = ((32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2))
 _TILES = (
     Config(32, 256, 1, 4, 0), Config(64, 128, 1, 4, 0), Config(64, 256, 1, 8, 0), Config(128, 128, 1, 8, 0),

@@ -205,14 +205,15 @@ def precompile(compiles) -> None:
         logs.lowering.debug("candidates not compiled ahead: %s", e)
 
 
-def _measure_cuda(target, va, vb, vc, configs) -> dict:
+def _measure_cuda(target, va, vb, vc, configs, rounds: bool = True) -> dict:
     """Median microseconds of the operator ('aten') and of each config, each inside a CUDA graph
     (do_bench_cudagraph records its repetitions in one graph). The weight rotates through enough
     copies that the repetitions read more than L2 holds, as a decode step streams every weight
     once. The operator is timed as the region runs it: one cuBLAS product (residual_mm's addend
     is C of one cuBLASLt call there, Note [Residual adds in the GEMM], so it is timed as the
     product alone, not as ATen's copy + addmm). Empty when nothing could be timed (another
-    capture running, a failure): the operator then stays, and nothing is stored."""
+    capture running, a failure): the operator then stays, and nothing is stored. `rounds`: the
+    configs in two rounds (_second_round), else all of them (tools/bench_gemv.py)."""
     if torch.cuda.is_current_stream_capturing():
         return {}
     try:
@@ -239,19 +240,46 @@ def _measure_cuda(target, va, vb, vc, configs) -> dict:
     except Exception as e:  # noqa: BLE001 - no measurement: the operator stays
         logs.lowering.debug("decode matmul %s x %s not measured: %s", tuple(va.shape), tuple(vb.shape), e)
         return {}
-    with torch.cuda.device(va.device):
-        precompile([lambda config=config: _run_gemv(a, bs[0], c, out, config, compile_only=True) for config in configs])
-    for config in configs:
-        try:
-            with torch.cuda.device(va.device):
-                # the counters are allocated per call in a region, once for all its products
-                counts = torch.zeros(max(1, G.counters(out.shape[1], config)), dtype=torch.int32, device=a.device)
-                torch.cuda.synchronize(a.device)  # do_bench_cudagraph runs on a stream of its own
-                times[_name(config)] = do_bench_cudagraph(
-                    lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts), rep=20, return_mode="median") * 1e3
-        except Exception as e:  # noqa: BLE001 - a config that fails to compile or run is no candidate
-            logs.lowering.debug("gemv config %s failed for %s: %s", config, tuple(out.shape), e)
+    def time_all(round_configs):
+        with torch.cuda.device(va.device):
+            precompile([lambda config=config: _run_gemv(a, bs[0], c, out, config, compile_only=True)
+                        for config in round_configs])
+        for config in round_configs:
+            try:
+                with torch.cuda.device(va.device):
+                    # the counters are allocated per call in a region, once for all its products
+                    counts = torch.zeros(max(1, G.counters(out.shape[1], config)), dtype=torch.int32, device=a.device)
+                    torch.cuda.synchronize(a.device)  # do_bench_cudagraph runs on a stream of its own
+                    times[_name(config)] = do_bench_cudagraph(
+                        lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts),
+                        rep=20, return_mode="median") * 1e3
+            except Exception as e:  # noqa: BLE001 - a config that fails to compile or run is no candidate
+                logs.lowering.debug("gemv config %s failed for %s: %s", config, tuple(out.shape), e)
+
+    if not rounds:
+        time_all(configs)
+        return times
+    time_all(_first_round(configs))
+    time_all(_second_round(configs, times))
     return times
+
+
+_REFINED = 2  # the fastest tiles of the first round whose other K loops are measured
+
+
+def _first_round(configs) -> list:
+    """Every tile with the K loop as compiled by default."""
+    return [c for c in configs if not G.Config(*c).stages and G.Config(*c).unroll == 1]
+
+
+def _second_round(configs, times: dict) -> list:
+    """Note [Bytes in flight]: the pipelined and unrolled loops of the _REFINED fastest tiles of
+    the first round, of `configs` (a loop that helps a tile helps it most where the tile already
+    streams best; measuring every tile's would double the first call's compiles and timings)."""
+    first = sorted((c for c in _first_round(configs) if _name(c) in times), key=lambda c: times[_name(c)])
+    best = {G.Config(*c) for c in first[:_REFINED]}
+    return [c for c in configs if G.Config(*c) not in best and
+            G.Config(*c)._replace(stages=0, unroll=1) in best]
 
 
 def _name(config) -> str:
@@ -289,7 +317,8 @@ def _choose(node, va, vb, vc) -> dict:
         elif _timer is not None:
             shape = {"rows": m, "cols": n, "inner": k, "dtype": va.dtype}
             times = {"aten": _timer("aten", shape, None)}
-            times.update({_name(c): _timer("gemv", shape, c) for c in configs})
+            times.update({_name(c): _timer("gemv", shape, c) for c in _first_round(configs)})
+            times.update({_name(c): _timer("gemv", shape, c) for c in _second_round(configs, times)})
         else:
             times = {}
         best = min((c for c in configs if _name(c) in times), key=lambda c: times[_name(c)], default=None)
@@ -428,7 +457,7 @@ def _run_group(a, bs, cs, outs, config, counts=None, compile_only=False):
     G.gemv_group_kernel[G.group_grid(ns, config)](*args, **_group_args(a, bs[0], ns, cs[0] is not None, config))
 
 
-def _measure_group_cuda(va, vbs, vcs, configs) -> dict:
+def _measure_group_cuda(va, vbs, vcs, configs, rounds: bool = True) -> dict:
     """As _measure_cuda, for a group: each config's one launch, the weights rotating together."""
     if torch.cuda.is_current_stream_capturing():
         return {}
@@ -448,18 +477,21 @@ def _measure_group_cuda(va, vbs, vcs, configs) -> dict:
                 turn[0] += 1
                 return weights[turn[0] % copies]
 
-            precompile([lambda config=config: _run_group(a, weights[0], cs, outs, config, compile_only=True)
-                        for config in configs])
-            for config in configs:
-                try:
-                    counts = torch.zeros(max(1, sum(G.counters(vb.shape[1], config) for vb in vbs)),
-                                         dtype=torch.int32, device=a.device)
-                    torch.cuda.synchronize(a.device)
-                    times[_name(config)] = do_bench_cudagraph(
-                        lambda config=config, counts=counts: _run_group(a, weight(), cs, outs, config, counts),
-                        rep=20, return_mode="median") * 1e3
-                except Exception as e:  # noqa: BLE001 - a config that fails is no candidate
-                    logs.lowering.debug("gemv group config %s failed: %s", config, e)
+            for round_configs in ((_first_round(configs), None) if rounds else (configs,)):
+                if round_configs is None:
+                    round_configs = _second_round(configs, times)
+                precompile([lambda config=config: _run_group(a, weights[0], cs, outs, config, compile_only=True)
+                            for config in round_configs])
+                for config in round_configs:
+                    try:
+                        counts = torch.zeros(max(1, sum(G.counters(vb.shape[1], config) for vb in vbs)),
+                                             dtype=torch.int32, device=a.device)
+                        torch.cuda.synchronize(a.device)
+                        times[_name(config)] = do_bench_cudagraph(
+                            lambda config=config, counts=counts: _run_group(a, weight(), cs, outs, config, counts),
+                            rep=20, return_mode="median") * 1e3
+                    except Exception as e:  # noqa: BLE001 - a config that fails is no candidate
+                        logs.lowering.debug("gemv group config %s failed: %s", config, e)
     except Exception as e:  # noqa: BLE001 - no measurement: the members stay as they are
         logs.lowering.debug("decode matmul group not measured: %s", e)
         return {}
@@ -502,7 +534,8 @@ def _choose_group(members) -> dict:
                 times = _measure_group_cuda(va, vbs, vcs, configs)
         elif _timer is not None:
             shape = {"rows": m, "cols": ns, "inner": k, "dtype": va.dtype}
-            times = {_name(cfg): _timer("group", shape, cfg) for cfg in configs}
+            times = {_name(cfg): _timer("group", shape, cfg) for cfg in _first_round(configs)}
+            times.update({_name(cfg): _timer("group", shape, cfg) for cfg in _second_round(configs, times)})
         else:
             times = {}
         times = {"us": {k2: round(v, 3) for k2, v in times.items()}}
