@@ -55,7 +55,7 @@ import transformers.utils.import_utils as hf_imports
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.device_time import HBM_BYTES_PER_S, device_split  # noqa: E402
+from tools.device_time import HBM_BYTES_PER_S, profile_device  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl",
             "trident_backend", "compile_default", "compile_reduce_overhead")
@@ -274,38 +274,24 @@ def hbm_floor_ms(model, cfg, context: float) -> dict:
 
 def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
     """Where a step's device time goes: torch.profiler over n steps (kernels inside CUDA graph
-    replays included), per kernel name its launches and device µs per step, top 15 by time; on
-    CUDA also the split by part of the step (device_category) and the idle time between kernels.
-    On the CPU (smoke test) the same over CPU operators."""
-    from torch.autograd import DeviceType
+    replays included): kernels and device µs per step, the split by part of the step and the idle
+    time between kernels (tools/device_time.py), the top kernels. On the CPU (smoke test) the
+    same over CPU operators, without the split."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = loop.dev == "cuda"
-    _sync(loop.dev)
-    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
-        t = time.perf_counter()
-        tok, pos = loop.steps(fwd, cache, tok, pos, n)
-        _sync(loop.dev)
-        wall = time.perf_counter() - t
-    rows = []
-    for e in prof.key_averages():
-        if cuda and e.device_type != DeviceType.CUDA:
-            continue
-        us = getattr(e, "self_device_time_total", None) if cuda else e.self_cpu_time_total
-        if us is None:
-            us = e.self_cuda_time_total
-        if us > 0:
-            rows.append((us / n, e.count / n, e.key))
-    rows.sort(reverse=True)
-    busy = sum(r[0] for r in rows)
+    if loop.dev == "cuda":  # issue 25 item 4: kernels, device time by part, idle (tools/device_time.py)
+        p = profile_device(lambda: loop.steps(fwd, cache, tok, pos, n), n)
+        return {"steps": n, "device_us_per_step": p["device_us"], "kernels_per_step": p["kernels"],
+                "device_split_per_step": p["device_split"], "idle_us_per_step": p["idle_us"], "top": p["top"]}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loop.steps(fwd, cache, tok, pos, n)
+    rows = sorted(((e.self_cpu_time_total / n, e.count / n, e.key) for e in prof.key_averages()
+                   if e.self_cpu_time_total > 0), reverse=True)
     return {
         "steps": n,
-        "device_us_per_step": round(busy, 1),
+        "device_us_per_step": round(sum(r[0] for r in rows), 1),
         "kernels_per_step": round(sum(r[1] for r in rows), 1),
-        # issue 25 item 4: by part of the step, and the wall time (profiler included) less device time
-        **({"device_split_per_step": device_split(rows),
-            "idle_us_per_step": round(max(wall / n * 1e6 - busy, 0.0), 1)} if cuda else {}),
-        "top": [{"us_per_step": round(us, 1), "per_step": round(c, 2), "name": name[:120]} for us, c, name in rows[:15]],
+        "top": [{"us": round(us, 1), "n": round(c, 2), "name": name[:100]} for us, c, name in rows[:12]],
     }
 
 

@@ -342,8 +342,9 @@ class _Pending:
 # again. The capture itself is made as for any call (under grad too: the trace takes no
 # gradient), so the same signature under torch.no_grad() or torch.inference_mode() is served.
 # Conservative: a parameter only a Triton kernel reads (no autograd through it in eager either)
-# also sends grad-mode calls to eager. With grad off the hit path pays one
-# torch.is_grad_enabled(); with it on, a requires_grad read per tensor reached.
+# also sends grad-mode calls to eager. With grad off the hit path pays two calls of
+# torch.is_grad_enabled() (the arguments' check, _run's); with it on, a requires_grad read per
+# tensor reached.
 def _needs_grad(what: str) -> str:
     return (f"grad is enabled and {what} requires grad: Trident is inference only (a capture has no derivative), "
             "so the call runs eagerly; call it under torch.no_grad() or torch.inference_mode() to have it served")
@@ -396,7 +397,6 @@ class _Entry:
     opt: Any = None  # the capture and its _Outputs, held here: the hit path hashes no key
     info: Any = None
     ints_of: Any = None  # the call's ints at int_positions, as a tuple (one C call on the hit path)
-    held: tuple = ()  # the tensors the capture closes over (Note [Calls that need grad])
 
     def __post_init__(self):
         positions = self.int_positions
@@ -467,12 +467,9 @@ class CompiledFunction(ServedByCache):
         # Dynamo's frames use: dtype, device, sizes, strides, dispatch keys; for a symbolic
         # capture dtype, device and rank, the SCM's guards check the sizes).
         ints = call.ints
-        grad = torch.is_grad_enabled()
-        if grad and any(t.requires_grad for t in call.tensors):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors):
             entries = ()  # Note [Calls that need grad]: no capture serves it
         for e in entries:
-            if grad and any(t.requires_grad for t in e.held):  # Note [Calls that need grad]
-                continue
             if e.ints_of(ints) == e.int_values and e.guards.check(*call.tensors):
                 if call.walk is not None and call.structure not in self._check_tried:
                     self._add_check(call)
@@ -728,7 +725,7 @@ class CompiledFunction(ServedByCache):
         symbolic = opt.meta.get("trident_symbolic", False)
         fixed = tuple(i for i in range(len(call.ints)) if i not in info.dynamic_ints)
         entry = _Entry(_tensor_guards(call.tensors, symbolic), fixed, tuple(call.ints[i] for i in fixed), key,
-                       call.family(), opt, info, held=_held_tensors(opt))
+                       call.family(), opt, info)
         entries = [e for e in self._guarded.get(call.structure, ()) if e.key != key]
         # static captures first: a symbolic one serves what none of them does; the newest
         # symbolic capture before the others (Note [Symbolic regimes])
