@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._sympy import functions as F
 from torch_mlir import ir
-from torch_mlir.dialects import func
+from torch_mlir.dialects import arith, func
 from torch_mlir.execution_engine import ExecutionEngine
 
 import trident
@@ -27,8 +27,6 @@ from trident.lowering import lower_to_llvm
 from trident.lowering.sizes_to_torch import import_size_program, size_function_name
 from trident.lowering.torch_to_arith import lower_size_function
 from trident.scm.sizes import Binding, SizeExpr
-
-INTEGER_CASES = [(e, py) for e, py in CASES if not isinstance(e, sympy.logic.boolalg.Boolean)]
 
 
 def _program(rank: int = 3):
@@ -63,7 +61,8 @@ def _compile(program, values):
                 facts = block.arguments
                 outs = lower_size_function(torch_module, size_function_name(program, 0),
                                            lambda i, kind, d: facts[d if kind == "size" else 3 + d])
-                func.ReturnOp([outs[k]])
+                out = outs[k] if outs[k].type == i64 else arith.ExtUIOp(i64, outs[k]).result  # a relation: 0/1
+                func.ReturnOp([out])
         lower_to_llvm(module, "sizes")
         engine = ExecutionEngine(module, opt_level=0)
 
@@ -86,7 +85,7 @@ def test_size_programs_through_the_torch_dialect_equal_python_on_random_sizes():
     program = _program()
     t0, t1 = sympy.symbols("t0 t1", integer=True, positive=True)
     s0, s1, s2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
-    cases = INTEGER_CASES + [
+    cases = CASES + [
         (F.FloorDiv(t0, t1) + s2, lambda a, b, c, u, v, w: u // v + c),  # strides too
         (F.CeilDiv(s0 * t1, 64), lambda a, b, c, u, v, w: -(-(a * v) // 64)),
         (F.Max(s0, 5) * F.Min(s1, s2, 8), lambda a, b, c, u, v, w: max(a, 5) * min(b, c, 8)),
@@ -113,7 +112,7 @@ def test_size_programs_through_the_torch_dialect_equal_python_on_random_sizes():
 
 def test_what_has_no_integer_form_is_named():
     with pytest.raises(trident.errors.UnsupportedError, match="no integer-operator form"):
-        import_size_program(_program(), [SizeExpr(sympy.Eq(sympy.Symbol("s0"), 1))], ir.Context(), 0)
+        import_size_program(_program(), [SizeExpr(F.IntTrueDiv(sympy.Symbol("s0"), 3))], ir.Context(), 0)
 
 
 def test_an_unknown_op_in_a_size_program_is_a_lowering_error():
@@ -171,6 +170,24 @@ module {
     %int0_3 = torch.constant.int 0
     %int1_4 = torch.constant.int 1
     return %1, %0, %int1, %1, %int16_0, %int16_1, %int1_2, %int0_3, %1, %int1_4, %1 : !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int, !torch.int
+  }
+  func.func @region0_guards_0(%arg0: !torch.vtensor<[?],f32>) -> (!torch.bool, !torch.bool, !torch.bool, !torch.bool, !torch.bool) {
+    %int0 = torch.constant.int 0
+    %0 = torch.aten.size.int %arg0, %int0 : !torch.vtensor<[?],f32>, !torch.int -> !torch.int
+    %int16 = torch.constant.int 16
+    %1 = torch.aten.floordiv.int %0, %int16 : !torch.int, !torch.int -> !torch.int
+    %int16_0 = torch.constant.int 16
+    %2 = torch.aten.mul.int %int16_0, %1 : !torch.int, !torch.int -> !torch.int
+    %3 = torch.aten.eq.int %0, %2 : !torch.int, !torch.int -> !torch.bool
+    %int2 = torch.constant.int 2
+    %4 = torch.aten.ge.int %2, %int2 : !torch.int, !torch.int -> !torch.bool
+    %int1 = torch.constant.int 1
+    %5 = torch.aten.ne.int %1, %int1 : !torch.int, !torch.int -> !torch.bool
+    %int2_1 = torch.constant.int 2
+    %6 = torch.aten.ge.int %1, %int2_1 : !torch.int, !torch.int -> !torch.bool
+    %int32 = torch.constant.int 32
+    %7 = torch.aten.ge.int %0, %int32 : !torch.int, !torch.int -> !torch.bool
+    return %3, %4, %5, %6, %7 : !torch.bool, !torch.bool, !torch.bool, !torch.bool, !torch.bool
   }
 }
 """)

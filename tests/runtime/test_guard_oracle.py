@@ -3,8 +3,9 @@ they reimplement, on well over 1000 generated cases each:
   * pointers: for every dtype Triton accepts and every element offset 0..15 (every reachable
     byte residue mod 16), the specialization the generated host code selects carries exactly
     the key Triton computes for that tensor;
-  * integers: the emitted integer-key code equals Triton's key on boundary and random values,
-    specialized and do_not_specialize.
+  * integers: the host program's integer-key relation (sizes.int_key_condition, lowered through
+    the torch dialect as every size guard is) holds for exactly the code of Triton's key, on
+    boundary and random values, specialized and do_not_specialize.
 """
 
 from __future__ import annotations
@@ -13,19 +14,17 @@ import ctypes
 import random
 
 import pytest
+import sympy
 import torch
-from torch_mlir import ir
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
 import trident
 from tests import kernels as K
+from tests.lowering.test_sizes_to_torch import _compile, _program
 from trident import knobs
-from torch_mlir.execution_engine import ExecutionEngine
-
-from trident.lowering import lower_to_llvm
-from trident.lowering.scm_to_llvm import INT_KEY_CODES, emit_int_key_module
 from trident.runtime import SCMRuntime
+from trident.scm.sizes import INT_KEY_CODES, SizeExpr, int_key_condition
 
 TRITON_DTYPES = [
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -85,22 +84,12 @@ def test_dtype_without_specialization_misses():
 
 @pytest.fixture(scope="module")
 def int_key_fns():
-    module = emit_int_key_module(ir.Context())
-    lower_to_llvm(module, "int_keys")
-    engine = ExecutionEngine(module, opt_level=2)
-
-    def make(name):
-        packed = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(name))
-
-        def call(v: int) -> int:
-            arg, res = ctypes.c_int64(v), ctypes.c_int64(-99)
-            args = (ctypes.c_void_p * 2)(ctypes.addressof(arg), ctypes.addressof(res))
-            packed(args)
-            return res.value
-
-        return call
-
-    yield make("int_key"), make("int_key_nospec"), engine
+    """(code, specialize) -> native `holds(v)`: the relation "the key of v is code" as the host
+    program checks an IntegerKey guard, v being size 0 of a region input."""
+    v = sympy.Symbol("s0", integer=True)  # no sign assumed: keys of negative values too
+    cases = [(code, spec) for code in INT_KEY_CODES.values() for spec in (True, False)]
+    fns, engine, _ = _compile(_program(), [SizeExpr(int_key_condition(v, code, spec)) for code, spec in cases])
+    yield {case: (lambda x, f=f: f(x, 1, 1, 1, 1, 1)) for case, f in zip(cases, fns)}, engine
 
 
 def _int_cases():
@@ -117,12 +106,14 @@ def _int_cases():
 
 
 def test_int_keys_match_triton(int_key_fns):
-    key, key_nospec, _ = int_key_fns
+    holds, _ = int_key_fns
     values = _int_cases()
     assert len(values) >= 1000
     for v in values:
-        assert key(v) == INT_KEY_CODES[triton_key(v, True)], v
-        assert key_nospec(v) == INT_KEY_CODES[triton_key(v, False)], v
+        for spec in (True, False):
+            want = INT_KEY_CODES[triton_key(v, spec)]
+            got = [code for code in INT_KEY_CODES.values() if holds[(code, spec)](v)]
+            assert got == [want], (v, spec, got, want)
 
 
 def test_do_not_specialize_leaves_alignment_unguarded():

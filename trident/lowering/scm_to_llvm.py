@@ -24,12 +24,11 @@ from torch_mlir.dialects import arith, cf, func, llvm
 
 from ..runtime.native import scalar_type_code
 from ..scm import sizes as S
-from ..scm.guards import FactEquals, IntegerKey, SizeRelation
 from ..scm.ir import SCM, LaunchStep, Specialization
-from ..scm.sizes import INT_KEY_CODES
+
 from .host_plan import HostPlan  # noqa: F401 - the plans it is given (annotations)
 from .region_to_torch import LAUNCH_OP_NAME, op_step
-from .sizes_to_torch import import_size_program, size_function_name
+from .sizes_to_torch import guard_function_name, import_size_program, size_function_name
 from .torch_to_arith import lower_size_function
 
 FACTS_FIXED = 3  # data_ptr, meta, ndim (scm_runtime.h: kFactsFixed)
@@ -54,53 +53,6 @@ def meta_code(dtype: torch.dtype, device: torch.device) -> int:
     """The prologue's meta fact for a tensor (scm_runtime.cpp: encode_meta)."""
     index = device.index if device.index is not None else (0 if device.type == "cuda" else -1)
     return dtype_code(dtype) | (_DEVICE_TYPE[device.type] << 8) | ((index + 1) << 16)
-
-
-# Note [Integer keys]
-# Triton keys an int argument (runtime/jit.py -> native_specialize_impl) as ('constexpr', 1)
-# when specialized and equal to 1, else by type -- i32 for [-2**31, 2**31), i64 beyond -- with
-# attribute 'D' when specialized and divisible by 16, '' when not, None when the parameter is
-# do_not_specialize. Facts are int64, so u64 (>= 2**63) cannot occur. The host program encodes
-# a key as one of these codes; tests check the emitted code against Triton on many values.
-# the codes (trident/scm/sizes.py: INT_KEY_CODES, shared with the guard table)
-
-
-def emit_int_key(value, specialize: bool):
-    """MLIR computing the Note [Integer keys] code of the i64 `value` (at the insertion point)."""
-    i64 = ir.IntegerType.get_signless(64)
-
-    def c(v):
-        return arith.constant(i64, v)
-
-    def cmp(pred, a, b):
-        return arith.CmpIOp(pred, a, b).result
-
-    is32 = arith.AndIOp(
-        cmp(arith.CmpIPredicate.sge, value, c(-(2**31))), cmp(arith.CmpIPredicate.sle, value, c(2**31 - 1))
-    ).result
-    if not specialize:
-        return arith.SelectOp(is32, c(INT_KEY_CODES[("i32", None)]), c(INT_KEY_CODES[("i64", None)])).result
-    div16 = cmp(arith.CmpIPredicate.eq, arith.AndIOp(value, c(15)).result, c(0))
-    k32 = arith.SelectOp(div16, c(INT_KEY_CODES[("i32", "D")]), c(INT_KEY_CODES[("i32", "")])).result
-    k64 = arith.SelectOp(div16, c(INT_KEY_CODES[("i64", "D")]), c(INT_KEY_CODES[("i64", "")])).result
-    by_type = arith.SelectOp(is32, k32, k64).result
-    is_one = cmp(arith.CmpIPredicate.eq, value, c(1))
-    return arith.SelectOp(is_one, c(INT_KEY_CODES[("constexpr", 1)]), by_type).result
-
-
-def emit_int_key_module(context: ir.Context) -> ir.Module:
-    """`int_key(i64) -> i64` and `int_key_nospec(i64) -> i64`: the integer-key code alone, for
-    checking it against Triton's specializer."""
-    with context, ir.Location.unknown():
-        module = ir.Module.create()
-        i64 = ir.IntegerType.get_signless(64)
-        for name, specialize in (("int_key", True), ("int_key_nospec", False)):
-            with ir.InsertionPoint(module.body):
-                fn = func.FuncOp(name, ir.FunctionType.get([i64], [i64]))
-            block = fn.add_entry_block()
-            with ir.InsertionPoint(block):
-                func.ReturnOp([emit_int_key(block.arguments[0], specialize)])
-    return module
 
 
 def region_steps(torch_module: ir.Module, name: str) -> list[tuple]:
@@ -209,10 +161,12 @@ class _Emitter:
             nxt = guard_blocks[i + 1] if i + 1 < len(specs) else miss
             cur = self.fact_table_loop(module, spec, guard_blocks[i], nxt, region)
             with ir.InsertionPoint(cur):
-                if spec.size_guards:
-                    ok = self.size_guard(spec.size_guards[0])
-                    for g in spec.size_guards[1:]:
-                        ok = arith.AndIOp(ok, self.size_guard(g)).result
+                if spec.size_guards:  # Note [Sizes through the torch dialect]
+                    held = lower_size_function(self.size_modules[spec.index],
+                                               guard_function_name(self.scm.program, spec.index), self.input_fact)
+                    ok = held[0]
+                    for h in held[1:]:
+                        ok = arith.AndIOp(ok, h).result
                     cf.CondBranchOp(ok, [], [], hit_blocks[i], nxt)
                 else:
                     cf.BranchOp([], hit_blocks[i])
@@ -292,11 +246,11 @@ class _Emitter:
         """The i64 of each entry of `plan`'s size program, at the insertion point: lowered from
         its torch-dialect function (Note [Sizes through the torch dialect]) when one was
         imported for `spec`, as constants when every entry is one."""
+        if not _symbolic(plan):
+            return [self.const(int(v)) for v in plan.sizes]
         module = self.size_modules.get(spec.index)
         if module is None:
-            if any(isinstance(v, S.SizeExpr) for v in plan.sizes):
-                raise TypeError(f"specialization {spec.index} has a symbolic size program but no torch-dialect import")
-            return [self.const(int(v)) for v in plan.sizes]
+            raise TypeError(f"specialization {spec.index} has a symbolic size program but no torch-dialect import")
         name = size_function_name(self.scm.program, spec.index)
         return lower_size_function(module, name, self.input_fact)
 
@@ -304,28 +258,6 @@ class _Emitter:
         rank = len(self.scm.program.captured_inputs[input_index].sizes)
         dim = dim + rank if dim < 0 else dim
         return self.fact(input_index, FACTS_FIXED + dim if kind == "size" else FACTS_FIXED + self.scm.max_rank + dim)
-
-    def symbol(self, name: str):
-        b = self.scm.program.symbols[name]
-        offset = FACTS_FIXED + b.dim if b.kind == "size" else FACTS_FIXED + self.scm.max_rank + b.dim
-        return self.fact(b.input, offset)
-
-    def size(self, value):
-        """An i64 for an int or a SizeExpr."""
-        if isinstance(value, S.SizeExpr):
-            return S.emit(value.expr, self.symbol, self.const)
-        return self.const(int(value))
-
-    def size_guard(self, g):
-        if isinstance(g, SizeRelation):
-            return S.emit(g.expr.expr, self.symbol, self.const)
-        if isinstance(g, FactEquals):
-            offset = FACTS_FIXED + g.dim if g.kind == "size" else FACTS_FIXED + self.scm.max_rank + g.dim
-            return self.eq(self.fact(g.input, offset), self.size(g.expr))
-        if isinstance(g, IntegerKey):
-            return self.eq(emit_int_key(self.size(g.expr), g.specialize), self.const(g.code))
-        raise TypeError(f"no native form for guard {g!r}")
-
 
 # Note [Guard tables]
 # ~~~~~~~~~~~~~~~~~~~
@@ -363,13 +295,19 @@ def check_region_steps(scm: SCM, torch_module: ir.Module) -> None:
     )
 
 
+def _symbolic(plan) -> bool:
+    return any(isinstance(v, S.SizeExpr) for v in plan.sizes)
+
+
 def import_size_programs(scm: SCM, context: ir.Context, specs, plans) -> dict:
-    """Spec index -> the torch-dialect module of its size program, for each of `specs` whose plan
-    computes a symbolic size (Note [Sizes through the torch dialect])."""
+    """Spec index -> the torch-dialect module of its size program and guard program, for each of
+    `specs` whose plan computes a symbolic size or that has size guards (Note [Sizes through the
+    torch dialect])."""
     return {
-        spec.index: import_size_program(scm.program, plan.sizes, context, spec.index)
+        spec.index: import_size_program(scm.program, plan.sizes if _symbolic(plan) else None, context, spec.index,
+                                        [g.condition() for g in spec.size_guards])
         for spec, plan in zip(specs, plans)
-        if any(isinstance(v, S.SizeExpr) for v in plan.sizes)
+        if _symbolic(plan) or spec.size_guards
     }
 
 

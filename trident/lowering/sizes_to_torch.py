@@ -16,8 +16,16 @@ dialect is where those computations are carried into the host program:
     `func @region0_sizes_1(%arg0: !torch.vtensor<[?],f32>) -> (!torch.int, ...)`, whose body is
     `torch.aten.size.int`/`stride.int` of its arguments and `torch.aten.add.int`, `sub.int`,
     `mul.int`, `floordiv.int`, `remainder.int`, `neg.int`, `torch.prim.max.int`/`min.int`;
-  * torch_to_arith.py lowers that function into the host program: size reads become loads of
-    the facts the native prologue wrote, the integer operators arith with Python's semantics.
+  * its size guards (SizeRelation, FactEquals, IntegerKey: each a relation, `condition()`) are
+    a second function, `@region0_guards_1(...) -> (!torch.bool, ...)`, one bool per guard, built
+    with `torch.aten.eq.int`/`ne`/`lt`/`le`/`gt`/`ge` and `__and__.bool`/`__or__.bool`/`__not__`;
+  * torch_to_arith.py lowers both into the host program: size reads become loads of the facts
+    the native prologue wrote, the integer operators arith with Python's semantics, relations
+    arith.cmpi. The size program runs in scm_host once its specialization is selected; the guard
+    program in scm_select, after the specialization's tensor guards (Note [Guard tables]).
+
+This is the only road from a SizeExpr to native code (the review of 2026-12-02: before, guards
+were emitted to arith straight from sympy, a second lowering of the same expressions).
 
 Both imports go through torch-mlir's own FX importer (its symbolic-op path maps `sym_size.int`
 to `torch.aten.size.int`); expressions are written with the ATen/prim integer overloads, whose
@@ -49,6 +57,15 @@ INT_OPS = {
     "neg": torch.ops.aten.neg.int,
     "max": torch.ops.prim.max.int,
     "min": torch.ops.prim.min.int,
+    "eq": torch.ops.aten.eq.int,  # relations and their connectives: a guard program's (!torch.bool)
+    "ne": torch.ops.aten.ne.int,
+    "lt": torch.ops.aten.lt.int,
+    "le": torch.ops.aten.le.int,
+    "gt": torch.ops.aten.gt.int,
+    "ge": torch.ops.aten.ge.int,
+    "and": torch.ops.aten.__and__.bool,
+    "or": torch.ops.aten.__or__.bool,
+    "not": torch.ops.aten.__not__.default,
 }
 _PY = {
     "add": lambda a, b: a + b,
@@ -59,6 +76,19 @@ _PY = {
     "neg": lambda a: -a,
     "max": lambda a, b: torch.sym_max(a, b),
     "min": lambda a, b: torch.sym_min(a, b),
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+    "not": lambda a: torch.sym_not(a),
+}
+_RELATIONS = {
+    sympy.Eq: "eq", sympy.Ne: "ne", sympy.StrictLessThan: "lt", sympy.LessThan: "le",
+    sympy.StrictGreaterThan: "gt", sympy.GreaterThan: "ge",
 }
 
 
@@ -72,8 +102,14 @@ def _val(x):
 
 
 def _int_op(graph: torch.fx.Graph, name: str, *args):
-    """`name` applied to ints and nodes: a node of the ATen/prim integer overload, its value (a
-    SymInt when the operands have them) computed as Python would."""
+    """`name` applied to ints, bools and nodes: a Python value when every operand is one, else a
+    node of the ATen/prim overload, its value (a SymInt or SymBool when the operands have them)
+    computed as Python would."""
+    if not any(isinstance(a, torch.fx.Node) for a in args):
+        try:
+            return _PY[name](*args)
+        except ZeroDivisionError:
+            pass  # a node: natively a divisor of 0 is taken as 1 (torch_to_arith.py)
     node = graph.call_function(INT_OPS[name], tuple(args))
     try:
         node.meta["val"] = _PY[name](*[_val(a) for a in args])
@@ -83,17 +119,16 @@ def _int_op(graph: torch.fx.Graph, name: str, *args):
 
 
 def expand(graph: torch.fx.Graph, expr: sympy.Basic, symbol: Callable[[str], object], memo: dict | None = None):
-    """FX nodes computing the integer `expr` (an int when it is constant), the value of each
-    symbol given by `symbol(name)` (a node or an int); `memo` (subexpression -> node) shares
-    what several calls compute. Raises UnsupportedError for what has no integer-operator form
-    (relations, non-integer constants)."""
+    """FX nodes computing `expr` -- an integer, or a relation (a bool) -- (an int or bool when it
+    is constant), the value of each symbol given by `symbol(name)` (a node or an int); `memo`
+    (subexpression -> node) shares what several calls compute. Raises UnsupportedError for what
+    has no integer-operator form (non-integer constants, true division, functions)."""
     memo = {} if memo is None else memo
 
     def fold(name, args):
         out = go(args[0])
         for a in args[1:]:
-            b = go(a)
-            out = _PY[name](out, b) if isinstance(out, int) and isinstance(b, int) else _int_op(graph, name, out, b)
+            out = _int_op(graph, name, out, go(a))
         return out
 
     def go(e):
@@ -104,6 +139,8 @@ def expand(graph: torch.fx.Graph, expr: sympy.Basic, symbol: Callable[[str], obj
             out = symbol(e.name)
         elif isinstance(e, sympy.Integer):
             out = int(e)
+        elif e is sympy.true or e is sympy.false:
+            out = e is sympy.true
         elif isinstance(e, sympy.Add):
             out = fold("add", args)
         elif isinstance(e, sympy.Mul):
@@ -113,8 +150,7 @@ def expand(graph: torch.fx.Graph, expr: sympy.Basic, symbol: Callable[[str], obj
                 raise UnsupportedError(f"size expression {expr}: power with exponent {args[1]}")
             out = 1
             for _ in range(int(args[1])):
-                b = go(args[0])
-                out = out * b if isinstance(b, int) and isinstance(out, int) else _int_op(graph, "mul", out, b)
+                out = _int_op(graph, "mul", out, go(args[0]))
         elif isinstance(e, (F.FloorDiv, F.CleanDiv)):
             out = _int_op(graph, "floordiv", go(args[0]), go(args[1]))
         elif isinstance(e, F.CeilDiv):  # -((-a) // b)
@@ -129,6 +165,14 @@ def expand(graph: torch.fx.Graph, expr: sympy.Basic, symbol: Callable[[str], obj
             out = fold("min", args)
         elif isinstance(e, F.Identity):
             out = go(args[0])
+        elif type(e) in _RELATIONS:
+            out = _int_op(graph, _RELATIONS[type(e)], go(args[0]), go(args[1]))
+        elif isinstance(e, sympy.And):
+            out = fold("and", args)
+        elif isinstance(e, sympy.Or):
+            out = fold("or", args)
+        elif isinstance(e, sympy.Not):
+            out = _int_op(graph, "not", go(args[0]))
         else:
             raise UnsupportedError(f"size expression {expr}: {type(e).__name__} has no integer-operator form")
         memo[e] = out
@@ -137,10 +181,12 @@ def expand(graph: torch.fx.Graph, expr: sympy.Basic, symbol: Callable[[str], obj
     return go(expr)
 
 
-def size_graph(program, values: Sequence) -> torch.fx.Graph:
+def size_graph(program, values: Sequence, bindings: dict | None = None) -> torch.fx.Graph:
     """The FX graph of a size program: placeholders for the region's inputs (their symbolic
-    fake tensors), a size or stride read per symbol used, and `values` (ints and SizeExprs)
-    computed from them, returned as a tuple of ints."""
+    fake tensors), a size or stride read per symbol used (bound by the program, or by
+    `bindings`), and `values` (ints and SizeExprs: integers, or relations for a guard program)
+    computed from them, returned as a tuple."""
+    symbols = {**program.symbols, **(bindings or {})}
     g = torch.fx.Graph()
     placeholders = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"]
     args = []
@@ -152,7 +198,7 @@ def size_graph(program, values: Sequence) -> torch.fx.Graph:
 
     def symbol(name: str):
         if name not in reads:
-            b = program.symbols[name]
+            b = symbols[name]
             op = torch.ops.aten.sym_size.int if b.kind == "size" else torch.ops.aten.sym_stride.int
             node = g.call_function(op, (args[b.input], b.dim))
             fake = args[b.input].meta["val"]
@@ -170,11 +216,22 @@ def size_function_name(program, index: int) -> str:
     return f"{program.name}_sizes_{index}"
 
 
-def import_size_program(program, values: Sequence, context, index: int):
+def guard_function_name(program, index: int) -> str:
+    return f"{program.name}_guards_{index}"
+
+
+def import_size_program(program, values: Sequence | None, context, index: int, guards: Sequence = ()):
     """A new torch-dialect module (in `context`) holding `size_function_name(program, index)`:
-    the size program `values` of specialization `index` (Note [Sizes through the torch
-    dialect])."""
+    the size program `values` of specialization `index` (when not None), and, when it has size
+    guards, `guard_function_name(program, index)`: one bool per guard, `guards` given as their
+    `condition()`s (Note [Sizes through the torch dialect])."""
     torch_d.register_dialect(context)
     importer = FxImporter(context=context)
-    importer.import_stateless_graph(size_graph(program, values), func_name=size_function_name(program, index))
+    if values is not None:
+        importer.import_stateless_graph(size_graph(program, values), func_name=size_function_name(program, index))
+    if guards:
+        bindings = {name: b for _, extra in guards for name, b in extra.items()}
+        relations = [S.SizeExpr(relation) for relation, _ in guards]
+        importer.import_stateless_graph(size_graph(program, relations, bindings),
+                                        func_name=guard_function_name(program, index))
     return importer.module

@@ -1,15 +1,18 @@
-"""Stage 2 of the lowering, for sizes: a torch-dialect size program -> arith in the host program.
+"""Stage 2 of the lowering, for sizes: a torch-dialect size or guard program -> arith in the host
+program.
 
 Note [Sizes through the torch dialect] (sizes_to_torch.py) says what the function holds. This
 lowering walks its single block at the host program's insertion point:
   * `torch.aten.size.int` / `torch.aten.stride.int` of argument k with a constant dimension
     become the fact the native prologue wrote for region input k (`fact(k, kind, dim)`);
-  * `torch.constant.int` becomes an i64 constant;
+  * `torch.constant.int` becomes an i64 constant, `torch.constant.bool` an i1;
+  * relations (`eq.int`, `ne.int`, `lt.int`, `le.int`, `gt.int`, `ge.int`) become signed
+    arith.cmpi (an i1), `__and__.bool`/`__or__.bool`/`__not__` andi/ori/xori of i1s;
   * the integer operators become arith with Python's semantics: `floordiv.int` floors
     (arith.floordivsi), `remainder.int` takes the divisor's sign (a - (a // b) * b), `max`/`min`
     are signed. A divisor of 0 is taken as 1, as sizes.emit does (Python raises; the guards that
     select a specialization never let a size that divides be 0 there);
-  * `func.return` gives the values, one i64 per result.
+  * `func.return` gives the values, one i64 (an integer) or i1 (a relation) per result.
 Any other op is a LoweringError naming it: the size program is closed under these.
 """
 
@@ -28,6 +31,16 @@ _BINARY = {
     "torch.aten.mul.int": arith.MulIOp,
     "torch.prim.max.int": arith.MaxSIOp,
     "torch.prim.min.int": arith.MinSIOp,
+    "torch.aten.__and__.bool": arith.AndIOp,
+    "torch.aten.__or__.bool": arith.OrIOp,
+}
+_RELATIONS = {
+    "torch.aten.eq.int": arith.CmpIPredicate.eq,
+    "torch.aten.ne.int": arith.CmpIPredicate.ne,
+    "torch.aten.lt.int": arith.CmpIPredicate.slt,
+    "torch.aten.le.int": arith.CmpIPredicate.sle,
+    "torch.aten.gt.int": arith.CmpIPredicate.sgt,
+    "torch.aten.ge.int": arith.CmpIPredicate.sge,
 }
 
 
@@ -39,13 +52,14 @@ def _function(module: ir.Module, name: str):
 
 
 def lower_size_function(module: ir.Module, name: str, fact: Callable[[int, str, int], object]) -> list:
-    """The i64 values the torch-dialect function `name` of `module` returns, computed by arith ops
-    at the current insertion point. `fact(input, kind, dim)` gives the i64 of a size ("size") or
+    """The values (i64 for an integer, i1 for a relation) the torch-dialect function `name` of
+    `module` returns, computed by arith ops at the current insertion point. `fact(input, kind, dim)` gives the i64 of a size ("size") or
     stride ("stride") of region input `input` (a negative `dim` counts from the last)."""
     fn = _function(module, name)
     block = fn.regions[0].blocks[0]
     args = {block.arguments[k]: k for k in range(len(block.arguments))}
     i64 = ir.IntegerType.get_signless(64)
+    i1 = ir.IntegerType.get_signless(1)
     env: dict = {}
     consts: dict = {}
     known: dict = {}  # the i64 constants made here -> their ints
@@ -80,6 +94,8 @@ def lower_size_function(module: ir.Module, name: str, fact: Callable[[int, str, 
         operands = list(op.operands)
         if opname == "torch.constant.int":
             out = const(ir.IntegerAttr(op.attributes["value"]).value)
+        elif opname == "torch.constant.bool":
+            out = arith.constant(i1, int(ir.BoolAttr(op.attributes["value"]).value))
         elif opname in ("torch.aten.size.int", "torch.aten.stride.int"):
             tensor, dim = operands
             if tensor not in args:
@@ -94,10 +110,14 @@ def lower_size_function(module: ir.Module, name: str, fact: Callable[[int, str, 
             out = arith.SubIOp(a, arith.MulIOp(fdiv(a, b), b).result).result
         elif opname == "torch.aten.neg.int":
             out = arith.SubIOp(const(0), value(operands[0])).result
+        elif opname in _RELATIONS:
+            out = arith.CmpIOp(_RELATIONS[opname], value(operands[0]), value(operands[1])).result
+        elif opname == "torch.aten.__not__":
+            out = arith.XOrIOp(value(operands[0]), arith.constant(i1, 1)).result
         elif opname == "func.return":
             return [value(v) for v in operands]
         else:
-            raise LoweringError(f"size program {name}: {opname} has no lowering to arith (expected only integer size ops)")
+            raise LoweringError(f"size program {name}: {opname} has no lowering to arith (expected only integer size ops and relations)")
         env[op.results[0]] = out
     raise LoweringError(f"size program {name} has no return")
 

@@ -53,11 +53,12 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+import sympy
 import torch
 
 from ..layout import span_bytes
 from .ir import TensorFacts
-from .sizes import INT_KEY_CODES, to_text
+from .sizes import INT_KEY_CODES, Binding, int_key_condition, to_text
 
 _MISSING = object()
 
@@ -298,6 +299,11 @@ class SizeRelation:
         """One line for explain() and the printed program."""
         return f"{self.expr} ({self.why})"
 
+    def condition(self) -> tuple[sympy.Basic, dict]:
+        """What the host program checks (Note [Sizes through the torch dialect]): a relation over
+        the program's symbols, and the bindings of any other symbol it names (none)."""
+        return self.expr.expr, {}
+
     def record(self) -> dict:
         return {"kind": "size_relation", "expr": to_text(self.expr), "why": self.why}
 
@@ -343,6 +349,12 @@ class FactEquals:
         """One line for explain() and the printed program."""
         return f"{self.name}.{'shape' if self.kind == 'size' else 'stride()'}[{self.dim}] == {self.expr}"
 
+    def condition(self) -> tuple[sympy.Basic, dict]:
+        """Eq(the fact, expr), the fact a symbol of its own (see SizeRelation.condition)."""
+        fact = f"fact{self.input}_{self.kind}{self.dim}"
+        expr = self.expr.expr if hasattr(self.expr, "expr") else sympy.Integer(self.expr)
+        return sympy.Eq(sympy.Symbol(fact, integer=True), expr), {fact: Binding(self.input, self.kind, self.dim)}
+
     def record(self) -> dict:
         return {"kind": "fact_equals", "input": self.input, "fact": self.kind, "dim": self.dim, "expr": to_text(self.expr)}
 
@@ -360,7 +372,7 @@ class IntegerKey:
     native: ClassVar[bool] = True
 
     def key_of(self, value: int) -> int:
-        """The Python twin of emit_int_key (trident/lowering/scm_to_llvm.py)."""
+        """Triton's key of `value` (its specialize_impl): the Python twin of `condition`."""
         ty = "i32" if -(2**31) <= value <= 2**31 - 1 else "i64"
         if not self.specialize:
             return INT_KEY_CODES[(ty, None)]
@@ -381,6 +393,10 @@ class IntegerKey:
         """One line for explain() and the printed program."""
         key = next((k for k, c in INT_KEY_CODES.items() if c == self.code), self.code)
         return f"Triton key of {self.what} = {self.expr} is {key}"
+
+    def condition(self) -> tuple[sympy.Basic, dict]:
+        """The key as a relation of expr (sizes.int_key_condition; see SizeRelation.condition)."""
+        return int_key_condition(self.expr.expr, self.code, self.specialize), {}
 
     def record(self) -> dict:
         return {"kind": "integer_key", "expr": to_text(self.expr), "code": self.code, "specialize": self.specialize,

@@ -8,26 +8,26 @@ capture has ints: kernel grids (`(s0 + 63) // 64`), integer kernel arguments (`n
 allocation sizes and strides, size arguments of operators (`view(x, [s0, 128])`). The symbols
 are the shape environment's, and each is bound to one fact of a region input (a size or a
 stride of one dimension: `Binding`). The plan keeps those expressions as `SizeExpr`; the host
-program loads the bound facts and evaluates them natively (`emit`), in the integer semantics of
-Python (floor division and modulo round toward negative infinity, as torch's FloorDiv and
-PythonMod do). What a specialization assumed about the sizes becomes guards evaluated the same
-way (trident/scm/guards.py: SizeRelation, IntegerKey): the shape environment's guards, every
-fact tied to a symbol bound elsewhere (two inputs of one size), and the Triton key of each
-integer kernel argument (`== 1`, `% 16`, i32 or i64: Note [Integer keys]), so one
-specialization serves every size Triton would run with the same binary. `evaluate` is the
-Python reference the native code is tested against.
+program loads the bound facts and evaluates them natively, in the integer semantics of Python
+(floor division and modulo round toward negative infinity, as torch's FloorDiv and PythonMod
+do). What a specialization assumed about the sizes becomes guards evaluated the same way
+(trident/scm/guards.py: SizeRelation, FactEquals, IntegerKey, each a relation: `condition()`):
+the shape environment's guards, every fact tied to a symbol bound elsewhere (two inputs of one
+size), and the Triton key of each integer kernel argument (`== 1`, `% 16`, i32 or i64: Note
+[Integer keys], `int_key_condition`), so one specialization serves every size Triton would run
+with the same binary. Sizes and guards take one road to native code: a torch-dialect function of
+the region's inputs, lowered to arith (Note [Sizes through the torch dialect]). `evaluate` is
+the Python reference the native code is tested against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
+from typing import Mapping, Union
 
 import sympy
 import torch
 from torch.utils._sympy import functions as F
-from torch_mlir import ir
-from torch_mlir.dialects import arith
 
 from ..errors import UnsupportedError
 
@@ -64,8 +64,13 @@ class Binding:
 
 Size = Union[int, SizeExpr]
 
-# Triton's key of an integer argument as the host program encodes it (Note [Integer keys],
-# trident/lowering/scm_to_llvm.py: emit_int_key computes it natively; IntegerKey guards compare it)
+# Note [Integer keys]
+# Triton keys an int argument (runtime/jit.py -> native_specialize_impl) as ('constexpr', 1)
+# when specialized and equal to 1, else by type -- i32 for [-2**31, 2**31), i64 beyond -- with
+# attribute 'D' when specialized and divisible by 16, '' when not, None when the parameter is
+# do_not_specialize. Facts are int64, so u64 (>= 2**63) cannot occur. An IntegerKey guard names
+# a key by its code here and the host program checks it as the relation `int_key_condition`
+# gives; tests check that relation against Triton's specializer on many values.
 INT_KEY_CODES = {
     ("constexpr", 1): 0,
     ("i32", "D"): 1,
@@ -211,8 +216,27 @@ def evaluate(expr: sympy.Basic, env: Mapping[str, int]):
     raise UnsupportedError(f"size expression {expr}: {type(e).__name__} has no native form")
 
 
+def int_key_condition(expr: sympy.Basic, code: int, specialize: bool) -> sympy.Basic:
+    """The relation "Triton's key of the integer `expr` is `code`" (INT_KEY_CODES): with
+    specialization, 1 is the constexpr 1, other values are i32 or i64 by range and divisible
+    by 16 or not; without it, only the range counts (Triton's specialize_impl, as
+    IntegerKey.key_of restates it)."""
+    ty, attr = next((k for k, c in INT_KEY_CODES.items() if c == code), (None, None))
+    is32 = sympy.And(expr >= -(2**31), expr <= 2**31 - 1)
+    in_range = is32 if ty == "i32" else sympy.Not(is32)
+    if not specialize:
+        return in_range if ty in ("i32", "i64") and attr is None else sympy.false
+    if ty == "constexpr":
+        return sympy.Eq(expr, 1)
+    if ty is None or attr is None:
+        return sympy.false
+    div16 = sympy.Eq(F.PythonMod(expr, 16), 0)
+    return sympy.And(sympy.Ne(expr, 1), in_range, div16 if attr == "D" else sympy.Not(div16))
+
+
 def check_native(expr: sympy.Basic) -> None:
-    """Raises UnsupportedError unless `emit` can evaluate `expr` natively."""
+    """Raises UnsupportedError unless the host program can evaluate `expr` natively: the classes
+    trident/lowering/sizes_to_torch.py's `expand` writes as integer operators."""
     for e in sympy.preorder_traversal(expr):
         if isinstance(e, (sympy.Symbol, sympy.Integer)) or e in (sympy.true, sympy.false):
             continue
@@ -232,95 +256,6 @@ _NATIVE = _MAX + _MIN + _POW + (
     F.ModularIndexing, F.Identity, sympy.Eq, sympy.Ne, sympy.StrictLessThan,
     sympy.LessThan, sympy.StrictGreaterThan, sympy.GreaterThan, sympy.And, sympy.Or, sympy.Not,
 )
-
-
-# -- native code -------------------------------------------------------------------------------
-
-def emit(expr: sympy.Basic, load: Callable[[str], object], const: Callable[[int], object]):
-    """MLIR (arith) computing `expr` at the insertion point: an i64 for an integer expression, an
-    i1 for a relation. `load(name)` gives the i64 of a symbol, `const(v)` an i64 constant.
-    A divisor of 0 is taken as 1 here (Python raises; the guards that select a specialization
-    never divide by a size that can be 0 there: sizes 0 and 1 are specialized)."""
-    i1 = ir.IntegerType.get_signless(1)
-    memo: dict = {}
-
-    def cmp(pred, a, b):
-        return arith.CmpIOp(pred, a, b).result
-
-    def safe(b):  # a divisor of 0 becomes 1 (see above)
-        zero = cmp(arith.CmpIPredicate.eq, b, const(0))
-        return arith.SelectOp(zero, const(1), b).result
-
-    def fdiv(a, b):
-        return arith.FloorDivSIOp(a, safe(b)).result
-
-    def pmod(a, b):  # Python's modulo: a - (a // b) * b
-        return arith.SubIOp(a, arith.MulIOp(fdiv(a, b), b).result).result
-
-    def go(e):
-        if e in memo:
-            return memo[e]
-        args = e.args
-        if isinstance(e, sympy.Symbol):
-            out = load(e.name)
-        elif e is sympy.true or e is sympy.false:
-            out = arith.constant(i1, 1 if e is sympy.true else 0)
-        elif isinstance(e, sympy.Integer):
-            out = const(int(e))
-        elif isinstance(e, sympy.Add):
-            out = go(args[0])
-            for a in args[1:]:
-                out = arith.AddIOp(out, go(a)).result
-        elif isinstance(e, sympy.Mul):
-            out = go(args[0])
-            for a in args[1:]:
-                out = arith.MulIOp(out, go(a)).result
-        elif isinstance(e, _POW):
-            base, out = go(args[0]), const(1)
-            for _ in range(int(args[1])):
-                out = arith.MulIOp(out, base).result
-        elif isinstance(e, (F.FloorDiv, F.CleanDiv)):
-            out = fdiv(go(args[0]), go(args[1]))
-        elif isinstance(e, F.CeilDiv):
-            out = arith.CeilDivSIOp(go(args[0]), safe(go(args[1]))).result
-        elif isinstance(e, (F.PythonMod, sympy.Mod, F.Mod)):
-            out = pmod(go(args[0]), go(args[1]))
-        elif isinstance(e, F.ModularIndexing):
-            out = pmod(fdiv(go(args[0]), go(args[1])), go(args[2]))
-        elif isinstance(e, _MAX):
-            out = go(args[0])
-            for a in args[1:]:
-                out = arith.MaxSIOp(out, go(a)).result
-        elif isinstance(e, _MIN):
-            out = go(args[0])
-            for a in args[1:]:
-                out = arith.MinSIOp(out, go(a)).result
-        elif isinstance(e, F.Identity):
-            out = go(args[0])
-        elif isinstance(e, (sympy.Eq, sympy.Ne, sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan,
-                            sympy.GreaterThan)):
-            pred = {
-                sympy.Eq: arith.CmpIPredicate.eq, sympy.Ne: arith.CmpIPredicate.ne,
-                sympy.StrictLessThan: arith.CmpIPredicate.slt, sympy.LessThan: arith.CmpIPredicate.sle,
-                sympy.StrictGreaterThan: arith.CmpIPredicate.sgt, sympy.GreaterThan: arith.CmpIPredicate.sge,
-            }[type(e)]
-            out = cmp(pred, go(args[0]), go(args[1]))
-        elif isinstance(e, sympy.And):
-            out = go(args[0])
-            for a in args[1:]:
-                out = arith.AndIOp(out, go(a)).result
-        elif isinstance(e, sympy.Or):
-            out = go(args[0])
-            for a in args[1:]:
-                out = arith.OrIOp(out, go(a)).result
-        elif isinstance(e, sympy.Not):
-            out = arith.XOrIOp(go(args[0]), arith.constant(i1, 1)).result
-        else:
-            raise UnsupportedError(f"size expression {expr}: {type(e).__name__} has no native form")
-        memo[e] = out
-        return out
-
-    return go(expr)
 
 
 def to_text(value: SizeExpr) -> str:
