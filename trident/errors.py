@@ -14,12 +14,17 @@ class CaptureError(TridentError):
     new_object: True when the function returns an object it made during the call that holds
     tensors (a library's own Cache built from the one passed in): a capture cannot make that
     object again per call, Dynamo can (the same Note).
+    module_state: True when the function rebinds a tensor attribute of a module that it reads
+    (state kept on the module): a capture would not rebind it per call, Dynamo does (Note [Module
+    attributes a trace rebinds]).
     """
 
-    def __init__(self, message: str, *, data_dependent: bool = False, new_object: bool = False):
+    def __init__(self, message: str, *, data_dependent: bool = False, new_object: bool = False,
+                 module_state: bool = False):
         super().__init__(message)
         self.data_dependent = data_dependent
         self.new_object = new_object
+        self.module_state = module_state
 
 
 class UnsupportedError(TridentError):

@@ -301,6 +301,104 @@ def _forget_fake_tensors(modes: list) -> int:
     return removed
 
 
+# Note [Module attributes a trace rebinds]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The trace runs the function's Python, and modules memoize on themselves: a rotary embedding
+# (flash-attn's, flash-linear-attention's) keeps cos/sin tables in plain attributes and rebuilds
+# them when a longer sequence comes (`self._seq_len_cached = seqlen; self._cos_cached = ...`).
+# Traced, that left the trace's fake tensors and SymInts on the user's model: the next eager
+# call (a longer generate()'s prefill) read them and failed in a Triton launch ("Cannot access
+# data pointer of Tensor"). So before a trace the attributes of every module reachable from the
+# function (its `self`, closures, globals and arguments, with their submodules; `__dict__` and
+# registered buffers) are noted, and after it (made or failed) every attribute the trace bound
+# to one of its own values -- a fake tensor of its modes, a symbolic int/float/bool, or a tuple
+# or list holding one -- gets its value back (or is deleted where the trace made it): the model
+# is as the trace found it. What the capture then means:
+#   * the attribute's old value is not read by the graph (a table rebuilt from scratch): the graph
+#     computes the new one on every call it serves, as eager does on such a call; the capture
+#     stands (the module keeps its last eager table: an eager call rebuilds it as it would);
+#   * the graph reads the old value (a closed-over tensor it binds: `self.h = f(self.h, x)`, state
+#     kept on a module): every call would need the rebinding replayed, which a capture does not
+#     do (Note [What trident.compile guards]); the capture is refused (CaptureError with
+#     `module_state`), and trident.compile sends the family through torch.compile(backend=
+#     "trident"), whose Dynamo replays attribute mutations (Note [Data-dependent calls through
+#     Dynamo]).
+class _ModuleAttributes:
+    """The attributes of the modules reachable from `roots`, as a trace found them."""
+
+    def __init__(self, roots):
+        self.modules: list = []
+        seen: set = set()
+        for _, value in roots:
+            candidates = [value] if isinstance(value, torch.nn.Module) else []
+            if isinstance(value, (list, tuple)):
+                candidates = [v for v in value if isinstance(v, torch.nn.Module)]
+            for root in candidates:
+                for m in root.modules():
+                    if id(m) not in seen:
+                        seen.add(id(m))
+                        self.modules.append(m)
+        self.before = [(dict(m.__dict__), dict(m._buffers)) for m in self.modules]
+
+    def restore(self, modes) -> list:
+        """Puts back every attribute the trace bound to a value of its own; returns (module,
+        name, old value or _ABSENT) for each."""
+        restored = []
+        for m, (attrs, buffers) in zip(self.modules, self.before):
+            for table, old_table in ((m.__dict__, attrs), (m._buffers, buffers)):
+                for name, value in list(table.items()):
+                    old = old_table.get(name, _ABSENT)
+                    if value is old or not _traced_value(value, modes):
+                        continue
+                    if old is _ABSENT:
+                        del table[name]
+                    else:
+                        table[name] = old
+                    restored.append((m, name, old))
+        return restored
+
+    def path(self, module, name: str, roots) -> str:
+        for root_name, value in roots:
+            if isinstance(value, torch.nn.Module):
+                for prefix, m in value.named_modules():
+                    if m is module:
+                        return ".".join(p for p in (root_name, prefix, name) if p)
+        return f"{type(module).__name__}.{name}"
+
+
+_ABSENT = object()
+
+
+def _traced_value(value, modes, depth: int = 2) -> bool:
+    """A value of the trace's: a fake tensor of its modes, a symbolic scalar, or a tuple or list
+    holding one."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if _holds_fake(value, modes, 0):
+        return True
+    if depth and type(value) in (tuple, list):
+        return any(_traced_value(v, modes, depth - 1) for v in value)
+    return False
+
+
+def _check_rebound(gm: torch.fx.GraphModule, restored: list, attributes: "_ModuleAttributes", roots) -> list:
+    """Note [Module attributes a trace rebinds]: the paths of the attributes restored, or a
+    CaptureError (module_state) where the graph reads one's old value."""
+    held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
+    held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+    paths = []
+    for module, name, old in restored:
+        path = attributes.path(module, name, roots)
+        if isinstance(old, torch.Tensor) and id(old) in held:
+            raise CaptureError(
+                f"the function rebinds {path} (a tensor attribute it reads) to a new tensor on every call: state kept "
+                "on a module, which a capture would not update. trident.compile serves such calls through "
+                "torch.compile(fn, backend='trident'), whose Dynamo replays the rebinding; or pass the state to the "
+                "function as an argument (Note [State the function is passed]).", module_state=True)
+        paths.append(path)
+    return paths
+
+
 def capture(
     fn: Callable[..., Any],
     *example_inputs: Any,
@@ -343,6 +441,12 @@ def capture(
         note(torch._guards.detect_fake_mode(args))
         return fn(*args)
 
+    if inspect.ismethod(fn):  # make_fx would count the unwrapped method's `self` as an argument
+        del noted.__wrapped__
+
+    roots = getattr(fn, "__trident_roots__", None)  # trident.compile names its function's owners
+    roots = roots if roots is not None else _roots(fn, example_inputs, [f"arg{i}" for i in range(len(example_inputs))])
+    attributes = _ModuleAttributes(roots)  # Note [Module attributes a trace rebinds]
     try:
         theirs.append(torch._guards.detect_fake_mode(example_inputs))
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
@@ -372,9 +476,11 @@ def capture(
         check_graph(gm)
     except CaptureError:
         _forget_fake_tensors(modes)
+        attributes.restore(modes)
         raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause
         _forget_fake_tensors(modes)
+        attributes.restore(modes)
         where = _user_frame(e)
         depends = data_dependent(e)
         advice = (
@@ -390,6 +496,7 @@ def capture(
             f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
     _forget_fake_tensors(modes)  # Note [A trace leaves no fake tensors in memos]
+    gm.meta["trident_rebuilt_attributes"] = _check_rebound(gm, attributes.restore(modes), attributes, roots)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):

@@ -623,20 +623,24 @@ class CompiledFunction(ServedByCache):
                 opt = self._capture(call, key)
             except TridentError as e:
                 if not symbolic and self.dynamic is not False and family not in self._symbolic_failed and \
-                        not getattr(e, "new_object", False):  # sizes do not change what it returns
+                        not getattr(e, "new_object", False) and \
+                        not getattr(e, "module_state", False):  # sizes do not change what it returns or rebinds
                     try:  # a symbolic trace takes libraries' traceable paths (HF prefill)
                         opt = self._capture(call, key, dynamic=True, dynamic_ints=dynamic_ints)
                     except Exception:  # noqa: BLE001 - the static error is the one to report
                         self._symbolic_failed.add(family)
                 if opt is None and getattr(e, "data_dependent", False):
                     opt, e = self._static_by_value(call, key, e)
-                if opt is None and (getattr(e, "data_dependent", False) or getattr(e, "new_object", False)):
+                if opt is None and any(getattr(e, flag, False) for flag in ("data_dependent", "new_object", "module_state")):
                     self._dynamo_families.add(family)  # Note [Data-dependent calls through Dynamo]
                     if getattr(e, "new_object", False):
                         self._made_families[family] = str(e).splitlines()[0]
                     if getattr(e, "data_dependent", False):
                         how = ("the trace decides on a tensor's values", "goes through torch.compile(backend="
                                "'trident'), which breaks the graph there")
+                    elif getattr(e, "module_state", False):  # Note [Module attributes a trace rebinds]
+                        how = ("the call rebinds state kept on a module", "goes through torch.compile(backend="
+                               "'trident'), which replays the rebinding")
                     else:  # Note [Objects made per call]
                         how = ("the call returns an object it made", "runs eagerly once the function has captures, "
                                "through torch.compile(backend='trident') until then, which rebuilds the object")

@@ -10,7 +10,7 @@ lowering walks its single block at the host program's insertion point:
     arith.cmpi (an i1), `__and__.bool`/`__or__.bool`/`__not__` andi/ori/xori of i1s;
   * the integer operators become arith with Python's semantics: `floordiv.int` floors
     (arith.floordivsi), `remainder.int` takes the divisor's sign (a - (a // b) * b), `max`/`min`
-    are signed. A divisor of 0 is taken as 1, as sizes.emit does (Python raises; the guards that
+    are signed. A divisor of 0 is taken as 1 (Python raises; the guards that
     select a specialization never let a size that divides be 0 there);
   * `func.return` gives the values, one i64 (an integer) or i1 (a relation) per result.
 Any other op is a LoweringError naming it: the size program is closed under these.

@@ -1,0 +1,100 @@
+"""Note [Module attributes a trace rebinds]: a trace that rebinds attributes of the user's modules
+leaves them as it found them. A table rebuilt from scratch when a longer sequence comes (the
+rotary-embedding cache of flash-attn and flash-linear-attention) keeps its capture; state kept
+on a module (`self.h = f(self.h, x)`) sends the family through Dynamo, which replays the
+rebinding. Either way every result equals eager's, and no fake tensor or SymInt is left on the
+model (before, the next eager call read them and failed in a Triton launch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trident
+from tests.kernels import axpy
+from trident.errors import CaptureError
+
+
+class Rotary(torch.nn.Module):
+    """flash-attn's RotaryEmbedding pattern: tables in plain attributes, rebuilt when longer."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)), persistent=False)
+        self._seq_len_cached = 0
+        self._cos_cached = None
+
+    def tables(self, seqlen: int):
+        if seqlen > self._seq_len_cached or self._cos_cached is None:
+            self._seq_len_cached = seqlen
+            self._cos_cached = torch.cos(torch.outer(torch.arange(seqlen, dtype=torch.float32), self.inv_freq))
+        return self._cos_cached[:seqlen]
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = Rotary(8)
+
+    def forward(self, x, offset: int):
+        cos = self.rotary.tables(offset + x.shape[0])[-x.shape[0]:]
+        return axpy(x, cos.reshape(-1)[: x.numel()].reshape(x.shape).contiguous())
+
+
+def _no_traced_values(module: torch.nn.Module) -> None:
+    for m in module.modules():
+        for name, value in m.__dict__.items():
+            assert not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)), (name, value)
+            assert not isinstance(value, torch._subclasses.fake_tensor.FakeTensor), name
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_rebuilt_table_keeps_its_capture_and_the_model_stays_real(dynamic):
+    torch.manual_seed(0)
+    model, ref = Model(), Model()
+    fwd = trident.compile(model.forward, dynamic=dynamic)
+    x = torch.randn(4, 4)
+    # a decode-like loop: the table grows every call; then a shorter call (a new generate()'s
+    # prefill), which reads the table the model holds
+    for offset in (0, 1, 2, 3, 4, 5, 1, 0, 9):
+        want = ref(x, offset)
+        torch.testing.assert_close(fwd(x, offset), want)
+        _no_traced_values(model)
+    assert fwd.captures, trident.explain(fwd)
+    assert fwd.dynamo_calls == 0
+
+
+class State(torch.nn.Module):
+    """State kept on the module: rebinds a tensor attribute it reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = torch.zeros(16)
+
+    def forward(self, x):
+        self.h = axpy(self.h, x)
+        return self.h * 1
+
+
+def test_state_kept_on_a_module_goes_through_dynamo():
+    torch.manual_seed(0)
+    model, ref = State(), State()
+    fwd = trident.compile(model.forward)
+    for _ in range(6):
+        x = torch.randn(16)
+        torch.testing.assert_close(fwd(x), ref(x))
+        torch.testing.assert_close(model.h, ref.h)
+        _no_traced_values(model)
+    assert "rebinds state kept on a module" in trident.explain(fwd)
+    assert fwd.dynamo_calls > 0
+    torch._dynamo.reset()
+
+
+def test_capture_says_which_attribute():
+    model = State()
+    with pytest.raises(CaptureError, match=r"rebinds self\.h \(a tensor attribute it reads\)") as info:
+        trident.capture(model.forward, torch.randn(16))
+    assert info.value.module_state
+    assert isinstance(model.h, torch.Tensor) and not isinstance(model.h, torch._subclasses.fake_tensor.FakeTensor)
+    torch.testing.assert_close(model.h, torch.zeros(16))  # as the trace found it
+
