@@ -10,7 +10,6 @@ they reimplement, on well over 1000 generated cases each:
 
 from __future__ import annotations
 
-import ctypes
 import random
 
 import pytest
