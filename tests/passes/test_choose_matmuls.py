@@ -439,7 +439,7 @@ def test_every_gemv_config_equals_torch_cuda(dtype):
         a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
         w = torch.randn(n, k, device="cuda", generator=g).to(dtype) / k ** 0.5
         c = torch.randn(n, device="cuda", generator=g).to(dtype)
-        for config in [cfg for cfg in G.CONFIGS if G.useful(n, k, cfg)]:
+        for config in [cfg for cfg in G.CONFIGS if G.useful(n, k, cfg, m, dtype.itemsize)]:
             for addend in (None, c):
                 out = torch.empty(m, n, device="cuda", dtype=dtype)
                 CM._run_gemv(a, w.t(), addend, out, config)
@@ -482,7 +482,8 @@ def test_every_group_config_equals_torch_cuda(dtype):
         ws = [(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).to(dtype) for n in ns]
         cs = [torch.randn(n, device="cuda", generator=g).to(dtype) if bias else None for n in ns]
         wants = [a.float() @ w.t().float() + (0 if c is None else c.float()) for w, c in zip(ws, cs)]
-        for config in [cfg for cfg in G.CONFIGS if (cfg[2] == 1 or cfg[4]) and all(G.useful(n, k, cfg) for n in ns)]:
+        for config in [cfg for cfg in G.CONFIGS
+                       if (cfg[2] == 1 or cfg[4]) and all(G.useful(n, k, cfg, m, dtype.itemsize) for n in ns)]:
             counts = torch.zeros(max(1, sum(G.counters(n, config) for n in ns)), dtype=torch.int32, device="cuda")
             for _ in range(50):
                 outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for n in ns]
@@ -565,11 +566,11 @@ def test_every_config_through_the_interpreter(config):
         torch.testing.assert_close(opt(x, w, bias), _linear_bias(x, w, bias), **FP32)
 
 
-def _sm90(config, m=1, n=2048, k=2048):
+def _sm90(config, m=1, n=2048, k=2048, dtype=torch.bfloat16):
     """gemv_kernel compiled for sm_90 with `config` (bf16, an nn.Linear weight seen through .t()),
     nothing launched: on the CPU through the host-only driver."""
-    a, w = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
-    out, ws = torch.empty(m, n, dtype=torch.bfloat16), torch.empty(config[2], m, n)
+    a, w = torch.empty(m, k, dtype=dtype), torch.empty(n, k, dtype=dtype)
+    out, ws = torch.empty(m, n, dtype=dtype), torch.empty(config[2], m, n)
     counts = torch.zeros(max(1, G.counters(n, config)), dtype=torch.int32)
     return G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config),
                                 **CM._launch_args(a, w.t(), None, config, m, n, k))
@@ -588,6 +589,22 @@ def test_pipelined_and_unrolled_loops_put_more_tiles_in_flight():
     assert staged.metadata.shared >= 2 * 64 * 128 * 2 > plain.metadata.shared
     assert vector_loads[0] >= 8 and vector_loads[2] >= 2 * vector_loads[0], vector_loads
     assert vector_loads[1] < vector_loads[0], vector_loads  # pipelined: cp.async instead
+
+
+def test_pipelined_configs_only_where_their_tiles_fit_in_shared_memory():
+    """A pipelined K loop keeps its weight tiles in shared memory: fp32's 64 x 256 tiles at 3
+    stages asked the H200 for 327,680 bytes and could not launch. `useful` keeps a pipelined config
+    only where G.pipelined_bytes, an upper bound of what Triton's sm_90 code asks for (checked
+    here for every pipelined config, bf16 and fp32), fits in SHARED_BYTES."""
+    for dtype in (torch.bfloat16, torch.float32):
+        for config in {c for c in G.CONFIGS if c.stages}:
+            asked = _sm90(config, k=8192, dtype=dtype).metadata.shared
+            assert asked <= G.pipelined_bytes(config, dtype.itemsize), (config, dtype, asked)
+            fits = G.pipelined_bytes(config, dtype.itemsize) <= G.SHARED_BYTES
+            assert G.useful(2048, 8192, config, 1, dtype.itemsize) == fits, (config, dtype)
+            if dtype == torch.bfloat16:
+                assert fits, config  # every bf16 tile: the decode products' dtype
+    assert not G.useful(2048, 8192, G.Config(64, 256, 1, 4, 0, stages=3), 1, 4)
 
 
 def test_pipelined_and_unrolled_configs_only_where_they_change_the_kernel():

@@ -299,7 +299,7 @@ def _choose(node, va, vb, vc) -> dict:
     key = (name, m, n, k, str(va.dtype), layouts, device)
     if key in _CHOICES:
         return _CHOICES[key]
-    configs = [c for c in G.CONFIGS if G.useful(n, k, c, m)]
+    configs = [c for c in G.CONFIGS if G.useful(n, k, c, m, va.dtype.itemsize)]
     disk_key = disk_cache.key_of("decode-matmul", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # an entry of another Trident may name a config this one does not measure
@@ -517,7 +517,7 @@ def _choose_group(members) -> dict:
     key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device)
     if key in _CHOICES:
         return _decide_group(_CHOICES[key], alone)
-    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg, m) for n in ns)]
+    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg, m, va.dtype.itemsize) for n in ns)]
     disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # the group's own times (each config's): whether to group is decided per use
