@@ -663,7 +663,7 @@ def test_other_k_loops_are_measured_for_the_two_fastest_tiles_only():
     """Note [Bytes in flight]: the first round times every tile with the default loop, the second
     the pipelined and unrolled loops of the two fastest; the choice is the fastest of both."""
     x, w = torch.randn(1, 2048), torch.randn(96, 2048)
-    useful = [c for c in G.CONFIGS if G.useful(96, 2048, c)]
+    useful = [c for c in G.CONFIGS if G.useful(96, 2048, c, 1, x.dtype.itemsize)]
     tiles = [c for c in useful if c == _tile(c)]
     fast = [tiles[3], tiles[1]]  # the two fastest tiles with the default loop
     timed = []
@@ -683,3 +683,32 @@ def test_other_k_loops_are_measured_for_the_two_fastest_tiles_only():
         stages=0, unroll=1) and _tile(c) in fast}, (timed, fast)
     assert len(timed) == 1 + len(tiles) + len(others)
     assert f"{CM._name(fast[1]._replace(unroll=2))} [measured: " in trident.explain(opt)
+
+
+def test_weights_are_prefetched_before_the_wait():
+    """Note [Weights ahead of the wait], in the sm_90 code: with PDL and PREFETCH a GEMV program
+    asks the L2 for its weight lines (one prefetch per 128-byte line of each tile it streams)
+    before griddepcontrol.wait, and its loop is the same; emit_launch sets PREFETCH with PDL for
+    CUDA tensors only (the interpreter runs no inline PTX)."""
+    import re
+
+    config = G.Config(32, 256, 1, 4, 0)
+    m, n, k = 1, 2048, 2048
+    a, w = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+    out, ws = torch.empty(m, n, dtype=torch.bfloat16), torch.empty(1, m, n)
+    counts = torch.zeros(1, dtype=torch.int32)
+    args = CM._launch_args(a, w.t(), None, config, m, n, k)
+    plain = G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config), **args, PDL=True)
+    ahead = G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config), **args, PDL=True,
+                                 PREFETCH=True)
+    ptx = ahead.asm["ptx"]
+    assert "prefetch.global.L2" not in plain.asm["ptx"]
+    assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
+    # 32 rows x 4 lines a tile, 8 tiles: 1024 lines over 128 threads, each line once
+    assert len(re.findall(r"prefetch\.global\.L2", ptx)) >= 1
+    group = G.gemv_group_kernel.warmup(
+        a, w.t(), w.t(), w.t(), a, a, a, out, out, out, ws, counts, m, k, n, n, n, k, 1, 1, k, 1, 0,
+        MEMBERS=3, HAS_C=False, SPLIT_K=1, PRECISION="tf32", BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, PDL=True,
+        PREFETCH=True, grid=(3 * n // 32, 1, 1))
+    gptx = group.asm["ptx"]
+    assert "prefetch.global.L2" in gptx and gptx.index("prefetch.global.L2") < gptx.index("griddepcontrol.wait")

@@ -70,6 +70,35 @@ import triton
 import triton.language as tl
 
 
+# Note [Weights ahead of the wait]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Under programmatic dependent launch a GEMV's programs start while the kernel before it still
+# runs, and wait (gdc_wait) before reading anything that kernel may write. Its weights are read
+# by nobody's result: with PREFETCH, each program first asks the L2 for every 128-byte line of
+# the weight tiles it will stream (`prefetch.global.L2`, one per line, no register written), and
+# only then waits: the weights' HBM reads overlap the kernel before (in a decode step a norm, a
+# rotary embedding or the attention: latency-bound kernels that leave HBM idle), and the K loop
+# finds them in L2. A prefetch has no effect on any value -- the L2 is the GPU's point of
+# coherence, so a line a kernel writes later is the written line when read -- so it is safe
+# whatever the weights alias. CUDA only (inline PTX: Triton's interpreter runs none); set by
+# emit_launch where PDL is (Note [Programmatic dependent launch]).
+LINE_ELEMENTS = 64  # 2-byte elements per 128-byte line (4-byte weights: every other line)
+
+
+@triton.jit
+def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pid_k,
+                      SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Note [Weights ahead of the wait]: the L2 prefetch of program (pid_n, pid_k)'s weight tiles."""
+    LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    for k0 in tl.range(0, K, BLOCK_K * SPLIT_K):
+        rk = k0 + pid_k * BLOCK_K + tl.arange(0, LINES) * 64
+        ok = (rn[:, None] < N) & (rk[None, :] < K)
+        ptrs = tl.where(ok, b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn, b_ptr)
+        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def _gemv_program(
     a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr,
@@ -160,10 +189,13 @@ def gemv_kernel(
     ACC2D: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = False,
 ):
+    pid_n = tl.program_id(0)
+    if PREFETCH:  # Note [Weights ahead of the wait]
+        _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K, pid_n, tl.program_id(1), SPLIT_K, BLOCK_N, BLOCK_K)
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
-    pid_n = tl.program_id(0)
     _gemv_program(a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
                   count_offset + pid_n, pid_n, tl.program_id(1),
@@ -187,17 +219,27 @@ def gemv_group_kernel(
     ACC2D: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = False,
 ):
     """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
     launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
     out is [M, N_i] contiguous, its addend a bias row [N_i]; the workspace holds the members'
     [SPLIT_K, M, N_i] pieces one after the other, the counters one per column block."""
-    if PDL:  # Note [Programmatic dependent launch]
-        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     NB0: tl.constexpr = (N0 + BLOCK_N - 1) // BLOCK_N
     NB1: tl.constexpr = (N1 + BLOCK_N - 1) // BLOCK_N
+    if PREFETCH:  # Note [Weights ahead of the wait]
+        if pid < NB0:
+            _prefetch_weights(b0_ptr, stride_bk, stride_bn, N0, K, pid, pid_k, SPLIT_K, BLOCK_N, BLOCK_K)
+        elif pid < NB0 + NB1:
+            _prefetch_weights(b1_ptr, stride_bk, stride_bn, N1, K, pid - NB0, pid_k, SPLIT_K, BLOCK_N, BLOCK_K)
+        else:
+            if MEMBERS == 3:
+                _prefetch_weights(b2_ptr, stride_bk, stride_bn, N2, K, pid - NB0 - NB1, pid_k, SPLIT_K, BLOCK_N,
+                                  BLOCK_K)
+    if PDL:  # Note [Programmatic dependent launch]
+        tl.extra.cuda.gdc_wait()
     if pid < NB0:
         _gemv_program(a_ptr, b0_ptr, c0_ptr, out0_ptr, ws_ptr, count_ptr, M, N0, K,
                       stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N0, 1, count_offset + pid, pid, pid_k,

@@ -235,8 +235,10 @@ def emit_launch(gm: torch.fx.GraphModule, kernel, grid, kwargs: dict) -> torch.f
     kwargs set it (Note [Programmatic dependent launch])."""
     if "PDL" in kernel.arg_names and "PDL" not in kwargs:
         devices = {v.device for a in kwargs.values() if isinstance(v := node_val(a), torch.Tensor)}
-        if len(devices) == 1 and pdl.wanted(devices.pop()):
+        if len(devices) == 1 and pdl.wanted(device := devices.pop()):
             kwargs = {**kwargs, "PDL": True}
+            if "PREFETCH" in kernel.arg_names and device.type == "cuda":  # Note [Weights ahead of the wait]
+                kwargs["PREFETCH"] = True
     node = gm.graph.call_function(
         triton_kernel_wrapper_mutation,
         (),

@@ -113,6 +113,8 @@ def _analysed_kwargs(node: torch.fx.Node, kwargs: dict) -> dict:
                if p.name not in kwargs and p.name not in constants and p.default is not inspect.Parameter.empty}
     if kwargs.get("PDL") and kernel.fn.__module__.startswith("trident.kernels."):
         missing["PDL"] = False
+        if kwargs.get("PREFETCH"):  # Note [Weights ahead of the wait]: inline PTX too, writing nothing
+            missing["PREFETCH"] = False
     return {**kwargs, **missing} if missing else kwargs
 
 
