@@ -12,6 +12,9 @@ step, max |variant - eager| / max |eager| of the logits for
   reordered   eager with every nn.Linear accumulated in fp32 and rounded once (a legitimate order)
   trident     trident.compile(model.forward), its second generate()
 
+and, against the same model in fp32 (the yardstick of both), eager's and Trident's drift
+(`eager_vs_fp32`, `trident_vs_fp32`): Trident no farther from it than eager is no less accurate.
+
 and the first step where each one's tokens part from eager's. Random weights (seed 0)."""
 
 from __future__ import annotations
@@ -33,17 +36,18 @@ from trident.passes import choose_matmuls as CM  # noqa: E402
 PROMPT = 8
 
 
-def build(kind: str, layers: int, dtype, dev: str):
+def build(kind: str, layers: int, dtype, dev: str, hidden: int = 128):
     import transformers
 
     torch.manual_seed(0)
     if kind == "gla":
         import fla.models as M
 
-        cfg = M.GLAConfig(hidden_size=128, num_hidden_layers=layers, num_heads=2, vocab_size=512, intermediate_size=256)
+        cfg = M.GLAConfig(hidden_size=hidden, num_hidden_layers=layers, num_heads=max(2, hidden // 256),
+                          vocab_size=512, intermediate_size=2 * hidden)
     else:
-        cfg = transformers.LlamaConfig(hidden_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                                       num_key_value_heads=2, intermediate_size=256, vocab_size=512)
+        cfg = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(4, hidden // 64),
+                                       num_key_value_heads=2, intermediate_size=2 * hidden, vocab_size=512)
     return transformers.AutoModelForCausalLM.from_config(cfg).eval().to(dev, dtype)
 
 
@@ -68,15 +72,21 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "fp32", "bf16"))
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--new", type=int, default=24)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     dtype = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model = build(args.model, args.layers, dtype, args.device)
+    model = build(args.model, args.layers, dtype, args.device, args.hidden)
     model.generation_config.pad_token_id = 0
     ids = torch.randint(0, 512, (1, PROMPT), generator=torch.Generator().manual_seed(0)).to(args.device)
     want = generate(model, ids, args.new)
-    out = {"model": args.model, "dtype": args.dtype, "layers": args.layers, "device": args.device,
-           "commit": os.environ.get("TRIDENT_COMMIT", "unknown")}
+    out = {"model": args.model, "dtype": args.dtype, "layers": args.layers, "hidden": args.hidden,
+           "device": args.device, "commit": os.environ.get("TRIDENT_COMMIT", "unknown")}
+    exact = build(args.model, args.layers, torch.float32, args.device, args.hidden)  # the yardstick of both
+    exact.generation_config.pad_token_id = 0
+    reference = generate(exact, ids, args.new)
+    del exact
+    out["eager_vs_fp32"] = drift(reference, want)
 
     linear = F.linear  # reordered: eager with fp32 accumulation, one rounding, in every nn.Linear
     F.linear = lambda x, w, b=None: linear(x.float(), w.float(), None if b is None else b.float()).to(x.dtype)
@@ -93,7 +103,9 @@ def main() -> None:
     with knobs.scope(**scope):
         model.forward = trident.compile(forward)
         generate(model, ids, args.new)
-        out["trident"] = drift(want, generate(model, ids, args.new))
+        got = generate(model, ids, args.new)
+        out["trident"] = drift(want, got)
+        out["trident_vs_fp32"] = drift(reference, got)
     model.forward = forward
     print(json.dumps(out, indent=1))
 
