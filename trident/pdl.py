@@ -124,7 +124,7 @@ def _instructions(body: str):
 def waits_before_memory(ptx: str) -> bool:
     """Whether the kernel of `ptx` (one `.entry`) executes an unpredicated `griddepcontrol.wait`
     in its entry block before any instruction that may touch global memory (Note
-    [Programmatic dependent launch])."""
+    [Programmatic dependent launch]); a prefetch into the L2 reads no value and does not count."""
     entries = list(_ENTRY.finditer(ptx))
     if len(entries) != 1:
         return False
@@ -155,6 +155,8 @@ def waits_before_memory(ptx: str) -> bool:
             continue  # a predicated wait may not run: look on
         if parts[0] in _ENDS_BLOCK:
             return False
+        if parts[0] == "prefetch" and parts[1:2] == ["global"] and any(p.startswith("L2") for p in parts[2:]):
+            continue  # into the L2, the GPU's point of coherence: no value read (Note [Weights ahead of the wait])
         if parts[0] in _MEMORY_OPS:
             spaces = set(parts[1:]) & (_PRIVATE_SPACES | {"global"})
             if parts[0] in ("ld", "ldu", "st") and spaces and "global" not in spaces:

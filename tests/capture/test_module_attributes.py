@@ -98,3 +98,62 @@ def test_capture_says_which_attribute():
     assert isinstance(model.h, torch.Tensor) and not isinstance(model.h, torch._subclasses.fake_tensor.FakeTensor)
     torch.testing.assert_close(model.h, torch.zeros(16))  # as the trace found it
 
+
+
+class Tables(torch.nn.Module):
+    """A length counter beside the table (no `is None` escape): both must come back together."""
+
+    def __init__(self):
+        super().__init__()
+        self._seq_len_cached = 0
+        self._cos_cached = torch.zeros(0, 8)
+
+    def forward(self, x, seqlen: int):
+        if seqlen > self._seq_len_cached:
+            self._seq_len_cached = seqlen
+            self._cos_cached = torch.cos(torch.arange(seqlen, dtype=torch.float32)[:, None] * torch.ones(8))
+        return axpy(x, self._cos_cached[:seqlen].sum(0).contiguous())
+
+
+def test_a_static_trace_puts_back_the_length_with_the_table():
+    model, ref = Tables(), Tables()
+    x = torch.randn(8)
+    torch.testing.assert_close(model(x, 4), ref(x, 4))
+    trident.capture(model.forward, x, 8)  # the traced call rebuilds for 8
+    assert model._seq_len_cached == 4 and model._cos_cached.shape == (4, 8)
+    torch.testing.assert_close(model(x, 6), ref(x, 6))  # eager rebuilds for 6, as ref does
+
+
+class ListState(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hs = [torch.zeros(16)]
+
+    def forward(self, x):
+        self.hs = [axpy(self.hs[0], x)]
+        return self.hs[0] * 1
+
+
+class Engine:
+    """A plain object holding the model (the function's `self` is no module)."""
+
+    def __init__(self):
+        self.model = Model()
+
+    def step(self, x, offset: int):
+        return self.model(x, offset)
+
+
+def test_state_in_a_list_and_a_model_behind_a_plain_object():
+    with pytest.raises(CaptureError, match=r"rebinds self\.hs"):
+        trident.capture(ListState().forward, torch.randn(16))
+    model, ref = ListState(), ListState()
+    fwd = trident.compile(model.forward)
+    for _ in range(5):
+        x = torch.randn(16)
+        torch.testing.assert_close(fwd(x), ref(x))
+    engine = Engine()
+    trident.capture(engine.step, torch.randn(4, 4), 3, dynamic=True)
+    _no_traced_values(engine.model)
+    assert engine.model.rotary._seq_len_cached == 0 and engine.model.rotary._cos_cached is None
+    torch._dynamo.reset()

@@ -13,7 +13,7 @@ import torch
 
 import trident
 from tests import kernels as K
-from trident import knobs
+from trident import knobs, pdl
 from trident.kernels import gemv as G
 from trident.passes import choose_matmuls as CM
 
@@ -704,11 +704,15 @@ def test_weights_are_prefetched_before_the_wait():
     ptx = ahead.asm["ptx"]
     assert "prefetch.global.L2" not in plain.asm["ptx"]
     assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
-    # 32 rows x 4 lines a tile, 8 tiles: 1024 lines over 128 threads, each line once
-    assert len(re.findall(r"prefetch\.global\.L2", ptx)) >= 1
+    # 32 rows x 4 lines a tile, 8 tiles: 1024 lines over 128 threads, 8 prefetch instructions each
+    assert len(re.findall(r"prefetch\.global\.L2", ptx)) == 1024 // 128
+    # and the launch stays programmatic: nothing before the wait reads a value or branches
+    assert pdl.waits_before_memory(plain.asm["ptx"]) and pdl.waits_before_memory(ptx)
     group = G.gemv_group_kernel.warmup(
         a, w.t(), w.t(), w.t(), a, a, a, out, out, out, ws, counts, m, k, n, n, n, k, 1, 1, k, 1, 0,
         MEMBERS=3, HAS_C=False, SPLIT_K=1, PRECISION="tf32", BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, PDL=True,
         PREFETCH=True, grid=(3 * n // 32, 1, 1))
     gptx = group.asm["ptx"]
     assert "prefetch.global.L2" in gptx and gptx.index("prefetch.global.L2") < gptx.index("griddepcontrol.wait")
+    assert pdl.waits_before_memory(gptx)
+    assert not pdl.waits_before_memory(gptx.replace("prefetch.global.L2", "prefetch.global.L1"))  # L1: not coherent

@@ -308,54 +308,73 @@ def _forget_fake_tensors(modes: list) -> int:
 # them when a longer sequence comes (`self._seq_len_cached = seqlen; self._cos_cached = ...`).
 # Traced, that left the trace's fake tensors and SymInts on the user's model: the next eager
 # call (a longer generate()'s prefill) read them and failed in a Triton launch ("Cannot access
-# data pointer of Tensor"). So before a trace the attributes of every module reachable from the
-# function (its `self`, closures, globals and arguments, with their submodules; `__dict__` and
-# registered buffers) are noted, and after it (made or failed) every attribute the trace bound
-# to one of its own values -- a fake tensor of its modes, a symbolic int/float/bool, or a tuple
-# or list holding one -- gets its value back (or is deleted where the trace made it): the model
-# is as the trace found it. What the capture then means:
-#   * the attribute's old value is not read by the graph (a table rebuilt from scratch): the graph
+# data pointer of Tensor"). A trace is no call, so the model must come out of it as it went in:
+# the attribute tables (`__dict__`, buffers, parameters) of every module reachable from the
+# function -- its `self`, closures, globals and arguments, through lists, tuples, dicts and the
+# attributes of plain objects holding a model, with their submodules -- are copied when the trace
+# starts (under Triton's lock, with the trace) and put back when it ends, made or failed: every
+# attribute, ints and flags included (a table put back without its length would be read as the
+# longer one). What the capture then means for each attribute the trace changed:
+#   * no tensor its old value held is read by the graph (a table rebuilt from scratch): the graph
 #     computes the new one on every call it serves, as eager does on such a call; the capture
 #     stands (the module keeps its last eager table: an eager call rebuilds it as it would);
-#   * the graph reads the old value (a closed-over tensor it binds: `self.h = f(self.h, x)`, state
-#     kept on a module): every call would need the rebinding replayed, which a capture does not
-#     do (Note [What trident.compile guards]); the capture is refused (CaptureError with
+#   * the graph reads one (a closed-over tensor it binds: `self.h = f(self.h, x)`, a list of them:
+#     state kept on a module): every call would need the rebinding replayed, which a capture does
+#     not do (Note [What trident.compile guards]); the capture is refused (CaptureError with
 #     `module_state`), and trident.compile sends the family through torch.compile(backend=
 #     "trident"), whose Dynamo replays attribute mutations (Note [Data-dependent calls through
 #     Dynamo]).
+# Not covered: a container the trace mutates in place (`self.cache.append(x)`: the same list).
 class _ModuleAttributes:
     """The attributes of the modules reachable from `roots`, as a trace found them."""
 
     def __init__(self, roots):
         self.modules: list = []
         seen: set = set()
-        for _, value in roots:
-            candidates = [value] if isinstance(value, torch.nn.Module) else []
-            if isinstance(value, (list, tuple)):
-                candidates = [v for v in value if isinstance(v, torch.nn.Module)]
-            for root in candidates:
-                for m in root.modules():
-                    if id(m) not in seen:
+
+        def visit(value, depth: int) -> None:
+            if id(value) in seen or len(seen) > 100_000:
+                return
+            seen.add(id(value))
+            if isinstance(value, torch.nn.Module):
+                for m in value.modules():
+                    if m is value or id(m) not in seen:
                         seen.add(id(m))
                         self.modules.append(m)
-        self.before = [(dict(m.__dict__), dict(m._buffers)) for m in self.modules]
+            elif depth and isinstance(value, (list, tuple)):
+                for v in value:
+                    visit(v, depth - 1)
+            elif depth and isinstance(value, dict):
+                for v in list(value.values()):
+                    visit(v, depth - 1)
+            elif depth and not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.Tensor)) and \
+                    isinstance(getattr(value, "__dict__", None), dict):  # an object holding the model
+                for v in list(vars(value).values()):
+                    visit(v, depth - 1)
 
-    def restore(self, modes) -> list:
-        """Puts back every attribute the trace bound to a value of its own; returns (module,
-        name, old value or _ABSENT) for each."""
-        restored = []
-        for m, (attrs, buffers) in zip(self.modules, self.before):
-            for table, old_table in ((m.__dict__, attrs), (m._buffers, buffers)):
-                for name, value in list(table.items()):
+        for _, value in roots:
+            visit(value, 3)
+        self.before = [self._tables(m) for m in self.modules]
+        self.changed: list = []  # (module, name, old value or _ABSENT), filled by restore
+
+    @staticmethod
+    def _tables(m) -> list:
+        return [(table, dict(table)) for table in (m.__dict__, m._buffers, m._parameters)]
+
+    def restore(self) -> None:
+        """Puts every attribute of those modules back as it was, ints and flags included (the trace
+        is no call: a table put back without its length would be read as the longer one), and
+        notes in `changed` each that the trace changed."""
+        for m, tables in zip(self.modules, self.before):
+            for table, old_table in tables:
+                if table.keys() == old_table.keys() and all(table[k] is v for k, v in old_table.items()):
+                    continue
+                for name in set(table) | set(old_table):
                     old = old_table.get(name, _ABSENT)
-                    if value is old or not _traced_value(value, modes):
-                        continue
-                    if old is _ABSENT:
-                        del table[name]
-                    else:
-                        table[name] = old
-                    restored.append((m, name, old))
-        return restored
+                    if table.get(name, _ABSENT) is not old:
+                        self.changed.append((m, name, old))
+                table.clear()
+                table.update(old_table)
 
     def path(self, module, name: str, roots) -> str:
         for root_name, value in roots:
@@ -366,32 +385,42 @@ class _ModuleAttributes:
         return f"{type(module).__name__}.{name}"
 
 
+@contextlib.contextmanager
+def _modules_as_found(roots):
+    """Note [Module attributes a trace rebinds]: the modules' attributes put back when the block
+    ends, however it ends."""
+    attributes = _ModuleAttributes(roots)
+    try:
+        yield attributes
+    finally:
+        attributes.restore()
+
+
 _ABSENT = object()
 
 
-def _traced_value(value, modes, depth: int = 2) -> bool:
-    """A value of the trace's: a fake tensor of its modes, a symbolic scalar, or a tuple or list
-    holding one."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
-    if _holds_fake(value, modes, 0):
-        return True
-    if depth and type(value) in (tuple, list):
-        return any(_traced_value(v, modes, depth - 1) for v in value)
-    return False
+def _tensors_in(value, depth: int = 3):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v, depth - 1)
+    elif depth and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v, depth - 1)
 
 
-def _check_rebound(gm: torch.fx.GraphModule, restored: list, attributes: "_ModuleAttributes", roots) -> list:
-    """Note [Module attributes a trace rebinds]: the paths of the attributes restored, or a
-    CaptureError (module_state) where the graph reads one's old value."""
+def _check_rebound(gm: torch.fx.GraphModule, attributes: "_ModuleAttributes", roots) -> list:
+    """Note [Module attributes a trace rebinds]: the paths of the attributes the trace changed,
+    or a CaptureError (module_state) where the graph reads a tensor their old values held."""
     held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
     held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
     paths = []
-    for module, name, old in restored:
+    for module, name, old in attributes.changed:
         path = attributes.path(module, name, roots)
-        if isinstance(old, torch.Tensor) and id(old) in held:
+        if any(id(t) in held for t in _tensors_in(old)):
             raise CaptureError(
-                f"the function rebinds {path} (a tensor attribute it reads) to a new tensor on every call: state kept "
+                f"the function rebinds {path} (a tensor attribute it reads) to a new value on every call: state kept "
                 "on a module, which a capture would not update. trident.compile serves such calls through "
                 "torch.compile(fn, backend='trident'), whose Dynamo replays the rebinding; or pass the state to the "
                 "function as an argument (Note [State the function is passed]).", module_state=True)
@@ -446,13 +475,13 @@ def capture(
 
     roots = getattr(fn, "__trident_roots__", None)  # trident.compile names its function's owners
     roots = roots if roots is not None else _roots(fn, example_inputs, [f"arg{i}" for i in range(len(example_inputs))])
-    attributes = _ModuleAttributes(roots)  # Note [Module attributes a trace rebinds]
     try:
         theirs.append(torch._guards.detect_fake_mode(example_inputs))
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
         # Note [Collectives in regions]: dist.all_reduce & co. traced as functional collectives
-        with triton_state.exclusive(), _launches_as_hops(log), _no_real_compute(), _compiling(dynamic), \
-                collectives_as_functional():
+        # Note [Module attributes a trace rebinds]: the user's modules as the trace found them
+        with triton_state.exclusive(), _modules_as_found(roots) as attributes, _launches_as_hops(log), \
+                _no_real_compute(), _compiling(dynamic), collectives_as_functional():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"
@@ -476,11 +505,9 @@ def capture(
         check_graph(gm)
     except CaptureError:
         _forget_fake_tensors(modes)
-        attributes.restore(modes)
         raise
     except Exception as e:  # make_fx wraps user errors in many types; keep the cause
         _forget_fake_tensors(modes)
-        attributes.restore(modes)
         where = _user_frame(e)
         depends = data_dependent(e)
         advice = (
@@ -496,7 +523,7 @@ def capture(
             f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
     _forget_fake_tensors(modes)  # Note [A trace leaves no fake tensors in memos]
-    gm.meta["trident_rebuilt_attributes"] = _check_rebound(gm, attributes.restore(modes), attributes, roots)
+    gm.meta["trident_rebuilt_attributes"] = _check_rebound(gm, attributes, roots)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):

@@ -91,7 +91,7 @@ def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pi
     """Note [Weights ahead of the wait]: the L2 prefetch of program (pid_n, pid_k)'s weight tiles."""
     LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    for k0 in tl.range(0, K, BLOCK_K * SPLIT_K):
+    for k0 in tl.static_range(0, K, BLOCK_K * SPLIT_K):  # no branch before the wait (pdl.waits_before_memory)
         rk = k0 + pid_k * BLOCK_K + tl.arange(0, LINES) * 64
         ok = (rn[:, None] < N) & (rk[None, :] < K)
         ptrs = tl.where(ok, b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn, b_ptr)
@@ -229,15 +229,16 @@ def gemv_group_kernel(
     pid_k = tl.program_id(1)
     NB0: tl.constexpr = (N0 + BLOCK_N - 1) // BLOCK_N
     NB1: tl.constexpr = (N1 + BLOCK_N - 1) // BLOCK_N
-    if PREFETCH:  # Note [Weights ahead of the wait]
-        if pid < NB0:
-            _prefetch_weights(b0_ptr, stride_bk, stride_bn, N0, K, pid, pid_k, SPLIT_K, BLOCK_N, BLOCK_K)
-        elif pid < NB0 + NB1:
-            _prefetch_weights(b1_ptr, stride_bk, stride_bn, N1, K, pid - NB0, pid_k, SPLIT_K, BLOCK_N, BLOCK_K)
+    if PREFETCH:  # Note [Weights ahead of the wait]: the member selected without a branch
+        in1 = pid >= NB0
+        in2 = pid >= NB0 + NB1
+        if MEMBERS == 3:
+            b_sel = tl.where(in2, b2_ptr, tl.where(in1, b1_ptr, b0_ptr))
         else:
-            if MEMBERS == 3:
-                _prefetch_weights(b2_ptr, stride_bk, stride_bn, N2, K, pid - NB0 - NB1, pid_k, SPLIT_K, BLOCK_N,
-                                  BLOCK_K)
+            b_sel = tl.where(in1, b1_ptr, b0_ptr)
+        n_sel = tl.where(in2, N2, tl.where(in1, N1, N0))
+        first = tl.where(in2, NB0 + NB1, tl.where(in1, NB0, 0))
+        _prefetch_weights(b_sel, stride_bk, stride_bn, n_sel, K, pid - first, pid_k, SPLIT_K, BLOCK_N, BLOCK_K)
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
     if pid < NB0:
