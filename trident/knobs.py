@@ -334,8 +334,9 @@ _KNOBS = {
         "kernels wait for their predecessor with griddepcontrol.wait and release their dependents early, and a "
         "launch whose kernel provably waits before touching global memory may start before the kernel before it "
         "ends: 'cuda' (sm_90+ CUDA devices; also any on spelling), 'all' (also CPU tensors, where the waits are "
-        "no-ops of Triton's interpreter: tests), '' (default: off; measured on the H200 at e3252af it gained "
-        "nothing: results/bench_hf_llama_liger_e3252af.json)",
+        "no-ops of Triton's interpreter: tests), '' (default: off; measured on the H200 at b5cf397: Llama-1B + Liger "
+        "1.086 -> 1.077 ms/token, plain 1.130 -> 1.046, results/bench_hf_llama_b5cf397.json; Trident's GEMVs then "
+        "prefetch their weights into L2 before the wait, Note [Weights ahead of the wait], not yet measured)",
         _DEVICE_MODE,
     ),
     "graphs": _Knob(

@@ -311,8 +311,9 @@ def _forget_fake_tensors(modes: list) -> int:
 # data pointer of Tensor"). A trace is no call, so the model must come out of it as it went in:
 # the attribute tables (`__dict__`, buffers, parameters) of every module reachable from the
 # function -- its `self`, closures, globals and arguments, through lists, tuples, dicts and the
-# attributes of plain objects holding a model, with their submodules -- are copied when the trace
-# starts (under Triton's lock, with the trace) and put back when it ends, made or failed: every
+# public attributes of plain objects holding a model (`_reachable`, the walk that names
+# closed-over tensors), with their submodules -- are copied when the trace starts (under
+# Triton's lock, with the trace) and put back when it ends, made or failed: every
 # attribute, ints and flags included (a table put back without its length would be read as the
 # longer one). What the capture then means for each attribute the trace changed:
 #   * no tensor its old value held is read by the graph (a table rebuilt from scratch): the graph
@@ -326,34 +327,11 @@ def _forget_fake_tensors(modes: list) -> int:
 #     Dynamo]).
 # Not covered: a container the trace mutates in place (`self.cache.append(x)`: the same list).
 class _ModuleAttributes:
-    """The attributes of the modules reachable from `roots`, as a trace found them."""
+    """The attributes of the modules reachable from `roots` (_reachable), as a trace found them."""
 
     def __init__(self, roots):
-        self.modules: list = []
-        seen: set = set()
-
-        def visit(value, depth: int) -> None:
-            if id(value) in seen or len(seen) > 100_000:
-                return
-            seen.add(id(value))
-            if isinstance(value, torch.nn.Module):
-                for m in value.modules():
-                    if m is value or id(m) not in seen:
-                        seen.add(id(m))
-                        self.modules.append(m)
-            elif depth and isinstance(value, (list, tuple)):
-                for v in value:
-                    visit(v, depth - 1)
-            elif depth and isinstance(value, dict):
-                for v in list(value.values()):
-                    visit(v, depth - 1)
-            elif depth and not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.Tensor)) and \
-                    isinstance(getattr(value, "__dict__", None), dict):  # an object holding the model
-                for v in list(vars(value).values()):
-                    visit(v, depth - 1)
-
-        for _, value in roots:
-            visit(value, 3)
+        self.paths = {id(m): (path, m) for path, m in _reachable(roots) if isinstance(m, torch.nn.Module)}
+        self.modules = [m for _, m in self.paths.values()]
         self.before = [self._tables(m) for m in self.modules]
         self.changed: list = []  # (module, name, old value or _ABSENT), filled by restore
 
@@ -376,13 +354,8 @@ class _ModuleAttributes:
                 table.clear()
                 table.update(old_table)
 
-    def path(self, module, name: str, roots) -> str:
-        for root_name, value in roots:
-            if isinstance(value, torch.nn.Module):
-                for prefix, m in value.named_modules():
-                    if m is module:
-                        return ".".join(p for p in (root_name, prefix, name) if p)
-        return f"{type(module).__name__}.{name}"
+    def path(self, module, name: str) -> str:
+        return f"{self.paths[id(module)][0]}.{name}"
 
 
 @contextlib.contextmanager
@@ -410,14 +383,14 @@ def _tensors_in(value, depth: int = 3):
             yield from _tensors_in(v, depth - 1)
 
 
-def _check_rebound(gm: torch.fx.GraphModule, attributes: "_ModuleAttributes", roots) -> list:
+def _check_rebound(gm: torch.fx.GraphModule, attributes: "_ModuleAttributes") -> list:
     """Note [Module attributes a trace rebinds]: the paths of the attributes the trace changed,
     or a CaptureError (module_state) where the graph reads a tensor their old values held."""
     held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
     held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
     paths = []
     for module, name, old in attributes.changed:
-        path = attributes.path(module, name, roots)
+        path = attributes.path(module, name)
         if any(id(t) in held for t in _tensors_in(old)):
             raise CaptureError(
                 f"the function rebinds {path} (a tensor attribute it reads) to a new value on every call: state kept "
@@ -523,7 +496,7 @@ def capture(
             f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
     _forget_fake_tensors(modes)  # Note [A trace leaves no fake tensors in memos]
-    gm.meta["trident_rebuilt_attributes"] = _check_rebound(gm, attributes, roots)
+    gm.meta["trident_rebuilt_attributes"] = _check_rebound(gm, attributes)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
@@ -720,9 +693,12 @@ def _roots(fn, example_inputs, names) -> list[tuple[str, Any]]:
     return roots
 
 
-def _tensor_paths(roots) -> dict[int, str]:
-    """id(tensor) -> the first (shortest) path reaching it from `roots`."""
-    found: dict[int, str] = {}
+def _reachable(roots):
+    """(path, object) for every object reached from `roots`, breadth first (so a path is the
+    shortest), at most _SEARCH_DEPTH levels and _SEARCH_BUDGET objects: tensors; modules, each
+    with its submodules (named_modules) and their public attributes that are no module; dicts,
+    lists, tuples and the public attributes of other objects. Scalars, types, functions and
+    Python modules end a path."""
     seen: set[int] = set()
     level = list(roots)
     budget = _SEARCH_BUDGET
@@ -730,7 +706,7 @@ def _tensor_paths(roots) -> dict[int, str]:
         nxt = []
         for path, obj in level:
             if isinstance(obj, torch.Tensor):
-                found.setdefault(id(obj), path)
+                yield path, obj
                 continue
             if id(obj) in seen or budget <= 0 or isinstance(
                 obj, (str, bytes, int, float, bool, complex, type(None), type, types.ModuleType, types.FunctionType,
@@ -740,13 +716,13 @@ def _tensor_paths(roots) -> dict[int, str]:
             seen.add(id(obj))
             budget -= 1
             if isinstance(obj, torch.nn.Module):
-                for n, t in obj.named_parameters(remove_duplicate=False):
-                    found.setdefault(id(t), f"{path}.{n}")
-                for n, t in obj.named_buffers(remove_duplicate=False):
-                    found.setdefault(id(t), f"{path}.{n}")
                 for n, m in obj.named_modules():
+                    sub = f"{path}.{n}" if n else path
+                    if m is not obj and id(m) in seen:
+                        continue
                     seen.add(id(m))
-                    nxt += [(f"{path}.{n}.{k}" if n else f"{path}.{k}", v) for k, v in vars(m).items()
+                    yield sub, m
+                    nxt += [(f"{sub}.{k}", v) for k, v in vars(m).items()
                             if not k.startswith("_") and not isinstance(v, torch.nn.Module)]
             elif isinstance(obj, dict):
                 nxt += [(f"{path}.{k}", v) for k, v in obj.items() if isinstance(k, (str, int))]
@@ -755,6 +731,18 @@ def _tensor_paths(roots) -> dict[int, str]:
             elif hasattr(obj, "__dict__"):
                 nxt += [(f"{path}.{k}", v) for k, v in vars(obj).items() if not k.startswith("_")]
         level = nxt
+
+
+def _tensor_paths(roots) -> dict[int, str]:
+    """id(tensor) -> the first (shortest) path reaching it from `roots`."""
+    found: dict[int, str] = {}
+    for path, obj in _reachable(roots):
+        if isinstance(obj, torch.nn.Module):  # its own parameters and buffers (a submodule comes on its own)
+            for n, t in (*obj.named_parameters(recurse=False, remove_duplicate=False),
+                         *obj.named_buffers(recurse=False, remove_duplicate=False)):
+                found.setdefault(id(t), f"{path}.{n}")
+        else:
+            found.setdefault(id(obj), path)
     return found
 
 

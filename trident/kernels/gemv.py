@@ -82,13 +82,13 @@ import triton.language as tl
 # coherence, so a line a kernel writes later is the written line when read -- so it is safe
 # whatever the weights alias. CUDA only (inline PTX: Triton's interpreter runs none); set by
 # emit_launch where PDL is (Note [Programmatic dependent launch]).
-LINE_ELEMENTS = 64  # 2-byte elements per 128-byte line (4-byte weights: every other line)
 
 
 @triton.jit
 def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pid_k,
                       SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Note [Weights ahead of the wait]: the L2 prefetch of program (pid_n, pid_k)'s weight tiles."""
+    # 64 2-byte elements per 128-byte line (4-byte weights: every other line)
     LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     for k0 in tl.static_range(0, K, BLOCK_K * SPLIT_K):  # no branch before the wait (pdl.waits_before_memory)
