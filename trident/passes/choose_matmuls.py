@@ -33,9 +33,11 @@ cuBLAS algorithms). residual_mm's own numerics (Note [Residual adds in the GEMM]
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
@@ -49,6 +51,7 @@ except ImportError:  # pragma: no cover - another Triton
     _async_compile = None
 
 from .. import disk_cache, knobs, logs, triton_state
+from ..capture.shared_patch import SharedPatch
 from ..kernels import gemv as G
 from .common import bound_args, emit_launch, node_val, stand_in
 from .cse import written_nodes
@@ -170,18 +173,53 @@ def _run_gemv(a, b, c, out, config, counts=None, compile_only=False):
 _L2_BYTES = 64 << 20  # more than an H100/H200's L2 (50 MB): weights are timed as streamed from HBM
 
 
+# Note [One AST conversion at a time]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Triton's compile parses the kernel's source (`JITFunction.parse`: `ast.parse`). CPython 3.11
+# counts the depth of its C-to-Python AST conversion in one process-wide variable: when two
+# threads convert at once (a collection inside one conversion runs Python code, and the GIL
+# passes to the other thread), each sees the other's depth and one fails with `SystemError: AST
+# constructor recursion depth mismatch` (python/cpython#106905; later CPythons keep the count per
+# call). precompile's compiles run in threads, so on 3.11 a candidate sometimes failed to
+# compile ahead (compiled again when timed: correct, only slower), and a thread of the caller's
+# own that parsed meanwhile could fail the same way. While any precompile runs, `ast.parse` takes
+# one reentrant lock (a conversion is ~1 ms of a ~0.3 s compile: the compiles' native parts still
+# run in parallel); the function found on entry is back when the last precompile ends.
+_parse_lock = threading.RLock()
+_parse_found: list = []  # `ast.parse` as the first precompile found it
+
+
+def _parse_one_at_a_time(*args, **kwargs):
+    with _parse_lock:
+        return _parse_found[0](*args, **kwargs)
+
+
+def _install_serial_parse() -> None:
+    _parse_found[:] = [ast.parse]
+    ast.parse = _parse_one_at_a_time
+
+
+def _remove_serial_parse() -> None:
+    if ast.parse is _parse_one_at_a_time:  # not replaced again meanwhile
+        ast.parse = _parse_found[0]
+
+
+_SERIAL_PARSE = SharedPatch(_install_serial_parse, _remove_serial_parse)
+
+
 def precompile(compiles) -> None:
     """Compile every candidate before any is timed, Triton's compiles running in threads
     (Triton's own AsyncCompileMode: a JIT function's warmup submits its compile to the executor
     and the mode waits for all of them on exit). Each candidate is one more Triton compile on a
     capture's first call (~0.3-0.5 s each, ~50 for a Llama decode step); the compiles' native
     parts (LLVM, ptxas) run in parallel. A candidate that fails to compile here fails again when
-    timed, and is then no candidate."""
+    timed, and is then no candidate. `ast.parse` is serialized meanwhile (Note [One AST
+    conversion at a time])."""
     if len(compiles) < 2 or _async_compile is None or _async_compile.active_mode.get() is not None:
         return  # one to compile, no such mode, or the caller's own mode active: compiled when timed
     workers = max(1, min(len(compiles), 8, (os.cpu_count() or 2)))
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trident-compile") as pool:
+        with _SERIAL_PARSE.held(), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trident-compile") as pool:
             mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
             token = _async_compile.active_mode.set(mode)  # what AsyncCompileMode.__enter__ does
             try:
