@@ -642,6 +642,12 @@ def test_pipelined_configs_only_where_their_tiles_fit_in_shared_memory():
             if dtype == torch.bfloat16:
                 assert fits, config  # every bf16 tile: the decode products' dtype
     assert not G.useful(2048, 8192, G.Config(64, 256, 1, 4, 0, stages=3), 1, 4)
+    # a GPU with less (an RTX 4090's opt-in block: 101,376 bytes): the device's own limit decides
+    small = 101376
+    assert G.useful(2048, 8192, G.Config(64, 256, 1, 4, 0, stages=3), 1, 2)
+    assert not G.useful(2048, 8192, G.Config(64, 256, 1, 4, 0, stages=3), 1, 2, small)
+    assert all(G.pipelined_bytes(c, 2) <= small for c in G.CONFIGS if G.useful(2048, 8192, c, 1, 2, small))
+    assert CM._shared_bytes(torch.device("cpu")) == G.SHARED_BYTES  # no device to ask: H100/H200's
 
 
 def test_pipelined_and_unrolled_configs_only_where_they_change_the_kernel():

@@ -340,9 +340,9 @@ def counters(n: int, config) -> int:
     return triton.cdiv(n, block_n) if split_k > 1 and last else 0
 
 
-# Shared memory of one H100/H200 block (opt-in maximum) and what a pipelined K loop takes of it:
-# Triton's buffers for (stages + 2) weight tiles (measured: fp32 64x256 at 3 stages asked for
-# 327,680 bytes and could not launch, bf16 163,840).
+# Shared memory of one H100/H200 block (opt-in maximum; `useful` is given the device's own where
+# there is one) and what a pipelined K loop takes of it: Triton's buffers for (stages + 2) weight
+# tiles (measured: fp32 64x256 at 3 stages asked for 327,680 bytes and could not launch, bf16 163,840).
 SHARED_BYTES = 232448
 
 
@@ -351,15 +351,15 @@ def pipelined_bytes(config, itemsize: int) -> int:
     return (stages + 2) * block_n * block_k * itemsize if stages else 0
 
 
-def useful(n: int, k: int, config, m: int = 1, itemsize: int = 2) -> bool:
+def useful(n: int, k: int, config, m: int = 1, itemsize: int = 2, shared_bytes: int = SHARED_BYTES) -> bool:
     """A config whose splits each get at least one block of K and whose column block is not
     more than twice the product's columns; pipelined or unrolled (Note [Bytes in flight]) only
     where its loop runs at least that many tiles, and pipelined only for one row (the tl.dot loop
     of more rows is pipelined in Triton's default 3 stages already): else it is the same kernel
     as the config without them, compiled and timed again for nothing. Pipelined only where its
-    tiles of `itemsize`-byte elements fit in shared memory (else it cannot launch)."""
+    tiles of `itemsize`-byte elements fit in `shared_bytes` of shared memory (else it cannot launch)."""
     block_n, block_k, split_k, _, _, stages, unroll = Config(*config)
     tiles = triton.cdiv(k, block_k * split_k)
-    if (stages and (m > 1 or tiles < stages or pipelined_bytes(config, itemsize) > SHARED_BYTES)) or tiles < unroll:
+    if (stages and (m > 1 or tiles < stages or pipelined_bytes(config, itemsize) > shared_bytes)) or tiles < unroll:
         return False
     return (split_k == 1 or k >= block_k * split_k) and block_n <= max(32, 2 * triton.next_power_of_2(n))

@@ -328,6 +328,15 @@ def _name(config) -> str:
     return f"gemv(BLOCK_N={block_n}, BLOCK_K={block_k}, SPLIT_K={split_k}{how}, num_warps={warps})"
 
 
+def _shared_bytes(device: torch.device) -> int:
+    """One block's opt-in shared memory on `device`, as Triton checks a compile against it (its
+    OutOfResources); H100/H200's off CUDA (the CPU tests)."""
+    if device.type != "cuda":
+        return G.SHARED_BYTES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
 def _choose(node, va, vb, vc) -> dict:
     m, k = va.shape
     n = vb.shape[1]
@@ -337,7 +346,7 @@ def _choose(node, va, vb, vc) -> dict:
     key = (name, m, n, k, str(va.dtype), layouts, device)
     if key in _CHOICES:
         return _CHOICES[key]
-    configs = [c for c in G.CONFIGS if G.useful(n, k, c, m, va.dtype.itemsize)]
+    configs = [c for c in G.CONFIGS if G.useful(n, k, c, m, va.dtype.itemsize, _shared_bytes(va.device))]
     disk_key = disk_cache.key_of("decode-matmul", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # an entry of another Trident may name a config this one does not measure
@@ -555,7 +564,8 @@ def _choose_group(members) -> dict:
     key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device)
     if key in _CHOICES:
         return _decide_group(_CHOICES[key], alone)
-    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg, m, va.dtype.itemsize) for n in ns)]
+    shared = _shared_bytes(va.device)
+    configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg, m, va.dtype.itemsize, shared) for n in ns)]
     disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
 
     def valid(v) -> bool:  # the group's own times (each config's): whether to group is decided per use
