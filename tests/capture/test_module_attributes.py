@@ -157,3 +157,67 @@ def test_state_in_a_list_and_a_model_behind_a_plain_object():
     _no_traced_values(engine.model)
     assert engine.model.rotary._seq_len_cached == 0 and engine.model.rotary._cos_cached is None
     torch._dynamo.reset()
+
+
+class Counting(torch.nn.Module):
+    """Python state kept on a module: a counter the result reads, a history list, a dict entry."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.history = []
+        self.last = {}
+
+    def forward(self, x):
+        self.calls += 1
+        y = axpy(x, x)
+        self.history.append(y.sum())
+        self.last["y"] = y
+        return y * self.calls
+
+
+def test_python_state_kept_on_a_module_goes_through_dynamo():
+    """Before, the capture dropped the side effects: `calls` stayed 1 and every result was 2 x
+    the traced call's, and the trace's fake tensor stayed in `history`."""
+    torch.manual_seed(0)
+    model, ref = Counting(), Counting()
+    fwd = trident.compile(model.forward)
+    for _ in range(5):
+        x = torch.randn(16)
+        torch.testing.assert_close(fwd(x), ref(x))
+        assert model.calls == ref.calls and len(model.history) == len(ref.history)
+        torch.testing.assert_close(torch.stack(model.history), torch.stack(ref.history))
+        torch.testing.assert_close(model.last["y"], ref.last["y"])
+        assert not any(isinstance(h, torch._subclasses.fake_tensor.FakeTensor) for h in model.history)
+    assert fwd.dynamo_calls > 0 and "changes self.calls (1 -> 2)" in trident.explain(fwd)
+    torch._dynamo.reset()
+
+
+class Appending(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def forward(self, x):
+        y = axpy(x, x)
+        self.outputs.append(y)
+        return y
+
+
+class Lazy(torch.nn.Module):
+    """A helper object made on the first call: no state a capture must replay."""
+
+    def forward(self, x):
+        if not hasattr(self, "helper"):
+            self.helper = object()
+        return axpy(x, x)
+
+
+def test_a_trace_leaves_containers_as_found_and_says_what_changed():
+    model = Appending()
+    with pytest.raises(CaptureError, match=r"changes self\.outputs \(its contents: 0 -> 1 item\(s\)\)") as info:
+        trident.capture(model.forward, torch.randn(16))
+    assert info.value.module_state and model.outputs == []  # the trace's fake tensor is gone
+    lazy = Lazy()
+    trident.capture(lazy.forward, torch.randn(16))  # stands: an attribute added, put back
+    assert not hasattr(lazy, "helper")

@@ -312,20 +312,35 @@ def _forget_fake_tensors(modes: list) -> int:
 # the attribute tables (`__dict__`, buffers, parameters) of every module reachable from the
 # function -- its `self`, closures, globals and arguments, through lists, tuples, dicts and the
 # public attributes of plain objects holding a model (`_reachable`, the walk that names
-# closed-over tensors), with their submodules -- are copied when the trace starts (under
-# Triton's lock, with the trace) and put back when it ends, made or failed: every
-# attribute, ints and flags included (a table put back without its length would be read as the
-# longer one). What the capture then means for each attribute the trace changed:
-#   * no tensor its old value held is read by the graph (a table rebuilt from scratch): the graph
-#     computes the new one on every call it serves, as eager does on such a call; the capture
-#     stands (the module keeps its last eager table: an eager call rebuilds it as it would);
-#   * the graph reads one (a closed-over tensor it binds: `self.h = f(self.h, x)`, a list of them:
-#     state kept on a module): every call would need the rebinding replayed, which a capture does
-#     not do (Note [What trident.compile guards]); the capture is refused (CaptureError with
-#     `module_state`), and trident.compile sends the family through torch.compile(backend=
-#     "trident"), whose Dynamo replays attribute mutations (Note [Data-dependent calls through
-#     Dynamo]).
-# Not covered: a container the trace mutates in place (`self.cache.append(x)`: the same list).
+# closed-over tensors), with their submodules -- and the contents of the lists, dicts and sets
+# those tables hold are copied when the trace starts (under Triton's lock, with the trace) and
+# put back when it ends, made or failed: every attribute, ints and flags included (a table put
+# back without its length would be read as the longer one), a list the trace appended to in
+# place as long as it was. What the capture then means, module by module, for what the trace
+# changed:
+#   * the graph reads a tensor an old value held (a closed-over tensor it binds: `self.h =
+#     f(self.h, x)`, a list of them): every call would need the rebinding replayed, which a
+#     capture does not do (Note [What trident.compile guards]); the capture is refused
+#     (CaptureError with `module_state`), and trident.compile sends the family through
+#     torch.compile(backend="trident"), whose Dynamo replays attribute mutations (Note
+#     [Data-dependent calls through Dynamo]);
+#   * the module rebinds a tensor attribute whose old value the graph does not read (a table
+#     rebuilt from scratch, with its length beside it): the graph computes the new table on every
+#     call it serves, as eager does on such a call; the capture stands (the module keeps its last
+#     eager table: an eager call rebuilds it as it would);
+#   * else a Python value rebound to another (`self.calls += 1`, a flag flipped) or a container's
+#     contents changed (`self.history.append(y)`, a dict entry set): the function's own side
+#     effect, which the capture would drop (and a value it read is a constant of the graph:
+#     `x * self.calls` would stay `x * 2`); refused as the first case. An attribute added or
+#     removed, or an object rebound to another (a helper made lazily), stands, as do the changes of
+#     an FX GraphModule (its bookkeeping: its generated code changes nothing).
+# Not covered: such a counter beside a rebuilt table in the same module (taken for the table's
+# length), containers below the first level of a module's attributes, and objects that are not
+# modules (Note [State the function is passed] covers the arguments').
+_CONTAINERS = (list, dict, set)
+_VALUES = (int, float, bool, str, type(None), torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 class _ModuleAttributes:
     """The attributes of the modules reachable from `roots` (_reachable), as a trace found them."""
 
@@ -333,7 +348,10 @@ class _ModuleAttributes:
         self.paths = {id(m): (path, m) for path, m in _reachable(roots) if isinstance(m, torch.nn.Module)}
         self.modules = [m for _, m in self.paths.values()]
         self.before = [self._tables(m) for m in self.modules]
-        self.changed: list = []  # (module, name, old value or _ABSENT), filled by restore
+        self.contents = [[(name, v, _contents(v)) for name, v in m.__dict__.items() if type(v) in _CONTAINERS]
+                         for m in self.modules]
+        # (module, name, old value or _ABSENT, new value or _ABSENT, in place), filled by restore
+        self.changed: list = []
 
     @staticmethod
     def _tables(m) -> list:
@@ -341,21 +359,41 @@ class _ModuleAttributes:
 
     def restore(self) -> None:
         """Puts every attribute of those modules back as it was, ints and flags included (the trace
-        is no call: a table put back without its length would be read as the longer one), and
-        notes in `changed` each that the trace changed."""
-        for m, tables in zip(self.modules, self.before):
+        is no call: a table put back without its length would be read as the longer one), and the
+        contents of the containers they held; notes in `changed` each change the trace made."""
+        for m, tables, held in zip(self.modules, self.before, self.contents):
             for table, old_table in tables:
                 if table.keys() == old_table.keys() and all(table[k] is v for k, v in old_table.items()):
                     continue
                 for name in set(table) | set(old_table):
-                    old = old_table.get(name, _ABSENT)
-                    if table.get(name, _ABSENT) is not old:
-                        self.changed.append((m, name, old))
+                    old, new = old_table.get(name, _ABSENT), table.get(name, _ABSENT)
+                    if new is not old:
+                        self.changed.append((m, name, old, new, False))
                 table.clear()
                 table.update(old_table)
+            for name, container, old in held:
+                new = _contents(container)
+                if _same_contents(new, old):
+                    continue
+                self.changed.append((m, name, old, new, True))
+                if isinstance(container, list):
+                    container[:] = old
+                else:
+                    container.clear()
+                    container.update(old)
 
     def path(self, module, name: str) -> str:
         return f"{self.paths[id(module)][0]}.{name}"
+
+
+def _contents(container):
+    return list(container) if isinstance(container, (list, set)) else dict(container)
+
+
+def _same_contents(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 @contextlib.contextmanager
@@ -375,7 +413,7 @@ _ABSENT = object()
 def _tensors_in(value, depth: int = 3):
     if isinstance(value, torch.Tensor):
         yield value
-    elif depth and isinstance(value, (list, tuple)):
+    elif depth and isinstance(value, (list, tuple, set)):
         for v in value:
             yield from _tensors_in(v, depth - 1)
     elif depth and isinstance(value, dict):
@@ -383,22 +421,38 @@ def _tensors_in(value, depth: int = 3):
             yield from _tensors_in(v, depth - 1)
 
 
+def _change(old, new, in_place: bool) -> str:
+    if in_place:
+        return f"its contents: {len(old)} -> {len(new)} item(s)" if len(old) != len(new) else "its contents"
+    shown = [("(none)" if v is _ABSENT else repr(v) if isinstance(v, (int, float, bool, str, type(None)))
+              else type(v).__name__) for v in (old, new)]
+    return f"{shown[0]} -> {shown[1]}"
+
+
 def _check_rebound(gm: torch.fx.GraphModule, attributes: "_ModuleAttributes") -> list:
-    """Note [Module attributes a trace rebinds]: the paths of the attributes the trace changed,
-    or a CaptureError (module_state) where the graph reads a tensor their old values held."""
+    """Note [Module attributes a trace rebinds]: the paths of the attributes the trace changed
+    (tables rebuilt), or a CaptureError (module_state) where the graph reads a tensor their old
+    values held or a module changed only Python values and containers (its own side effect)."""
     held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
     held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
-    paths = []
-    for module, name, old in attributes.changed:
-        path = attributes.path(module, name)
+    advice = ("trident.compile serves such calls through torch.compile(fn, backend='trident'), whose Dynamo "
+              "replays it; or pass the state to the function as an argument (Note [State the function is passed]).")
+    for module, name, old, _, _ in attributes.changed:
         if any(id(t) in held for t in _tensors_in(old)):
             raise CaptureError(
-                f"the function rebinds {path} (a tensor attribute it reads) to a new value on every call: state kept "
-                "on a module, which a capture would not update. trident.compile serves such calls through "
-                "torch.compile(fn, backend='trident'), whose Dynamo replays the rebinding; or pass the state to the "
-                "function as an argument (Note [State the function is passed]).", module_state=True)
-        paths.append(path)
-    return paths
+                f"the function rebinds {attributes.path(module, name)} (a tensor attribute it reads) to a new value "
+                f"on every call: state kept on a module, which a capture would not update. {advice}", module_state=True)
+    tables = {id(module) for module, _, _, new, in_place in attributes.changed
+              if not in_place and isinstance(new, torch.Tensor)}
+    for module, name, old, new, in_place in attributes.changed:
+        if id(module) in tables or isinstance(module, torch.fx.GraphModule):
+            continue  # a table rebuilt; an FX module's bookkeeping (its generated code changes nothing)
+        if in_place or (isinstance(old, _VALUES) and isinstance(new, _VALUES)):
+            raise CaptureError(
+                f"the function changes {attributes.path(module, name)} ({_change(old, new, in_place)}) on every call: "
+                f"state kept on a module, which a capture would drop (a value it reads would stay as traced). {advice}",
+                module_state=True)
+    return [attributes.path(module, name) for module, name, _, _, _ in attributes.changed]
 
 
 def capture(

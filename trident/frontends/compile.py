@@ -48,7 +48,9 @@ trace failed on a tensor's values: its family goes through torch.compile(backend
 At most TRIDENT_CAPTURES (8) captures per function; past it calls of new signatures run eagerly
 (Note [One capture cache], the same rule as the backend's).
 NOT guarded: Python globals and module attributes other than registered parameters and buffers
-(a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor).
+(a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor)
+when the caller changes them between calls; what the function itself changes on its modules
+sends it through Dynamo (Note [Module attributes a trace rebinds]).
 Tensors the function reads without being passed them are bound by identity (Note [Closed-over
 tensors]): their in-place updates are seen.
 """
