@@ -221,3 +221,69 @@ def test_a_trace_leaves_containers_as_found_and_says_what_changed():
     lazy = Lazy()
     trident.capture(lazy.forward, torch.randn(16))  # stands: an attribute added, put back
     assert not hasattr(lazy, "helper")
+
+
+class Stepper:
+    """A plain object (no module) whose bound method keeps a step count and a log."""
+
+    def __init__(self):
+        self.steps = 0
+        self.log = []
+
+    def step(self, x):
+        self.steps += 1
+        self.log.append(self.steps)
+        return axpy(x, x) * self.steps
+
+
+STEPS = {"n": 0}
+
+
+def counted(x):
+    STEPS["n"] += 1
+    return axpy(x, x) * STEPS["n"]
+
+
+def test_python_state_outside_modules_goes_through_dynamo():
+    """A plain object's counter and a global dict's entry: the function's own side effects,
+    which a capture dropped (results stayed the traced call's from the third call on)."""
+    torch.manual_seed(0)
+    stepper, ref = Stepper(), Stepper()
+    fwd = trident.compile(stepper.step)
+    for _ in range(4):
+        x = torch.randn(8)
+        torch.testing.assert_close(fwd(x), ref.step(x))
+        assert (stepper.steps, stepper.log) == (ref.steps, ref.log)
+    assert fwd.dynamo_calls > 0 and "changes self.steps (1 -> 2)" in trident.explain(fwd)
+    STEPS["n"] = 0
+    fn = trident.compile(counted)
+    for n in range(1, 5):
+        x = torch.randn(8)
+        torch.testing.assert_close(fn(x), 3.5 * x * n)
+        assert STEPS["n"] == n
+    assert "changes STEPS['n'] (1 -> 2)" in trident.explain(fn)
+    torch._dynamo.reset()
+
+
+class Cached:
+    """A memo dict on a plain object's attribute, filled on a miss: the trace's entry goes."""
+
+    def __init__(self):
+        self.memo = {}
+
+    def run(self, x):
+        key = x.shape[0]
+        if key not in self.memo:
+            self.memo[key] = torch.ones(key)
+        return axpy(x, self.memo[key])
+
+
+def test_a_memo_entry_the_trace_made_is_removed_and_the_capture_stands():
+    cached = Cached()
+    trident.capture(cached.run, torch.randn(8))
+    assert cached.memo == {}  # no fake tensor left for an eager call to find
+    fwd = trident.compile(cached.run)
+    for _ in range(3):
+        x = torch.randn(8)
+        torch.testing.assert_close(fwd(x), 2.5 * x + 1)
+    assert fwd.captures and fwd.dynamo_calls == 0

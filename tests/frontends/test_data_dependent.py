@@ -128,7 +128,8 @@ class Unpadded(torch.nn.Module):
         q_len = x.shape[1]
         keep = _kept(attention_mask[:, -q_len:], self.on_device)
         lengths = _lengths(attention_mask)
-        _TABLE.setdefault("calls", []).append(q_len)
+        _TABLE.setdefault(q_len, [q_len])  # a memo entry made once per length (a log appended to on
+        # every call would be state the function changes: Note [Module attributes a trace rebinds])
         if not hasattr(self, "tables"):
             self.tables = {}  # an attribute made lazily, a dict of tensors
         self.tables.setdefault(q_len, torch.ones(1))

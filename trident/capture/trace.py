@@ -22,7 +22,7 @@ import threading
 import traceback
 import types
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch._dynamo.config as dynamo_config
@@ -308,15 +308,17 @@ def _forget_fake_tensors(modes: list) -> int:
 # them when a longer sequence comes (`self._seq_len_cached = seqlen; self._cos_cached = ...`).
 # Traced, that left the trace's fake tensors and SymInts on the user's model: the next eager
 # call (a longer generate()'s prefill) read them and failed in a Triton launch ("Cannot access
-# data pointer of Tensor"). A trace is no call, so the model must come out of it as it went in:
-# the attribute tables (`__dict__`, buffers, parameters) of every module reachable from the
-# function -- its `self`, closures, globals and arguments, through lists, tuples, dicts and the
-# public attributes of plain objects holding a model (`_reachable`, the walk that names
-# closed-over tensors), with their submodules -- and the contents of the lists, dicts and sets
-# those tables hold are copied when the trace starts (under Triton's lock, with the trace) and
-# put back when it ends, made or failed: every attribute, ints and flags included (a table put
-# back without its length would be read as the longer one), a list the trace appended to in
-# place as long as it was. What the capture then means, module by module, for what the trace
+# data pointer of Tensor"). A trace is no call, so what the function reaches must come out of it
+# as it went in: the attribute tables (`__dict__`, buffers, parameters) of every module reachable
+# from the function -- its `self`, closures, globals and arguments, through lists, tuples, sets,
+# dicts and the public attributes of plain objects holding a model (`_reachable`, the walk that
+# names closed-over tensors), with their submodules --, the attributes of the plain objects and
+# the dicts, lists and sets on those paths that the function was not passed (what it was passed
+# is Note [State the function is passed]'s), and the containers all their attributes hold are
+# copied when the trace starts (under Triton's lock, with the trace) and put back when it ends,
+# made or failed: every attribute, ints and flags included (a table put back without its length
+# would be read as the longer one), a list the trace appended to as long as it was, a memo
+# dict's new entry removed. What the capture then means, owner by owner, for what the trace
 # changed:
 #   * the graph reads a tensor an old value held (a closed-over tensor it binds: `self.h =
 #     f(self.h, x)`, a list of them): every call would need the rebinding replayed, which a
@@ -324,87 +326,113 @@ def _forget_fake_tensors(modes: list) -> int:
 #     (CaptureError with `module_state`), and trident.compile sends the family through
 #     torch.compile(backend="trident"), whose Dynamo replays attribute mutations (Note
 #     [Data-dependent calls through Dynamo]);
-#   * the module rebinds a tensor attribute whose old value the graph does not read (a table
+#   * the owner rebinds a tensor attribute whose old value the graph does not read (a table
 #     rebuilt from scratch, with its length beside it): the graph computes the new table on every
 #     call it serves, as eager does on such a call; the capture stands (the module keeps its last
 #     eager table: an eager call rebuilds it as it would);
-#   * else a Python value rebound to another (`self.calls += 1`, a flag flipped) or a container's
-#     contents changed (`self.history.append(y)`, a dict entry set): the function's own side
-#     effect, which the capture would drop (and a value it read is a constant of the graph:
-#     `x * self.calls` would stay `x * 2`); refused as the first case. An attribute added or
-#     removed, or an object rebound to another (a helper made lazily), stands, as do the changes of
-#     an FX GraphModule (its bookkeeping: its generated code changes nothing).
-# Not covered: such a counter beside a rebuilt table in the same module (taken for the table's
-# length), containers below the first level of a module's attributes, and objects that are not
-# modules (Note [State the function is passed] covers the arguments').
-_CONTAINERS = (list, dict, set)
+#   * else a Python value rebound to another (`self.calls += 1`, a flag flipped, `state["n"] +=
+#     1` on a global dict) or a list's or set's contents changed (`self.history.append(y)`): the
+#     function's own side effect, which the capture would drop (and a value it read is a constant
+#     of the graph: `x * self.calls` would stay `x * 2`); refused as the first case. An attribute
+#     or dict entry added or removed, a value set where there was None, or an object rebound to
+#     another (a helper or memo made lazily) stands, as do the changes of an FX GraphModule (its
+#     bookkeeping: its generated code changes nothing). Triton's kernels (JITFunction, autotuners)
+#     are not walked: their state is Triton's memo of compiles and tunings.
+# Not seen: a counter beside a rebuilt table in the same owner (taken for the table's length), a
+# tensor attribute or dict entry that records a result (`self.last = y`: taken for a table),
+# state below the walk's depth or out of its paths (a module's private attributes are walked
+# only one container deep), and objects without a `__dict__`.
 _VALUES = (int, float, bool, str, type(None), torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-class _ModuleAttributes:
-    """The attributes of the modules reachable from `roots` (_reachable), as a trace found them."""
+class _Change(NamedTuple):
+    owner: Any  # the module or object whose attribute, the dict whose entry, the list or set that changed
+    path: str  # in the user's terms: self.calls, state['n'], self.history
+    old: Any  # the value as found (_ABSENT: none); a list's or set's contents as found
+    new: Any  # the value the trace left; a list's or set's contents
+    contents: bool  # a list's or set's contents changed in place
 
-    def __init__(self, roots):
-        self.paths = {id(m): (path, m) for path, m in _reachable(roots) if isinstance(m, torch.nn.Module)}
-        self.modules = [m for _, m in self.paths.values()]
-        self.before = [self._tables(m) for m in self.modules]
-        self.contents = [[(name, v, _contents(v)) for name, v in m.__dict__.items() if type(v) in _CONTAINERS]
-                         for m in self.modules]
-        # (module, name, old value or _ABSENT, new value or _ABSENT, in place), filled by restore
-        self.changed: list = []
 
-    @staticmethod
-    def _tables(m) -> list:
-        return [(table, dict(table)) for table in (m.__dict__, m._buffers, m._parameters)]
+class _StateAsFound:
+    """The state of what the function reaches, as a trace found it (Note [Module attributes a
+    trace rebinds]): the attribute tables of modules, those of plain objects and the dicts,
+    lists and sets that are not among what it was passed (Note [State the function is passed]
+    covers those), and the containers their attributes hold."""
+
+    def __init__(self, roots: "_Roots"):
+        passed = {id(o) for _, o in _reachable(roots.passed, every=True)}
+        self.paths: dict[int, str] = {}
+        self.tables: list = []  # (owner, path prefix, keyed, table, its items as found)
+        self.sequences: list = []  # (owner, path, list or set, its items as found)
+        seen: set[int] = set()
+
+        def table(owner, prefix: str, keyed: bool, t: dict) -> None:
+            if id(t) not in seen:
+                seen.add(id(t))
+                self.tables.append((owner, prefix, keyed, t, dict(t)))
+
+        def held(owner, prefix: str) -> None:  # the containers an object's attributes hold
+            for name, v in vars(owner).items():
+                if type(v) is dict:
+                    table(v, f"{prefix}.{name}", True, v)
+                elif type(v) in (list, set) and id(v) not in seen:
+                    seen.add(id(v))
+                    self.sequences.append((v, f"{prefix}.{name}", v, list(v)))
+
+        for path, obj in _reachable(roots.owners + roots.passed, every=True):
+            if isinstance(obj, torch.nn.Module):
+                self.paths[id(obj)] = path
+                for t in (obj.__dict__, obj._buffers, obj._parameters):
+                    table(obj, path, False, t)
+                held(obj, path)
+            elif id(obj) in passed or isinstance(obj, (torch.Tensor, KernelInterface)):
+                continue  # a Triton kernel's state is its compiles and tunings: Triton's memo
+            elif type(obj) is dict:
+                table(obj, path, True, obj)
+            elif type(obj) in (list, set):
+                if id(obj) not in seen:
+                    seen.add(id(obj))
+                    self.sequences.append((obj, path, obj, list(obj)))
+            elif hasattr(obj, "__dict__") and type(vars(obj)) is dict and not isinstance(obj, (tuple, type)):
+                table(obj, path, False, vars(obj))
+                held(obj, path)
+        self.changed: list[_Change] = []  # filled by restore
 
     def restore(self) -> None:
-        """Puts every attribute of those modules back as it was, ints and flags included (the trace
-        is no call: a table put back without its length would be read as the longer one), and the
-        contents of the containers they held; notes in `changed` each change the trace made."""
-        for m, tables, held in zip(self.modules, self.before, self.contents):
-            for table, old_table in tables:
-                if table.keys() == old_table.keys() and all(table[k] is v for k, v in old_table.items()):
-                    continue
-                for name in set(table) | set(old_table):
-                    old, new = old_table.get(name, _ABSENT), table.get(name, _ABSENT)
-                    if new is not old:
-                        self.changed.append((m, name, old, new, False))
-                table.clear()
-                table.update(old_table)
-            for name, container, old in held:
-                new = _contents(container)
-                if _same_contents(new, old):
-                    continue
-                self.changed.append((m, name, old, new, True))
-                if isinstance(container, list):
-                    container[:] = old
-                else:
-                    container.clear()
-                    container.update(old)
-
-    def path(self, module, name: str) -> str:
-        return f"{self.paths[id(module)][0]}.{name}"
-
-
-def _contents(container):
-    return list(container) if isinstance(container, (list, set)) else dict(container)
-
-
-def _same_contents(a, b) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+        """Puts all of it back as it was, ints and flags included (the trace is no call: a table
+        put back without its length would be read as the longer one), and notes in `changed`
+        each change the trace made."""
+        for owner, prefix, keyed, t, old_t in self.tables:
+            if t.keys() == old_t.keys() and all(t[k] is v for k, v in old_t.items()):
+                continue
+            for name in set(t) | set(old_t):
+                old, new = old_t.get(name, _ABSENT), t.get(name, _ABSENT)
+                if new is not old:
+                    self.changed.append(_Change(owner, f"{prefix}[{name!r}]" if keyed else f"{prefix}.{name}",
+                                                old, new, False))
+            t.clear()
+            t.update(old_t)
+        for owner, path, container, old in self.sequences:
+            new = list(container)
+            if len(new) == len(old) and all(a is b for a, b in zip(new, old)):
+                continue
+            self.changed.append(_Change(owner, path, old, new, True))
+            if isinstance(container, list):
+                container[:] = old
+            else:
+                container.clear()
+                container.update(old)
 
 
 @contextlib.contextmanager
-def _modules_as_found(roots):
-    """Note [Module attributes a trace rebinds]: the modules' attributes put back when the block
-    ends, however it ends."""
-    attributes = _ModuleAttributes(roots)
+def _state_as_found(roots: "_Roots"):
+    """Note [Module attributes a trace rebinds]: what the function reaches put back when the
+    block ends, however it ends."""
+    state = _StateAsFound(roots)
     try:
-        yield attributes
+        yield state
     finally:
-        attributes.restore()
+        state.restore()
 
 
 _ABSENT = object()
@@ -421,38 +449,36 @@ def _tensors_in(value, depth: int = 3):
             yield from _tensors_in(v, depth - 1)
 
 
-def _change(old, new, in_place: bool) -> str:
-    if in_place:
-        return f"its contents: {len(old)} -> {len(new)} item(s)" if len(old) != len(new) else "its contents"
-    shown = [("(none)" if v is _ABSENT else repr(v) if isinstance(v, (int, float, bool, str, type(None)))
-              else type(v).__name__) for v in (old, new)]
-    return f"{shown[0]} -> {shown[1]}"
+def _shown(change: _Change) -> str:
+    if change.contents:
+        n, m = len(change.old), len(change.new)
+        return f"its contents: {n} -> {m} item(s)" if n != m else "its contents"
+    return " -> ".join("(none)" if v is _ABSENT else repr(v) if isinstance(v, _VALUES) else type(v).__name__
+                       for v in (change.old, change.new))
 
 
-def _check_rebound(gm: torch.fx.GraphModule, attributes: "_ModuleAttributes") -> list:
-    """Note [Module attributes a trace rebinds]: the paths of the attributes the trace changed
-    (tables rebuilt), or a CaptureError (module_state) where the graph reads a tensor their old
-    values held or a module changed only Python values and containers (its own side effect)."""
+def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
+    """Note [Module attributes a trace rebinds]: the paths of what the trace changed (tables
+    rebuilt, helpers made), or a CaptureError (module_state) where the graph reads a tensor an
+    old value held or the function changed Python values or containers (its own side effect)."""
     held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
     held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
     advice = ("trident.compile serves such calls through torch.compile(fn, backend='trident'), whose Dynamo "
               "replays it; or pass the state to the function as an argument (Note [State the function is passed]).")
-    for module, name, old, _, _ in attributes.changed:
-        if any(id(t) in held for t in _tensors_in(old)):
+    for c in state.changed:
+        if any(id(t) in held for t in _tensors_in(c.old)):
             raise CaptureError(
-                f"the function rebinds {attributes.path(module, name)} (a tensor attribute it reads) to a new value "
-                f"on every call: state kept on a module, which a capture would not update. {advice}", module_state=True)
-    tables = {id(module) for module, _, _, new, in_place in attributes.changed
-              if not in_place and isinstance(new, torch.Tensor)}
-    for module, name, old, new, in_place in attributes.changed:
-        if id(module) in tables or isinstance(module, torch.fx.GraphModule):
+                f"the function rebinds {c.path} (a tensor attribute it reads) to a new value on every call: state "
+                f"kept on a module, which a capture would not update. {advice}", module_state=True)
+    tables = {id(c.owner) for c in state.changed if not c.contents and isinstance(c.new, torch.Tensor)}
+    for c in state.changed:
+        if id(c.owner) in tables or isinstance(c.owner, torch.fx.GraphModule):
             continue  # a table rebuilt; an FX module's bookkeeping (its generated code changes nothing)
-        if in_place or (isinstance(old, _VALUES) and isinstance(new, _VALUES)):
+        if c.contents or (isinstance(c.old, _VALUES) and c.old is not None and isinstance(c.new, _VALUES)):
             raise CaptureError(
-                f"the function changes {attributes.path(module, name)} ({_change(old, new, in_place)}) on every call: "
-                f"state kept on a module, which a capture would drop (a value it reads would stay as traced). {advice}",
-                module_state=True)
-    return [attributes.path(module, name) for module, name, _, _, _ in attributes.changed]
+                f"the function changes {c.path} ({_shown(c)}) on every call: state kept outside its arguments, "
+                f"which a capture would drop (a value it reads would stay as traced). {advice}", module_state=True)
+    return [c.path for c in state.changed]
 
 
 def capture(
@@ -507,7 +533,7 @@ def capture(
         # wrap_triton generates TTIR while tracing (Note [Triton's interpreter state])
         # Note [Collectives in regions]: dist.all_reduce & co. traced as functional collectives
         # Note [Module attributes a trace rebinds]: the user's modules as the trace found them
-        with triton_state.exclusive(), _modules_as_found(roots) as attributes, _launches_as_hops(log), \
+        with triton_state.exclusive(), _state_as_found(roots) as attributes, _launches_as_hops(log), \
                 _no_real_compute(), _compiling(dynamic), collectives_as_functional():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
@@ -721,7 +747,15 @@ def _parameter_names(fn, n: int) -> list[str]:
     return names
 
 
-def _roots(fn, example_inputs, names) -> list[tuple[str, Any]]:
+class _Roots(NamedTuple):
+    """(path, object) pairs where the walks start: what the function owns (its `self`, closures,
+    the globals it names, a partial's arguments) and what it was passed (non-tensor arguments)."""
+
+    owners: list
+    passed: list
+
+
+def _roots(fn, example_inputs, names) -> _Roots:
     roots: list[tuple[str, Any]] = []
     while isinstance(fn, functools.partial):
         roots += [(f"partial_{i}", a) for i, a in enumerate(fn.args)] + list(fn.keywords.items())
@@ -743,15 +777,15 @@ def _roots(fn, example_inputs, names) -> list[tuple[str, Any]]:
                 pass
         g = getattr(fn, "__globals__", {})
         roots += [(name, g[name]) for name in _names(code) if name in g]
-    roots += [(n, a) for n, a in zip(names, example_inputs) if not isinstance(a, torch.Tensor)]
-    return roots
+    return _Roots(roots, [(n, a) for n, a in zip(names, example_inputs) if not isinstance(a, torch.Tensor)])
 
 
-def _reachable(roots):
-    """(path, object) for every object reached from `roots`, breadth first (so a path is the
-    shortest), at most _SEARCH_DEPTH levels and _SEARCH_BUDGET objects: tensors; modules, each
-    with its submodules (named_modules) and their public attributes that are no module; dicts,
-    lists, tuples and the public attributes of other objects. Scalars, types, functions and
+def _reachable(roots, every: bool = False):
+    """(path, object) for every tensor and module reached from `roots` (with `every`, also the
+    dicts, lists, tuples, sets and other objects walked through), breadth first (so a path is the
+    shortest), at most _SEARCH_DEPTH levels and _SEARCH_BUDGET objects: modules, each with its
+    submodules (named_modules) and their public attributes that are no module; dicts, lists,
+    tuples, sets and the public attributes of other objects. Scalars, types, functions and
     Python modules end a path."""
     seen: set[int] = set()
     level = list(roots)
@@ -769,6 +803,8 @@ def _reachable(roots):
                 continue
             seen.add(id(obj))
             budget -= 1
+            if every and not isinstance(obj, torch.nn.Module):
+                yield path, obj
             if isinstance(obj, torch.nn.Module):
                 for n, m in obj.named_modules():
                     sub = f"{path}.{n}" if n else path
@@ -782,6 +818,8 @@ def _reachable(roots):
                 nxt += [(f"{path}.{k}", v) for k, v in obj.items() if isinstance(k, (str, int))]
             elif isinstance(obj, (list, tuple)):
                 nxt += [(f"{path}.{i}", v) for i, v in enumerate(obj)]
+            elif isinstance(obj, set):
+                nxt += [(path, v) for v in obj]
             elif hasattr(obj, "__dict__"):
                 nxt += [(f"{path}.{k}", v) for k, v in vars(obj).items() if not k.startswith("_")]
         level = nxt
@@ -816,7 +854,8 @@ def _name_inputs(gm: torch.fx.GraphModule, fn, example_inputs, input_names) -> N
     constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
     if constants:
         roots = getattr(fn, "__trident_roots__", None)  # trident.compile names its function's owners
-        paths = _tensor_paths(roots if roots is not None else _roots(fn, example_inputs, names))
+        roots = roots if roots is not None else _roots(fn, example_inputs, names)
+        paths = _tensor_paths(roots.owners + roots.passed)
         for node in constants:
             value = getattr(gm, node.target, None)
             path = paths.get(id(value)) if isinstance(value, torch.Tensor) else None
