@@ -14,8 +14,9 @@ class CaptureError(TridentError):
     new_object: True when the function returns an object it made during the call that holds
     tensors (a library's own Cache built from the one passed in): a capture cannot make that
     object again per call, Dynamo can (the same Note).
-    module_state: True when the function rebinds a tensor attribute of a module that it reads
-    (state kept on the module): a capture would not rebind it per call, Dynamo does (Note [Module
+    module_state: True when the function changes state it keeps outside its arguments (a tensor
+    attribute of a module that it reads, a counter, a list it appends to, on a module, a plain
+    object or a global): a capture would not change it per call, Dynamo does (Note [Module
     attributes a trace rebinds]).
     """
 

@@ -7,6 +7,11 @@ model (before, the next eager call read them and failed in a Triton launch)."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import enum
+import logging
+
 import pytest
 import torch
 
@@ -85,7 +90,7 @@ def test_state_kept_on_a_module_goes_through_dynamo():
         torch.testing.assert_close(fwd(x), ref(x))
         torch.testing.assert_close(model.h, ref.h)
         _no_traced_values(model)
-    assert "rebinds state kept on a module" in trident.explain(fwd)
+    assert "changes state it keeps outside its arguments" in trident.explain(fwd)
     assert fwd.dynamo_calls > 0
     torch._dynamo.reset()
 
@@ -287,3 +292,93 @@ def test_a_memo_entry_the_trace_made_is_removed_and_the_capture_stands():
         x = torch.randn(8)
         torch.testing.assert_close(fwd(x), 2.5 * x + 1)
     assert fwd.captures and fwd.dynamo_calls == 0
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Step:
+    n: int
+
+
+class Mode(enum.Enum):
+    A = 1
+    B = 2
+
+
+class Kept(torch.nn.Module):
+    """State in values that are not ints: a tuple, a list replaced, a dataclass, an enum."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.pos, self.hist, self.step, self.mode = kind, (0,), [], Step(0), Mode.A
+
+    def forward(self, x):
+        if self.kind == "tuple":
+            self.pos = (self.pos[0] + 1,)
+            n = self.pos[0]
+        elif self.kind == "list":
+            self.hist = self.hist + [1]
+            n = len(self.hist)
+        elif self.kind == "object":
+            self.step = Step(self.step.n + 1)
+            n = self.step.n
+        else:
+            self.mode = Mode.B if self.mode is Mode.A else Mode.A
+            n = self.mode.value
+        return axpy(x, x) * n
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "object", "enum"])
+def test_state_in_other_values_goes_through_dynamo(kind):
+    model, ref = Kept(kind), Kept(kind)
+    fwd = trident.compile(model.forward)
+    for _ in range(4):
+        x = torch.randn(8)
+        torch.testing.assert_close(fwd(x), ref(x))
+    assert fwd.dynamo_calls > 0
+    torch._dynamo.reset()
+
+
+class Stateless(torch.nn.Module):
+    """What is no state: a logger it names (logging's own caches change under a trace), a value
+    set again to what it was, a buffer registered lazily, an OrderedDict memo."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = 0.0
+        self.memo = collections.OrderedDict()
+
+    def forward(self, x):
+        logger.debug("step")
+        self.scale = 1.0 / x.shape[0]
+        if not hasattr(self, "ones"):
+            self.register_buffer("ones", torch.ones(8), persistent=False)
+        self.memo.setdefault(x.shape[0], "seen")
+        return axpy(x, self.ones) * self.scale
+
+
+def test_what_is_no_state_keeps_its_capture():
+    model = Stateless()
+    trident.capture(model.forward, torch.randn(8))
+    assert not hasattr(model, "ones") and model.memo == {} and model.scale == 0.0  # as found
+    fwd = trident.compile(model.forward)
+    for _ in range(3):
+        x = torch.randn(8)
+        torch.testing.assert_close(fwd(x), (2.5 * x + 1) / 8)
+    assert fwd.captures and fwd.dynamo_calls == 0, trident.explain(fwd)
+
+
+def test_a_compiled_function_inside_a_compiled_function():
+    """The inner function's capture cache is Trident's own state, not the outer's."""
+    inner = trident.compile(lambda x: axpy(x, x))
+
+    def outer(x):
+        return inner(x) * 2
+
+    fwd = trident.compile(outer)
+    for _ in range(3):
+        x = torch.randn(8)
+        torch.testing.assert_close(fwd(x), 7 * x)
+    assert fwd.captures and fwd.dynamo_calls == 0, trident.explain(fwd)

@@ -6,6 +6,7 @@ random shapes, dtypes and layouts, the choice's cache, and what explain() prints
 
 from __future__ import annotations
 
+import ast
 import gc
 import random
 import threading
@@ -13,6 +14,7 @@ import time
 
 import pytest
 import torch
+import triton
 
 import trident
 from tests import kernels as K
@@ -310,11 +312,31 @@ def test_last_program_reduces_orders_its_pieces_before_its_count_on_sm90():
     assert 0 <= ptx.find("bar.sync", atom) < ptx.find("ld.global.cg", atom)
 
 
-def test_candidates_compile_ahead_in_threads(monkeypatch, caplog):
+class _RecordingLock:
+    """precompile's parse lock, noting the threads that take it."""
+
+    def __init__(self):
+        self.lock, self.threads = threading.RLock(), []
+
+    def __enter__(self):
+        self.threads.append(threading.current_thread().name)
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_candidates_compile_ahead_in_threads(monkeypatch, caplog, tmp_path):
     """precompile: every candidate's Triton compile runs in a worker thread (Triton's
     AsyncCompileMode) and is done when it returns: the measurement's launches then compile
-    nothing (here sm_90 cubins through the host-only driver)."""
+    nothing (here sm_90 cubins through the host-only driver). Each compile (an empty Triton
+    cache: all of them parse) parses the kernel's source through the one lock (Note [One AST
+    conversion at a time]), while collections inside the conversions pass the GIL."""
     from triton.runtime import driver
+
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    parses = _RecordingLock()
+    monkeypatch.setattr(CM, "_parse_lock", parses)
 
     G.gemv_kernel.device_caches[driver.active.get_current_device()]  # binds `compile` (Triton does on first use)
     seen = []
@@ -340,14 +362,14 @@ def test_candidates_compile_ahead_in_threads(monkeypatch, caplog):
         CM._run_gemv(a, w.t(), None, out, c, compile_only=True)
     # (failed in CI runs of 2026-12-04/05 before Note [One AST conversion at a time])
     assert len(seen) == len(configs), (seen, [r.getMessage() for r in caplog.records if "compiled ahead" in r.getMessage()])
+    in_threads = [t for t in parses.threads if t.startswith("trident-compile")]  # (the main thread's: cache keys)
+    assert len(in_threads) >= len(configs), parses.threads
 
 
 def test_precompile_converts_one_ast_at_a_time():
     """Note [One AST conversion at a time]: while a precompile runs, threads parsing at once (the
     GIL passing inside their conversions) all succeed -- CPython 3.11 fails one of four such
     threads in nearly every run without the lock -- and `ast.parse` is the caller's again after."""
-    import ast
-
     source = "\n".join(f"def f{i}(a, b):\n    return [a + b * {i} for _ in a] if a else (b, {{1: {i}}})"
                         for i in range(300))
     errors, found = [], ast.parse

@@ -44,6 +44,7 @@ from .collectives import check_graph, collectives_as_functional
 from .frames import user_line
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import inline_custom_ops
+from .python_values import foreign, holds_tensor, plain, short
 from .shared_patch import SharedPatch, setter
 from .values import DECOMPOSITIONS, specializing
 
@@ -308,120 +309,130 @@ def _forget_fake_tensors(modes: list) -> int:
 # them when a longer sequence comes (`self._seq_len_cached = seqlen; self._cos_cached = ...`).
 # Traced, that left the trace's fake tensors and SymInts on the user's model: the next eager
 # call (a longer generate()'s prefill) read them and failed in a Triton launch ("Cannot access
-# data pointer of Tensor"). A trace is no call, so what the function reaches must come out of it
-# as it went in: the attribute tables (`__dict__`, buffers, parameters) of every module reachable
-# from the function -- its `self`, closures, globals and arguments, through lists, tuples, sets,
-# dicts and the public attributes of plain objects holding a model (`_reachable`, the walk that
-# names closed-over tensors), with their submodules --, the attributes of the plain objects and
-# the dicts, lists and sets on those paths that the function was not passed (what it was passed
-# is Note [State the function is passed]'s), and the containers all their attributes hold are
-# copied when the trace starts (under Triton's lock, with the trace) and put back when it ends,
-# made or failed: every attribute, ints and flags included (a table put back without its length
-# would be read as the longer one), a list the trace appended to as long as it was, a memo
-# dict's new entry removed. What the capture then means, owner by owner, for what the trace
-# changed:
-#   * the graph reads a tensor an old value held (a closed-over tensor it binds: `self.h =
-#     f(self.h, x)`, a list of them): every call would need the rebinding replayed, which a
-#     capture does not do (Note [What trident.compile guards]); the capture is refused
-#     (CaptureError with `module_state`), and trident.compile sends the family through
-#     torch.compile(backend="trident"), whose Dynamo replays attribute mutations (Note
-#     [Data-dependent calls through Dynamo]);
-#   * the owner rebinds a tensor attribute whose old value the graph does not read (a table
-#     rebuilt from scratch, with its length beside it): the graph computes the new table on every
-#     call it serves, as eager does on such a call; the capture stands (the module keeps its last
-#     eager table: an eager call rebuilds it as it would);
-#   * else a Python value rebound to another (`self.calls += 1`, a flag flipped, `state["n"] +=
-#     1` on a global dict) or a list's or set's contents changed (`self.history.append(y)`): the
-#     function's own side effect, which the capture would drop (and a value it read is a constant
-#     of the graph: `x * self.calls` would stay `x * 2`); refused as the first case. An attribute
-#     or dict entry added or removed, a value set where there was None, or an object rebound to
-#     another (a helper or memo made lazily) stands, as do the changes of an FX GraphModule (its
-#     bookkeeping: its generated code changes nothing). Triton's kernels (JITFunction, autotuners)
-#     are not walked: their state is Triton's memo of compiles and tunings.
-# Not seen: a counter beside a rebuilt table in the same owner (taken for the table's length), a
-# tensor attribute or dict entry that records a result (`self.last = y`: taken for a table),
-# state below the walk's depth or out of its paths (a module's private attributes are walked
-# only one container deep), and objects without a `__dict__`.
-_VALUES = (int, float, bool, str, type(None), torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
+# data pointer of Tensor"). A trace is no call, so what the function reaches comes out of it as
+# it went in. Taken when the trace starts (under Triton's lock, with the trace) and put back
+# entry by entry when it ends, made or failed (`_StateAsFound`):
+#   * the attribute tables (`__dict__`, buffers, parameters) of every module reachable from the
+#     function -- its `self`, closures, globals and arguments, through lists, tuples, sets, dicts
+#     and the public attributes of plain objects (`_reachable`, the walk that names closed-over
+#     tensors) --, FX GraphModules aside (their bookkeeping: generated code, line maps);
+#   * the attributes of plain objects of the user's own classes on those paths, and the dicts,
+#     lists and sets on them; the walk ends at objects of torch, Triton, Trident and the
+#     standard library (python_values.foreign: their own caches, a logger's handlers, a Triton
+#     kernel's compiles, a compiled function's captures);
+#   * the dicts, lists and sets those attributes hold, their changes told as their holder's;
+#   * not what the function was passed, or reaches through it: Note [State the function is
+#     passed] replays that.
+# Every attribute comes back, ints and flags included (a table put back without its length
+# would be read as the longer one), a list the trace appended to as long as it was, a memo entry
+# the trace made removed. What the trace changed then decides, holder by holder:
+#
+#   change the trace made                                     capture
+#   an old value held a tensor the graph reads (`self.h =     refused (1)
+#     f(self.h, x)`, a list of them)
+#   the holder rebinds an attribute to a value holding        stands: a table rebuilt from scratch,
+#     tensors, the graph reading none of the old ones           which the graph computes on every
+#                                                               call as eager does on such a call
+#   any other value rebound (`self.calls += 1`, `STATE["n"]    refused (1): the function's own side
+#     += 1`, a tuple, an enum, an object replaced) or a         effect, which a capture would drop
+#     list's or set's contents changed (`self.log.append`)      (a value it read stays a constant:
+#                                                               `x * self.calls` stays `x * 2`)
+#   an attribute or entry added or removed, a value set       stands: made lazily (a helper, a memo
+#     where there was None, a value set to an equal one         entry, a buffer registered)
+#
+# (1) CaptureError with `module_state`: trident.compile sends the family through
+# torch.compile(backend="trident"), whose Dynamo replays the change (Note [Data-dependent calls
+# through Dynamo]).
+# Not seen: a counter beside a rebuilt table in the same holder (taken for the table's length),
+# state below the walk's depth or past its budget, objects without a `__dict__`, and writes
+# other threads make to the same objects while a trace runs (put back with the trace's).
 class _Change(NamedTuple):
-    owner: Any  # the module or object whose attribute, the dict whose entry, the list or set that changed
-    path: str  # in the user's terms: self.calls, state['n'], self.history
-    old: Any  # the value as found (_ABSENT: none); a list's or set's contents as found
-    new: Any  # the value the trace left; a list's or set's contents
+    owner: Any  # the module or object whose attribute (or a container it holds), the dict, list or set that changed
+    prefix: str  # the owner's path in the user's terms (self.rotary, STATE, self.history)
+    key: Any  # the attribute's name, the dict's key; None for a list's or set's contents
+    keyed: bool  # `key` is a dict key (shown as [key]), else an attribute name
+    old: Any  # the value as found (_ABSENT: none); a list's or set's items as found
+    new: Any  # the value the trace left; a list's or set's items
     contents: bool  # a list's or set's contents changed in place
+
+    @property
+    def path(self) -> str:
+        if self.key is None:
+            return self.prefix
+        return f"{self.prefix}[{short(self.key)}]" if self.keyed else f"{self.prefix}.{self.key}"
 
 
 class _StateAsFound:
     """The state of what the function reaches, as a trace found it (Note [Module attributes a
-    trace rebinds]): the attribute tables of modules, those of plain objects and the dicts,
-    lists and sets that are not among what it was passed (Note [State the function is passed]
-    covers those), and the containers their attributes hold."""
+    trace rebinds]): the attribute tables of modules (not FX GraphModules), those of plain
+    objects of the user's own classes, the dicts, lists and sets on the way, and the containers
+    their attributes hold -- what the function was passed aside (Note [State the function is
+    passed] covers that)."""
 
     def __init__(self, roots: "_Roots"):
         passed = {id(o) for _, o in _reachable(roots.passed, every=True)}
-        self.paths: dict[int, str] = {}
-        self.tables: list = []  # (owner, path prefix, keyed, table, its items as found)
+        self.tables: list = []  # (owner, path, keyed, dict, its items as found)
         self.sequences: list = []  # (owner, path, list or set, its items as found)
         seen: set[int] = set()
 
-        def table(owner, prefix: str, keyed: bool, t: dict) -> None:
-            if id(t) not in seen:
-                seen.add(id(t))
-                self.tables.append((owner, prefix, keyed, t, dict(t)))
+        def take(owner, path: str, keyed: bool, container) -> None:
+            if id(container) in seen or id(container) in passed:
+                return
+            seen.add(id(container))
+            if isinstance(container, dict):
+                self.tables.append((owner, path, keyed, container, dict(container)))
+            else:
+                self.sequences.append((owner, path, container, list(container)))
 
-        def held(owner, prefix: str) -> None:  # the containers an object's attributes hold
-            for name, v in vars(owner).items():
-                if type(v) is dict:
-                    table(v, f"{prefix}.{name}", True, v)
-                elif type(v) in (list, set) and id(v) not in seen:
-                    seen.add(id(v))
-                    self.sequences.append((v, f"{prefix}.{name}", v, list(v)))
+        def held(owner, path: str) -> None:  # the containers its attributes hold, changes told as its own
+            for name, v in list(vars(owner).items()):
+                if isinstance(v, (dict, list, set)):
+                    take(owner, f"{path}.{name}", True, v)
 
         for path, obj in _reachable(roots.owners + roots.passed, every=True):
+            if isinstance(obj, torch.fx.GraphModule):
+                continue  # its bookkeeping (generated code, line maps); its code changes nothing
             if isinstance(obj, torch.nn.Module):
-                self.paths[id(obj)] = path
-                for t in (obj.__dict__, obj._buffers, obj._parameters):
-                    table(obj, path, False, t)
+                for table in (obj.__dict__, obj._buffers, obj._parameters):
+                    take(obj, path, False, table)
                 held(obj, path)
-            elif id(obj) in passed or isinstance(obj, (torch.Tensor, KernelInterface)):
-                continue  # a Triton kernel's state is its compiles and tunings: Triton's memo
-            elif type(obj) is dict:
-                table(obj, path, True, obj)
-            elif type(obj) in (list, set):
-                if id(obj) not in seen:
-                    seen.add(id(obj))
-                    self.sequences.append((obj, path, obj, list(obj)))
-            elif hasattr(obj, "__dict__") and type(vars(obj)) is dict and not isinstance(obj, (tuple, type)):
-                table(obj, path, False, vars(obj))
+            elif id(obj) in passed or isinstance(obj, torch.Tensor):
+                continue
+            elif isinstance(obj, (dict, list, set)):
+                take(obj, path, True, obj)
+            elif type(getattr(obj, "__dict__", None)) is dict and not foreign(type(obj)):
+                take(obj, path, False, vars(obj))
                 held(obj, path)
         self.changed: list[_Change] = []  # filled by restore
 
     def restore(self) -> None:
-        """Puts all of it back as it was, ints and flags included (the trace is no call: a table
-        put back without its length would be read as the longer one), and notes in `changed`
-        each change the trace made."""
-        for owner, prefix, keyed, t, old_t in self.tables:
-            if t.keys() == old_t.keys() and all(t[k] is v for k, v in old_t.items()):
+        """Puts all of it back as it was, entry by entry, ints and flags included (the trace is
+        no call: a table put back without its length would be read as the longer one); notes in
+        `changed` each change the trace made."""
+        for owner, path, keyed, table, saved in self.tables:
+            now = dict(table)
+            if now.keys() == saved.keys() and all(now[k] is v for k, v in saved.items()):
                 continue
-            for name in set(t) | set(old_t):
-                old, new = old_t.get(name, _ABSENT), t.get(name, _ABSENT)
+            for key in now.keys() - saved.keys():
+                dict.__delitem__(table, key)
+            for key, old in saved.items():
+                if now.get(key, _ABSENT) is not old:
+                    dict.__setitem__(table, key, old)
+            for key in [*saved, *(k for k in now if k not in saved)]:
+                old, new = saved.get(key, _ABSENT), now.get(key, _ABSENT)
                 if new is not old:
-                    self.changed.append(_Change(owner, f"{prefix}[{name!r}]" if keyed else f"{prefix}.{name}",
-                                                old, new, False))
-            t.clear()
-            t.update(old_t)
-        for owner, path, container, old in self.sequences:
-            new = list(container)
-            if len(new) == len(old) and all(a is b for a, b in zip(new, old)):
+                    self.changed.append(_Change(owner, path, key, keyed, old, new, False))
+        for owner, path, container, saved in self.sequences:
+            now = list(container)
+            if (sorted(map(id, now)) == sorted(map(id, saved)) if isinstance(container, set)
+                    else len(now) == len(saved) and all(a is b for a, b in zip(now, saved))):
                 continue
-            self.changed.append(_Change(owner, path, old, new, True))
             if isinstance(container, list):
-                container[:] = old
+                list.__setitem__(container, slice(None), saved)
             else:
-                container.clear()
-                container.update(old)
+                set.clear(container)
+                set.update(container, saved)
+            self.changed.append(_Change(owner, path, None, False, saved, now, True))
 
 
 @contextlib.contextmanager
@@ -449,35 +460,52 @@ def _tensors_in(value, depth: int = 3):
             yield from _tensors_in(v, depth - 1)
 
 
+def _same(old, new) -> bool:
+    """Equal plain data (`self.scale = 1.0 / n` set again to what it was)."""
+    try:
+        return type(old) is type(new) and plain(old) and plain(new) and bool(old == new)
+    except Exception:  # noqa: BLE001 - not comparable: a change
+        return False
+
+
+def _value(v) -> str:
+    if v is _ABSENT:
+        return "(none)"
+    if isinstance(v, torch.Tensor):
+        return "a tensor"
+    return short(v) if plain(v) else f"a {type(v).__name__}"
+
+
 def _shown(change: _Change) -> str:
     if change.contents:
         n, m = len(change.old), len(change.new)
         return f"its contents: {n} -> {m} item(s)" if n != m else "its contents"
-    return " -> ".join("(none)" if v is _ABSENT else repr(v) if isinstance(v, _VALUES) else type(v).__name__
-                       for v in (change.old, change.new))
+    return f"{_value(change.old)} -> {_value(change.new)}"
 
 
 def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
-    """Note [Module attributes a trace rebinds]: the paths of what the trace changed (tables
-    rebuilt, helpers made), or a CaptureError (module_state) where the graph reads a tensor an
-    old value held or the function changed Python values or containers (its own side effect)."""
+    """Note [Module attributes a trace rebinds]: the paths of what the trace changed and the
+    capture may leave as found (tables rebuilt, helpers made lazily), or a CaptureError
+    (module_state) for state the function keeps, which a capture would not update."""
     held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
     held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
     advice = ("trident.compile serves such calls through torch.compile(fn, backend='trident'), whose Dynamo "
               "replays it; or pass the state to the function as an argument (Note [State the function is passed]).")
     for c in state.changed:
         if any(id(t) in held for t in _tensors_in(c.old)):
-            raise CaptureError(
-                f"the function rebinds {c.path} (a tensor attribute it reads) to a new value on every call: state "
-                f"kept on a module, which a capture would not update. {advice}", module_state=True)
-    tables = {id(c.owner) for c in state.changed if not c.contents and isinstance(c.new, torch.Tensor)}
+            what = (f"changes {c.path} ({_shown(c)}; it held a tensor the capture reads)" if c.contents else
+                    f"rebinds {c.path} (a tensor attribute it reads) to a new value")
+            raise CaptureError(f"the function {what} on every call: state it keeps outside its arguments, which a "
+                               f"capture would not update. {advice}", module_state=True)
+    tables = {id(c.owner) for c in state.changed if not c.contents and not c.keyed and holds_tensor(c.new)}
     for c in state.changed:
-        if id(c.owner) in tables or isinstance(c.owner, torch.fx.GraphModule):
-            continue  # a table rebuilt; an FX module's bookkeeping (its generated code changes nothing)
-        if c.contents or (isinstance(c.old, _VALUES) and c.old is not None and isinstance(c.new, _VALUES)):
-            raise CaptureError(
-                f"the function changes {c.path} ({_shown(c)}) on every call: state kept outside its arguments, "
-                f"which a capture would drop (a value it reads would stay as traced). {advice}", module_state=True)
+        if id(c.owner) in tables:
+            continue  # a table rebuilt from scratch (with its length beside it)
+        if not c.contents and (c.old is _ABSENT or c.old is None or c.new is _ABSENT or _same(c.old, c.new)):
+            continue  # made lazily, removed, or set again to what it was
+        raise CaptureError(
+            f"the function changes {c.path} ({_shown(c)}) on every call: state it keeps outside its arguments, "
+            f"which a capture would drop (a value it reads would stay as traced). {advice}", module_state=True)
     return [c.path for c in state.changed]
 
 
@@ -782,7 +810,8 @@ def _roots(fn, example_inputs, names) -> _Roots:
 
 def _reachable(roots, every: bool = False):
     """(path, object) for every tensor and module reached from `roots` (with `every`, also the
-    dicts, lists, tuples, sets and other objects walked through), breadth first (so a path is the
+    dicts, lists, tuples, sets and other objects walked through, ending at objects of torch,
+    Triton, Trident and the standard library: python_values.foreign), breadth first (so a path is the
     shortest), at most _SEARCH_DEPTH levels and _SEARCH_BUDGET objects: modules, each with its
     submodules (named_modules) and their public attributes that are no module; dicts, lists,
     tuples, sets and the public attributes of other objects. Scalars, types, functions and
@@ -804,6 +833,8 @@ def _reachable(roots, every: bool = False):
             seen.add(id(obj))
             budget -= 1
             if every and not isinstance(obj, torch.nn.Module):
+                if not isinstance(obj, (dict, list, tuple, set)) and foreign(type(obj)):
+                    continue  # torch's, Triton's, Trident's, the standard library's: their own caches
                 yield path, obj
             if isinstance(obj, torch.nn.Module):
                 for n, m in obj.named_modules():

@@ -641,8 +641,8 @@ class CompiledFunction(ServedByCache):
                         how = ("the trace decides on a tensor's values", "goes through torch.compile(backend="
                                "'trident'), which breaks the graph there")
                     elif getattr(e, "module_state", False):  # Note [Module attributes a trace rebinds]
-                        how = ("the call rebinds state kept on a module", "goes through torch.compile(backend="
-                               "'trident'), which replays the rebinding")
+                        how = ("the call changes state it keeps outside its arguments", "goes through "
+                               "torch.compile(backend='trident'), which replays the change")
                     else:  # Note [Objects made per call]
                         how = ("the call returns an object it made", "runs eagerly once the function has captures, "
                                "through torch.compile(backend='trident') until then, which rebuilds the object")

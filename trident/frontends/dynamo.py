@@ -81,7 +81,6 @@ graph breaks as plain Dynamo. The rule hooks Dynamo's `trace_rules.is_callable_a
 from __future__ import annotations
 
 import collections
-import enum
 import functools
 import inspect
 import itertools
@@ -101,6 +100,11 @@ except ImportError:  # pragma: no cover
     BaseListVariable = ()
 
 from .. import knobs, logs, triton_state
+from ..capture.python_values import DEPTH, ITEMS
+from ..capture.python_values import foreign as _foreign
+from ..capture.python_values import holds_tensor as _holds_tensor
+from ..capture.python_values import plain as _plain
+from ..capture.python_values import short as _short
 from ..capture.trace import _launches_as_hops, capture
 from ..errors import GuardError, TridentError
 from ..optimize import optimize
@@ -491,13 +495,9 @@ def _compiling_for_trident() -> bool:
 # Note [Disabled functions under backend="trident"]: the state a disabled function can reach.
 _MISSING = object()  # a name, key or cell not bound
 _STATEFUL: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # function -> what its run changed
-_DEPTH = 3  # levels below a root the snapshot follows
-_ITEMS = 256  # items of one container it follows (all of them are compared)
+_DEPTH = DEPTH  # levels below a root the snapshot follows
+_ITEMS = ITEMS  # items of one container it follows (all of them are compared)
 _FUNCTIONS = 64  # functions of the module whose code it reads
-# modules whose objects the snapshot does not look into: torch, Triton and Trident keep their
-# own caches (kernel tables, lazily imported attributes), and so does the standard library
-# (logging's level cache, locks, weak dictionaries)
-_FOREIGN = frozenset({"torch", "triton", "trident", "builtins"}) | frozenset(getattr(sys, "stdlib_module_names", ()))
 
 
 def _unwrap_disabled(fn):
@@ -544,38 +544,8 @@ def _traceable_disabled(obj) -> bool:
     return action == "trace" or (action == "check" and obj not in _STATEFUL)
 
 
-def _foreign(obj) -> bool:
-    """Whether `obj` (a module, a class) belongs to torch, Triton, Trident or the standard library."""
-    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
-    return not isinstance(name, str) or name.split(".")[0] in _FOREIGN
 
 
-def _plain(value, depth: int = 0) -> bool:
-    """Data a memo may keep from a compile-time run: what eager's first call would have stored."""
-    if value is None or isinstance(
-        value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
-    ):
-        return True
-    if isinstance(value, (tuple, list, frozenset)) and depth < _DEPTH:
-        return all(_plain(v, depth + 1) for v in value)
-    return False
-
-
-def _holds_tensor(value, depth: int = 0) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if depth >= _DEPTH:
-        return False
-    if isinstance(value, dict):
-        value = list(value.values())
-    elif not isinstance(value, (tuple, list, set, frozenset, collections.deque)):
-        value = list(vars(value).values()) if hasattr(value, "__dict__") and not _foreign(type(value)) else ()
-    return any(_holds_tensor(v, depth + 1) for v in itertools.islice(value, _ITEMS))
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _new_value(value) -> str:

@@ -34,6 +34,7 @@ cuBLAS algorithms). residual_mm's own numerics (Note [Residual adds in the GEMM]
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import os
 import sys
@@ -189,13 +190,15 @@ _parse_lock = threading.RLock()
 _parse_found: list = []  # `ast.parse` as the first precompile found it
 
 
+@functools.wraps(ast.parse)
 def _parse_one_at_a_time(*args, **kwargs):
     with _parse_lock:
         return _parse_found[0](*args, **kwargs)
 
 
 def _install_serial_parse() -> None:
-    _parse_found[:] = [ast.parse]
+    if ast.parse is not _parse_one_at_a_time:  # left installed (replaced and put back meanwhile): kept
+        _parse_found[:] = [ast.parse]
     ast.parse = _parse_one_at_a_time
 
 
