@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import types
 
 import pytest
 import torch
@@ -382,3 +383,97 @@ def test_a_compiled_function_inside_a_compiled_function():
         x = torch.randn(8)
         torch.testing.assert_close(fwd(x), 7 * x)
     assert fwd.captures and fwd.dynamo_calls == 0, trident.explain(fwd)
+
+
+NS = types.SimpleNamespace(n=0)
+
+
+@dataclasses.dataclass
+class Holder:
+    h: torch.Tensor
+
+
+class Effects(torch.nn.Module):
+    """Side effects a capture used to drop, each with results that show it (the second review's)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.seen, self.log = kind, [], collections.deque()
+        self._seq_len_cached, self._cos_cached, self.k, self.aux = 0, None, None, None
+        self.state = Holder(torch.zeros(()))
+        self.h = torch.zeros(8)
+
+    def forward(self, x):
+        n = x.shape[0]
+        if self.kind == "beside_a_table":  # a list appended to beside a rebuilt table
+            if n > self._seq_len_cached:
+                self._seq_len_cached, self._cos_cached = n, torch.arange(n, dtype=torch.float32)
+            self.seen.append(n)
+            return axpy(x, x) * len(self.seen)
+        if self.kind == "namespace":  # a standard-library namespace's counter
+            NS.n += 1
+            return axpy(x, x) * NS.n
+        if self.kind == "deque":
+            self.log.append(n)
+            return axpy(x, x) * len(self.log)
+        if self.kind == "filled":  # a cache allocated lazily, then written in place from the input
+            if self.k is None or self.k.shape[0] != n:
+                self.k = torch.zeros(n)
+            self.k.add_(x)
+            return axpy(self.k, x)
+        if self.kind == "recorded":  # a result recorded on the module (a MoE's auxiliary loss)
+            y = axpy(x, x)
+            self.aux = y.sum()
+            return y
+        # an object replaced each call, holding the state the next call reads
+        self.state = Holder(self.state.h + axpy(x, x).sum())
+        return x * self.state.h
+
+
+@pytest.mark.parametrize("kind", ["beside_a_table", "namespace", "deque", "filled", "recorded", "object"])
+def test_side_effects_the_capture_would_drop_go_through_dynamo(kind):
+    NS.n = 0
+    model, ref = Effects(kind), Effects(kind)
+    fwd = trident.compile(model.forward)
+    for n in (4, 8, 8, 4, 8, 8):
+        x = torch.ones(n)
+        want = ref(x)
+        if kind == "namespace":
+            NS.n -= 1  # the reference counted too
+        torch.testing.assert_close(fwd(x), want)
+        if kind == "recorded":
+            torch.testing.assert_close(model.aux, ref.aux)  # the capture's result, recorded
+    assert fwd.dynamo_calls > 0, trident.explain(fwd)
+    torch._dynamo.reset()
+
+
+class Wrapping(dict):
+    def __getitem__(self, key):
+        return ("wrapped", dict.__getitem__(self, key))
+
+
+class Refusing:
+    def __getattr__(self, name):
+        raise KeyError(name)
+
+
+class Containers(torch.nn.Module):
+    """Containers whose classes override what a snapshot would call; an object that refuses reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.lru = collections.OrderedDict((i, i) for i in range(3))
+        self.wrapping = Wrapping(a=1)
+        self.odd = Refusing()
+
+    def forward(self, x):
+        self.lru[x.shape[0]] = "new"
+        self.lru.popitem(last=False)  # an LRU's eviction: the trace's changes, put back
+        return axpy(x, x) * self.wrapping["a"][1]
+
+
+def test_containers_are_put_back_as_stored():
+    model = Containers()
+    trident.capture(model.forward, torch.randn(8))
+    assert list(model.lru.items()) == [(0, 0), (1, 1), (2, 2)]  # consistent (iterable) and in order
+    assert dict.__getitem__(model.wrapping, "a") == 1

@@ -4,6 +4,7 @@ trace rebinds]) and the Dynamo door's (Note [Disabled functions under backend="t
 
 from __future__ import annotations
 
+import argparse
 import collections
 import enum
 import itertools
@@ -26,6 +27,13 @@ def foreign(obj) -> bool:
     return not isinstance(name, str) or name.split(".")[0] in FOREIGN
 
 
+def keeps_state(obj) -> bool:
+    """Whether the attributes of `obj` are state a function may keep: an object of a class outside
+    torch, Triton, Trident and the standard library, or one of the standard library's plain
+    namespaces (SimpleNamespace, argparse's Namespace)."""
+    return isinstance(obj, (types.SimpleNamespace, argparse.Namespace)) or not foreign(type(obj))
+
+
 def plain(value, depth: int = 0) -> bool:
     """Data: numbers, strings, dtypes, devices, enums, and tuples, lists and frozensets of them."""
     if value is None or isinstance(
@@ -46,7 +54,7 @@ def holds_tensor(value, depth: int = 0) -> bool:
     if isinstance(value, dict):
         value = list(value.values())
     elif not isinstance(value, (tuple, list, set, frozenset, collections.deque)):
-        value = list(vars(value).values()) if hasattr(value, "__dict__") and not foreign(type(value)) else ()
+        value = list(vars(value).values()) if hasattr(value, "__dict__") and keeps_state(value) else ()
     return any(holds_tensor(v, depth + 1) for v in itertools.islice(value, ITEMS))
 
 

@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental import _config
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.multiprocessing.reductions import StorageWeakRef
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
@@ -44,9 +45,9 @@ from .collectives import check_graph, collectives_as_functional
 from .frames import user_line
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import inline_custom_ops
-from .python_values import foreign, holds_tensor, plain, short
+from .python_values import holds_tensor, keeps_state, plain, short
 from .shared_patch import SharedPatch, setter
-from .values import DECOMPOSITIONS, specializing
+from .values import DECOMPOSITIONS, _written, specializing
 
 # `kernel[grid]` is routed through wrap_triton only in the thread that traces: the patched
 # KernelInterface.__getitem__ is installed while any thread traces (counted) and routes a launch
@@ -316,44 +317,97 @@ def _forget_fake_tensors(modes: list) -> int:
 #     function -- its `self`, closures, globals and arguments, through lists, tuples, sets, dicts
 #     and the public attributes of plain objects (`_reachable`, the walk that names closed-over
 #     tensors) --, FX GraphModules aside (their bookkeeping: generated code, line maps);
-#   * the attributes of plain objects of the user's own classes on those paths, and the dicts,
-#     lists and sets on them; the walk ends at objects of torch, Triton, Trident and the
-#     standard library (python_values.foreign: their own caches, a logger's handlers, a Triton
-#     kernel's compiles, a compiled function's captures);
-#   * the dicts, lists and sets those attributes hold, their changes told as their holder's;
+#   * the attributes of plain objects on those paths (of the user's classes, and the standard
+#     library's namespaces), and the dicts, lists, sets and deques on them; the walk ends at
+#     objects of torch, Triton, Trident and the rest of the standard library
+#     (python_values.keeps_state: their own caches, a logger's handlers, a Triton kernel's
+#     compiles, a compiled function's captures);
+#   * the dicts, lists, sets and deques those attributes hold, their changes told as their
+#     holder's (a module's own hooks and buffer names are put back, not judged);
 #   * not what the function was passed, or reaches through it: Note [State the function is
-#     passed] replays that.
-# Every attribute comes back, ints and flags included (a table put back without its length
-# would be read as the longer one), a list the trace appended to as long as it was, a memo entry
-# the trace made removed. What the trace changed then decides, holder by holder:
+#     passed] replays that; nor deques with a maxlen (Note [A trace leaves no fake tensors in
+#     memos]).
+# Containers are read and refilled as stored (an OrderedDict in its order, a subclass's
+# overrides bypassed). Everything comes back, ints and flags included (a table put back without
+# its length would be read as the longer one), a list the trace appended to as long as it was,
+# a memo entry the trace made removed. What the trace changed then decides, holder by holder:
 #
 #   change the trace made                                     capture
 #   an old value held a tensor the graph reads (`self.h =     refused (1)
-#     f(self.h, x)`, a list of them)
-#   the holder rebinds an attribute to a value holding        stands: a table rebuilt from scratch,
-#     tensors, the graph reading none of the old ones           which the graph computes on every
-#                                                               call as eager does on such a call
+#     f(self.h, x)`, a list or an object holding them)
+#   the holder rebinds an attribute to tensors the graph      stands: a table rebuilt from scratch,
+#     computes from sizes and held tensors alone, written       which the graph computes on every
+#     in place by nothing that reads an input's data            call as eager does on such a call;
+#                                                               its length beside it stands too
+#   such tensors computed or filled from an input's data      refused (1): a result recorded, a
+#     (`self.aux = y.sum()`, a cache allocated then filled)     cache filled, not replayed
 #   any other value rebound (`self.calls += 1`, `STATE["n"]    refused (1): the function's own side
 #     += 1`, a tuple, an enum, an object replaced) or a         effect, which a capture would drop
-#     list's or set's contents changed (`self.log.append`)      (a value it read stays a constant:
-#                                                               `x * self.calls` stays `x * 2`)
+#     list's, set's or deque's contents changed                 (a value it read stays a constant:
+#     (`self.log.append`), beside a table too                   `x * self.calls` stays `x * 2`)
 #   an attribute or entry added or removed, a value set       stands: made lazily (a helper, a memo
 #     where there was None, a value set to an equal one         entry, a buffer registered)
 #
 # (1) CaptureError with `module_state`: trident.compile sends the family through
 # torch.compile(backend="trident"), whose Dynamo replays the change (Note [Data-dependent calls
-# through Dynamo]).
+# through Dynamo]). What could not be put back refuses the capture (the call runs eagerly).
 # Not seen: a counter beside a rebuilt table in the same holder (taken for the table's length),
-# state below the walk's depth or past its budget, objects without a `__dict__`, and writes
-# other threads make to the same objects while a trace runs (put back with the trace's).
+# a value set where there was None that the graph reads, state below the walk's depth or past
+# its budget, objects without a `__dict__`, and writes other threads make to the same objects
+# while a trace runs (put back with the trace's).
+_CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque)
+
+
+def _items(container) -> list:
+    """A container's items as stored, its class's overrides bypassed: (key, value) pairs of a
+    dict (an OrderedDict's in its order), the items of a list, tuple, deque or set."""
+    if isinstance(container, collections.OrderedDict):
+        return [(k, dict.__getitem__(container, k)) for k in collections.OrderedDict.__iter__(container)]
+    if isinstance(container, dict):
+        return list(dict.items(container))
+    for base in (list, tuple, collections.deque, set, frozenset):
+        if isinstance(container, base):
+            return list(base.__iter__(container))
+    raise TypeError(type(container).__name__)
+
+
+def _put_back_items(container, saved: list) -> None:
+    """Refills a dict, list, deque or set with `saved` (_items'), through its base class."""
+    if isinstance(container, dict):
+        base = collections.OrderedDict if isinstance(container, collections.OrderedDict) else dict
+        base.clear(container)
+        for k, v in saved:
+            base.__setitem__(container, k, v)
+    elif isinstance(container, list):
+        list.__setitem__(container, slice(None), saved)
+    else:
+        base = collections.deque if isinstance(container, collections.deque) else set
+        base.clear(container)
+        (base.extend if base is collections.deque else base.update)(container, saved)
+
+
+def _attributes(obj) -> dict:
+    """The object's own attribute table (not through its __getattribute__/__getattr__); {} if none."""
+    try:
+        table = object.__getattribute__(obj, "__dict__")
+    except Exception:  # noqa: BLE001 - __slots__ only, or refused
+        return {}
+    return table if type(table) is dict else {}
+
+
+# torch.nn.Module's own containers (hooks, the names of non-persistent buffers), which change
+# with what is registered: put back, not judged (a buffer registered lazily is judged in _buffers)
+_MODULE_BOOKKEEPING = frozenset(vars(torch.nn.Module())) - {"_buffers", "_parameters", "_modules"}
+
+
 class _Change(NamedTuple):
-    owner: Any  # the module or object whose attribute (or a container it holds), the dict, list or set that changed
-    prefix: str  # the owner's path in the user's terms (self.rotary, STATE, self.history)
-    key: Any  # the attribute's name, the dict's key; None for a list's or set's contents
+    owner: Any  # the module or object whose attribute, or the container, that changed
+    prefix: str  # its path in the user's terms (self.rotary, STATE, self.history)
+    key: Any  # the attribute's name, the dict's key; None for a list's, deque's or set's contents
     keyed: bool  # `key` is a dict key (shown as [key]), else an attribute name
-    old: Any  # the value as found (_ABSENT: none); a list's or set's items as found
-    new: Any  # the value the trace left; a list's or set's items
-    contents: bool  # a list's or set's contents changed in place
+    old: Any  # the value as found (_ABSENT: none); a sequence's items as found
+    new: Any  # the value the trace left; a sequence's items
+    contents: bool  # a list's, deque's or set's contents changed
 
     @property
     def path(self) -> str:
@@ -364,75 +418,75 @@ class _Change(NamedTuple):
 
 class _StateAsFound:
     """The state of what the function reaches, as a trace found it (Note [Module attributes a
-    trace rebinds]): the attribute tables of modules (not FX GraphModules), those of plain
-    objects of the user's own classes, the dicts, lists and sets on the way, and the containers
-    their attributes hold -- what the function was passed aside (Note [State the function is
-    passed] covers that)."""
+    trace rebinds]), read and put back as stored (a subclass's overrides bypassed)."""
 
     def __init__(self, roots: "_Roots"):
         passed = {id(o) for _, o in _reachable(roots.passed, every=True)}
-        self.tables: list = []  # (owner, path, keyed, dict, its items as found)
-        self.sequences: list = []  # (owner, path, list or set, its items as found)
+        self.taken: list = []  # (owner, path, keyed, container, its items as found)
+        self.failed: list[str] = []  # paths that could not be put back (filled by restore)
+        self.bookkeeping: set[int] = set()  # torch.nn.Module's own containers: put back, not judged
         seen: set[int] = set()
 
         def take(owner, path: str, keyed: bool, container) -> None:
             if id(container) in seen or id(container) in passed:
                 return
+            if isinstance(container, collections.deque) and container.maxlen is not None:
+                return  # a bounded memo of recent calls: Note [A trace leaves no fake tensors in memos]
             seen.add(id(container))
-            if isinstance(container, dict):
-                self.tables.append((owner, path, keyed, container, dict(container)))
-            else:
-                self.sequences.append((owner, path, container, list(container)))
+            try:
+                self.taken.append((owner, path, keyed, container, _items(container)))
+            except Exception:  # noqa: BLE001 - changed meanwhile, or unreadable: not taken
+                pass
 
-        def held(owner, path: str) -> None:  # the containers its attributes hold, changes told as its own
-            for name, v in list(vars(owner).items()):
-                if isinstance(v, (dict, list, set)):
+        def held(owner, path: str) -> None:  # the containers its attributes hold, their changes told as its own
+            module = isinstance(owner, torch.nn.Module)
+            for name, v in list(_attributes(owner).items()):
+                if isinstance(v, (dict, list, set, collections.deque)):
+                    if module and name in _MODULE_BOOKKEEPING:
+                        self.bookkeeping.add(id(v))
                     take(owner, f"{path}.{name}", True, v)
 
         for path, obj in _reachable(roots.owners + roots.passed, every=True):
             if isinstance(obj, torch.fx.GraphModule):
                 continue  # its bookkeeping (generated code, line maps); its code changes nothing
             if isinstance(obj, torch.nn.Module):
-                for table in (obj.__dict__, obj._buffers, obj._parameters):
+                for table in (_attributes(obj), obj._buffers, obj._parameters):
                     take(obj, path, False, table)
                 held(obj, path)
-            elif id(obj) in passed or isinstance(obj, torch.Tensor):
+            elif id(obj) in passed or isinstance(obj, (torch.Tensor, tuple, frozenset)):
                 continue
-            elif isinstance(obj, (dict, list, set)):
+            elif isinstance(obj, (dict, list, set, collections.deque)):
                 take(obj, path, True, obj)
-            elif type(getattr(obj, "__dict__", None)) is dict and not foreign(type(obj)):
-                take(obj, path, False, vars(obj))
+            elif _attributes(obj):
+                take(obj, path, False, _attributes(obj))
                 held(obj, path)
         self.changed: list[_Change] = []  # filled by restore
 
     def restore(self) -> None:
-        """Puts all of it back as it was, entry by entry, ints and flags included (the trace is
-        no call: a table put back without its length would be read as the longer one); notes in
-        `changed` each change the trace made."""
-        for owner, path, keyed, table, saved in self.tables:
-            now = dict(table)
-            if now.keys() == saved.keys() and all(now[k] is v for k, v in saved.items()):
+        """Puts all of it back as it was, key order included, ints and flags too (the trace is no
+        call: a table put back without its length would be read as the longer one); notes in
+        `changed` each change the trace made and in `failed` what could not be put back."""
+        for owner, path, keyed, container, saved in self.taken:
+            try:
+                now = _items(container)
+                if len(now) == len(saved) and all(
+                        (a[0] is b[0] or a[0] == b[0]) and a[1] is b[1] if isinstance(container, dict) else a is b
+                        for a, b in zip(now, saved)):
+                    continue
+                _put_back_items(container, saved)
+            except Exception:  # noqa: BLE001 - the others are still put back
+                self.failed.append(path)
                 continue
-            for key in now.keys() - saved.keys():
-                dict.__delitem__(table, key)
-            for key, old in saved.items():
-                if now.get(key, _ABSENT) is not old:
-                    dict.__setitem__(table, key, old)
-            for key in [*saved, *(k for k in now if k not in saved)]:
-                old, new = saved.get(key, _ABSENT), now.get(key, _ABSENT)
+            if id(container) in self.bookkeeping:
+                continue  # hooks, the non-persistent buffers' names: they follow what is registered
+            if not isinstance(container, dict):
+                self.changed.append(_Change(owner, path, None, False, saved, now, True))
+                continue
+            old_t, new_t = dict(saved), dict(now)
+            for key in [*old_t, *(k for k in new_t if k not in old_t)]:
+                old, new = old_t.get(key, _ABSENT), new_t.get(key, _ABSENT)
                 if new is not old:
                     self.changed.append(_Change(owner, path, key, keyed, old, new, False))
-        for owner, path, container, saved in self.sequences:
-            now = list(container)
-            if (sorted(map(id, now)) == sorted(map(id, saved)) if isinstance(container, set)
-                    else len(now) == len(saved) and all(a is b for a, b in zip(now, saved))):
-                continue
-            if isinstance(container, list):
-                list.__setitem__(container, slice(None), saved)
-            else:
-                set.clear(container)
-                set.update(container, saved)
-            self.changed.append(_Change(owner, path, None, False, saved, now, True))
 
 
 @contextlib.contextmanager
@@ -450,13 +504,14 @@ _ABSENT = object()
 
 
 def _tensors_in(value, depth: int = 3):
+    """The tensors `value` holds: in containers and the attributes of objects that keep state."""
     if isinstance(value, torch.Tensor):
         yield value
-    elif depth and isinstance(value, (list, tuple, set)):
-        for v in value:
-            yield from _tensors_in(v, depth - 1)
-    elif depth and isinstance(value, dict):
-        for v in value.values():
+    elif depth and isinstance(value, _CONTAINERS):
+        for v in _items(value):
+            yield from _tensors_in(v[1] if isinstance(value, dict) else v, depth - 1)
+    elif depth and value is not _ABSENT and keeps_state(value):
+        for v in list(_attributes(value).values()):
             yield from _tensors_in(v, depth - 1)
 
 
@@ -483,10 +538,40 @@ def _shown(change: _Change) -> str:
     return f"{_value(change.old)} -> {_value(change.new)}"
 
 
+def _graph_computed(gm: torch.fx.GraphModule, value) -> Optional[str]:
+    """Why the tensors the trace left on an attribute are no table (None when they are one): one
+    is no node's value, is computed from an input's data, or is written in place by a node that
+    reads an input's data (a cache allocated, then filled; a result recorded). Sizes read from
+    inputs are no data (a table for a longer sequence), nor are the tensors the function holds."""
+    data: set = set()  # nodes whose tensors depend on a tensor input's data
+    for node in gm.graph.nodes:
+        if (node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor)) or any(
+                a in data for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)):
+            data.add(node)
+    def storage(node):  # a node's value's memory (make_fx records a detached alias of the traced tensor)
+        val = node.meta.get("val")
+        return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+    wanted = {StorageWeakRef(t.untyped_storage()) for t in _tensors_in(value)}
+    found = set()
+    known: dict = {}
+    for node in gm.graph.nodes:
+        if storage(node) in wanted:
+            found.add(storage(node))
+            if node in data:
+                return f"computed from an input's data ({node.name})"
+        if node in data and any(storage(w) in wanted for w in _written(node, known)):
+            return f"written in place from an input's data ({node.name})"
+    return None if found == wanted else "the graph does not compute"
+
+
 def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
     """Note [Module attributes a trace rebinds]: the paths of what the trace changed and the
     capture may leave as found (tables rebuilt, helpers made lazily), or a CaptureError
     (module_state) for state the function keeps, which a capture would not update."""
+    if state.failed:
+        raise CaptureError(f"the trace changed {state.failed[0]}, which could not be put back as it was: the call "
+                           "runs eagerly.")
     held = {id(t) for t in gm.state_dict(keep_vars=True).values()}
     held |= {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
     advice = ("trident.compile serves such calls through torch.compile(fn, backend='trident'), whose Dynamo "
@@ -497,10 +582,20 @@ def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
                     f"rebinds {c.path} (a tensor attribute it reads) to a new value")
             raise CaptureError(f"the function {what} on every call: state it keeps outside its arguments, which a "
                                f"capture would not update. {advice}", module_state=True)
-    tables = {id(c.owner) for c in state.changed if not c.contents and not c.keyed and holds_tensor(c.new)}
+    tables = {}
     for c in state.changed:
-        if id(c.owner) in tables:
-            continue  # a table rebuilt from scratch (with its length beside it)
+        if not c.contents and not c.keyed and holds_tensor(c.new) and id(c.owner) not in tables:
+            tables[id(c.owner)] = (c, _graph_computed(gm, c.new))
+    for c in state.changed:
+        table = tables.get(id(c.owner))
+        if table is not None and table[1] is not None:
+            t = table[0]
+            raise CaptureError(
+                f"the function rebinds {t.path} to a tensor {table[1]} on every call: state it keeps outside its "
+                f"arguments (a result it records, a cache it fills), which a capture would not update. {advice}",
+                module_state=True)
+        if table is not None and not c.keyed and not c.contents:
+            continue  # a table rebuilt from sizes alone (with its length beside it)
         if not c.contents and (c.old is _ABSENT or c.old is None or c.new is _ABSENT or _same(c.old, c.new)):
             continue  # made lazily, removed, or set again to what it was
         raise CaptureError(
@@ -833,26 +928,29 @@ def _reachable(roots, every: bool = False):
             seen.add(id(obj))
             budget -= 1
             if every and not isinstance(obj, torch.nn.Module):
-                if not isinstance(obj, (dict, list, tuple, set)) and foreign(type(obj)):
+                if not isinstance(obj, _CONTAINERS) and not keeps_state(obj):
                     continue  # torch's, Triton's, Trident's, the standard library's: their own caches
                 yield path, obj
-            if isinstance(obj, torch.nn.Module):
-                for n, m in obj.named_modules():
-                    sub = f"{path}.{n}" if n else path
-                    if m is not obj and id(m) in seen:
-                        continue
-                    seen.add(id(m))
-                    yield sub, m
-                    nxt += [(f"{sub}.{k}", v) for k, v in vars(m).items()
-                            if not k.startswith("_") and not isinstance(v, torch.nn.Module)]
-            elif isinstance(obj, dict):
-                nxt += [(f"{path}.{k}", v) for k, v in obj.items() if isinstance(k, (str, int))]
-            elif isinstance(obj, (list, tuple)):
-                nxt += [(f"{path}.{i}", v) for i, v in enumerate(obj)]
-            elif isinstance(obj, set):
-                nxt += [(path, v) for v in obj]
-            elif hasattr(obj, "__dict__"):
-                nxt += [(f"{path}.{k}", v) for k, v in vars(obj).items() if not k.startswith("_")]
+            try:  # raw reads: a subclass's overrides (and an object that cannot be read) end a path
+                if isinstance(obj, torch.nn.Module):
+                    for n, m in obj.named_modules():
+                        sub = f"{path}.{n}" if n else path
+                        if m is not obj and id(m) in seen:
+                            continue
+                        seen.add(id(m))
+                        yield sub, m
+                        nxt += [(f"{sub}.{k}", v) for k, v in _attributes(m).items()
+                                if not k.startswith("_") and not isinstance(v, torch.nn.Module)]
+                elif isinstance(obj, dict):
+                    nxt += [(f"{path}.{k}", v) for k, v in _items(obj) if isinstance(k, (str, int))]
+                elif isinstance(obj, (list, tuple, collections.deque)):
+                    nxt += [(f"{path}.{i}", v) for i, v in enumerate(_items(obj))]
+                elif isinstance(obj, (set, frozenset)):
+                    nxt += [(path, v) for v in _items(obj)]
+                else:
+                    nxt += [(f"{path}.{k}", v) for k, v in _attributes(obj).items() if not k.startswith("_")]
+            except Exception:  # noqa: BLE001 - changed meanwhile, or unreadable
+                continue
         level = nxt
 
 

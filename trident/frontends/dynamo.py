@@ -100,7 +100,7 @@ except ImportError:  # pragma: no cover
     BaseListVariable = ()
 
 from .. import knobs, logs, triton_state
-from ..capture.python_values import DEPTH, ITEMS
+from ..capture.python_values import DEPTH, ITEMS, keeps_state
 from ..capture.python_values import foreign as _foreign
 from ..capture.python_values import holds_tensor as _holds_tensor
 from ..capture.python_values import plain as _plain
@@ -544,10 +544,6 @@ def _traceable_disabled(obj) -> bool:
     return action == "trace" or (action == "check" and obj not in _STATEFUL)
 
 
-
-
-
-
 def _new_value(value) -> str:
     if isinstance(value, torch.Tensor):
         return "a fake tensor" if isinstance(value, torch._subclasses.FakeTensor) else "a tensor"
@@ -674,7 +670,7 @@ class _StateSnapshot:
         elif isinstance(obj, (types.ModuleType, type, types.FunctionType)):
             if not _foreign(obj):  # a library's module, class or function: the attributes its code names
                 self._names(label, vars(obj), obj, self.names, depth)
-        elif isinstance(obj, types.SimpleNamespace) or not _foreign(type(obj)):
+        elif keeps_state(obj):
             attrs = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
             slots = {s for c in type(obj).__mro__ for s in _slots(c)} - {"__dict__", "__weakref__"}
             attrs.update({s: getattr(obj, s, _MISSING) for s in slots})
