@@ -14,7 +14,6 @@ import time
 
 import pytest
 import torch
-import triton
 
 import trident
 from tests import kernels as K
@@ -334,7 +333,7 @@ def test_candidates_compile_ahead_in_threads(monkeypatch, caplog, tmp_path):
     conversion at a time]), while collections inside the conversions pass the GIL."""
     from triton.runtime import driver
 
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # (setting Triton's knob would pin it for the process)
     parses = _RecordingLock()
     monkeypatch.setattr(CM, "_parse_lock", parses)
 
