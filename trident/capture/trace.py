@@ -470,7 +470,7 @@ class _StateAsFound:
             try:
                 now = _items(container)
                 if len(now) == len(saved) and all(
-                        (a[0] is b[0] or a[0] == b[0]) and a[1] is b[1] if isinstance(container, dict) else a is b
+                        a[0] is b[0] and a[1] is b[1] if isinstance(container, dict) else a is b
                         for a, b in zip(now, saved)):
                     continue
                 _put_back_items(container, saved)
