@@ -54,6 +54,17 @@ def _no_traced_values(module: torch.nn.Module) -> None:
             assert not isinstance(value, torch._subclasses.fake_tensor.FakeTensor), name
 
 
+def _served_like_eager(fwd, ref, size: int, calls: int, after=None) -> None:
+    """`calls` calls of fwd and of its eager twin `ref` on fresh inputs give equal results (and
+    pass `after()`, the state checks), and some went through Dynamo (the door for kept state)."""
+    for _ in range(calls):
+        x = torch.randn(size)
+        torch.testing.assert_close(fwd(x), ref(x))
+        if after is not None:
+            after()
+    assert fwd.dynamo_calls > 0, trident.explain(fwd)
+
+
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_a_rebuilt_table_keeps_its_capture_and_the_model_stays_real(dynamic):
     torch.manual_seed(0)
@@ -86,13 +97,13 @@ def test_state_kept_on_a_module_goes_through_dynamo():
     torch.manual_seed(0)
     model, ref = State(), State()
     fwd = trident.compile(model.forward)
-    for _ in range(6):
-        x = torch.randn(16)
-        torch.testing.assert_close(fwd(x), ref(x))
+
+    def after():
         torch.testing.assert_close(model.h, ref.h)
         _no_traced_values(model)
+
+    _served_like_eager(fwd, ref, 16, 6, after)
     assert "changes state it keeps outside its arguments" in trident.explain(fwd)
-    assert fwd.dynamo_calls > 0
     torch._dynamo.reset()
 
 
@@ -188,14 +199,15 @@ def test_python_state_kept_on_a_module_goes_through_dynamo():
     torch.manual_seed(0)
     model, ref = Counting(), Counting()
     fwd = trident.compile(model.forward)
-    for _ in range(5):
-        x = torch.randn(16)
-        torch.testing.assert_close(fwd(x), ref(x))
+
+    def after():
         assert model.calls == ref.calls and len(model.history) == len(ref.history)
         torch.testing.assert_close(torch.stack(model.history), torch.stack(ref.history))
         torch.testing.assert_close(model.last["y"], ref.last["y"])
         assert not any(isinstance(h, torch._subclasses.fake_tensor.FakeTensor) for h in model.history)
-    assert fwd.dynamo_calls > 0 and "changes self.calls (1 -> 2)" in trident.explain(fwd)
+
+    _served_like_eager(fwd, ref, 16, 5, after)
+    assert "changes self.calls (1 -> 2)" in trident.explain(fwd)
     torch._dynamo.reset()
 
 
@@ -256,11 +268,12 @@ def test_python_state_outside_modules_goes_through_dynamo():
     torch.manual_seed(0)
     stepper, ref = Stepper(), Stepper()
     fwd = trident.compile(stepper.step)
-    for _ in range(4):
-        x = torch.randn(8)
-        torch.testing.assert_close(fwd(x), ref.step(x))
+
+    def after():
         assert (stepper.steps, stepper.log) == (ref.steps, ref.log)
-    assert fwd.dynamo_calls > 0 and "changes self.steps (1 -> 2)" in trident.explain(fwd)
+
+    _served_like_eager(fwd, ref.step, 8, 4, after)
+    assert "changes self.steps (1 -> 2)" in trident.explain(fwd)
     STEPS["n"] = 0
     fn = trident.compile(counted)
     for n in range(1, 5):
@@ -334,11 +347,7 @@ class Kept(torch.nn.Module):
 @pytest.mark.parametrize("kind", ["tuple", "list", "object", "enum"])
 def test_state_in_other_values_goes_through_dynamo(kind):
     model, ref = Kept(kind), Kept(kind)
-    fwd = trident.compile(model.forward)
-    for _ in range(4):
-        x = torch.randn(8)
-        torch.testing.assert_close(fwd(x), ref(x))
-    assert fwd.dynamo_calls > 0
+    _served_like_eager(trident.compile(model.forward), ref, 8, 4)
     torch._dynamo.reset()
 
 

@@ -13,7 +13,7 @@ import types
 
 import torch
 
-DEPTH = 3  # levels below a value that plain() and holds_tensor() follow
+DEPTH = 3  # levels below a value that plain() and tensors_in() follow
 ITEMS = 256  # items of one container they follow
 # modules whose objects the state checks do not look into: torch, Triton and Trident keep their
 # own caches (kernel tables, lazily imported attributes, compiled functions' captures), and so
@@ -45,17 +45,49 @@ def plain(value, depth: int = 0) -> bool:
     return False
 
 
-def holds_tensor(value, depth: int = 0) -> bool:
-    """Whether `value` is a tensor or holds one (containers, a library object's attributes)."""
+CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque)
+
+
+def stored_items(container) -> list:
+    """A container's items as stored, its class's overrides bypassed: (key, value) pairs of a
+    dict (an OrderedDict's in its order), the items of a list, tuple, deque or set."""
+    if isinstance(container, collections.OrderedDict):
+        return [(k, dict.__getitem__(container, k)) for k in collections.OrderedDict.__iter__(container)]
+    if isinstance(container, dict):
+        return list(dict.items(container))
+    for base in (list, tuple, collections.deque, set, frozenset):
+        if isinstance(container, base):
+            return list(base.__iter__(container))
+    raise TypeError(type(container).__name__)
+
+
+def stored_attributes(obj) -> dict:
+    """The object's own attribute table (not through its __getattribute__/__getattr__); {} if none."""
+    try:
+        table = object.__getattribute__(obj, "__dict__")
+    except Exception:  # noqa: BLE001 - __slots__ only, or refused
+        return {}
+    return table if type(table) is dict else {}
+
+
+def tensors_in(value, depth: int = DEPTH, limit: "int | None" = None):
+    """The tensors `value` is or holds, `depth` levels down: in containers and the attributes of
+    objects that keep state, each read as stored (no user code runs); `limit`: items followed per
+    container (None: all)."""
     if isinstance(value, torch.Tensor):
-        return True
-    if depth >= DEPTH:
-        return False
-    if isinstance(value, dict):
-        value = list(value.values())
-    elif not isinstance(value, (tuple, list, set, frozenset, collections.deque)):
-        value = list(vars(value).values()) if hasattr(value, "__dict__") and keeps_state(value) else ()
-    return any(holds_tensor(v, depth + 1) for v in itertools.islice(value, ITEMS))
+        yield value
+    elif depth and isinstance(value, CONTAINERS):
+        for v in itertools.islice(stored_items(value), limit):
+            yield from tensors_in(v[1] if isinstance(value, dict) else v, depth - 1, limit)
+    elif depth and keeps_state(value):
+        for v in itertools.islice(list(stored_attributes(value).values()), limit):
+            yield from tensors_in(v, depth - 1, limit)
+
+
+def holds_tensor(value) -> bool:
+    """Whether `value` is a tensor or holds one (containers, a library object's attributes; ITEMS
+    items of each followed)."""
+    return any(True for _ in tensors_in(value, DEPTH, ITEMS))
 
 
 def short(value) -> str:

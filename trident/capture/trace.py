@@ -45,7 +45,7 @@ from .collectives import check_graph, collectives_as_functional
 from .frames import user_line
 from .host_driver import ensure_triton_driver
 from .inline_triton_ops import inline_custom_ops
-from .python_values import holds_tensor, keeps_state, plain, short
+from .python_values import CONTAINERS, holds_tensor, keeps_state, plain, short, stored_attributes, stored_items, tensors_in
 from .shared_patch import SharedPatch, setter
 from .values import DECOMPOSITIONS, _written, specializing
 
@@ -355,24 +355,8 @@ def _forget_fake_tensors(modes: list) -> int:
 # a value set where there was None that the graph reads, state below the walk's depth or past
 # its budget, objects without a `__dict__`, and writes other threads make to the same objects
 # while a trace runs (put back with the trace's).
-_CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque)
-
-
-def _items(container) -> list:
-    """A container's items as stored, its class's overrides bypassed: (key, value) pairs of a
-    dict (an OrderedDict's in its order), the items of a list, tuple, deque or set."""
-    if isinstance(container, collections.OrderedDict):
-        return [(k, dict.__getitem__(container, k)) for k in collections.OrderedDict.__iter__(container)]
-    if isinstance(container, dict):
-        return list(dict.items(container))
-    for base in (list, tuple, collections.deque, set, frozenset):
-        if isinstance(container, base):
-            return list(base.__iter__(container))
-    raise TypeError(type(container).__name__)
-
-
 def _put_back_items(container, saved: list) -> None:
-    """Refills a dict, list, deque or set with `saved` (_items'), through its base class."""
+    """Refills a dict, list, deque or set with `saved` (stored_items'), through its base class."""
     if isinstance(container, dict):
         base = collections.OrderedDict if isinstance(container, collections.OrderedDict) else dict
         base.clear(container)
@@ -384,15 +368,6 @@ def _put_back_items(container, saved: list) -> None:
         base = collections.deque if isinstance(container, collections.deque) else set
         base.clear(container)
         (base.extend if base is collections.deque else base.update)(container, saved)
-
-
-def _attributes(obj) -> dict:
-    """The object's own attribute table (not through its __getattribute__/__getattr__); {} if none."""
-    try:
-        table = object.__getattribute__(obj, "__dict__")
-    except Exception:  # noqa: BLE001 - __slots__ only, or refused
-        return {}
-    return table if type(table) is dict else {}
 
 
 # torch.nn.Module's own containers (hooks, the names of non-persistent buffers), which change
@@ -434,13 +409,13 @@ class _StateAsFound:
                 return  # a bounded memo of recent calls: Note [A trace leaves no fake tensors in memos]
             seen.add(id(container))
             try:
-                self.taken.append((owner, path, keyed, container, _items(container)))
+                self.taken.append((owner, path, keyed, container, stored_items(container)))
             except Exception:  # noqa: BLE001 - changed meanwhile, or unreadable: not taken
                 pass
 
         def held(owner, path: str) -> None:  # the containers its attributes hold, their changes told as its own
             module = isinstance(owner, torch.nn.Module)
-            for name, v in list(_attributes(owner).items()):
+            for name, v in list(stored_attributes(owner).items()):
                 if isinstance(v, (dict, list, set, collections.deque)):
                     if module and name in _MODULE_BOOKKEEPING:
                         self.bookkeeping.add(id(v))
@@ -450,15 +425,15 @@ class _StateAsFound:
             if isinstance(obj, torch.fx.GraphModule):
                 continue  # its bookkeeping (generated code, line maps); its code changes nothing
             if isinstance(obj, torch.nn.Module):
-                for table in (_attributes(obj), obj._buffers, obj._parameters):
+                for table in (stored_attributes(obj), obj._buffers, obj._parameters):
                     take(obj, path, False, table)
                 held(obj, path)
             elif id(obj) in passed or isinstance(obj, (torch.Tensor, tuple, frozenset)):
                 continue
             elif isinstance(obj, (dict, list, set, collections.deque)):
                 take(obj, path, True, obj)
-            elif _attributes(obj):
-                take(obj, path, False, _attributes(obj))
+            elif stored_attributes(obj):
+                take(obj, path, False, stored_attributes(obj))
                 held(obj, path)
         self.changed: list[_Change] = []  # filled by restore
 
@@ -468,7 +443,7 @@ class _StateAsFound:
         `changed` each change the trace made and in `failed` what could not be put back."""
         for owner, path, keyed, container, saved in self.taken:
             try:
-                now = _items(container)
+                now = stored_items(container)
                 if len(now) == len(saved) and all(
                         a[0] is b[0] and a[1] is b[1] if isinstance(container, dict) else a is b
                         for a, b in zip(now, saved)):
@@ -501,18 +476,6 @@ def _state_as_found(roots: "_Roots"):
 
 
 _ABSENT = object()
-
-
-def _tensors_in(value, depth: int = 3):
-    """The tensors `value` holds: in containers and the attributes of objects that keep state."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth and isinstance(value, _CONTAINERS):
-        for v in _items(value):
-            yield from _tensors_in(v[1] if isinstance(value, dict) else v, depth - 1)
-    elif depth and value is not _ABSENT and keeps_state(value):
-        for v in list(_attributes(value).values()):
-            yield from _tensors_in(v, depth - 1)
 
 
 def _same(old, new) -> bool:
@@ -552,7 +515,7 @@ def _graph_computed(gm: torch.fx.GraphModule, value) -> Optional[str]:
         val = node.meta.get("val")
         return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
-    wanted = {StorageWeakRef(t.untyped_storage()) for t in _tensors_in(value)}
+    wanted = {StorageWeakRef(t.untyped_storage()) for t in tensors_in(value)}
     found = set()
     known: dict = {}
     for node in gm.graph.nodes:
@@ -565,10 +528,10 @@ def _graph_computed(gm: torch.fx.GraphModule, value) -> Optional[str]:
     return None if found == wanted else "the graph does not compute"
 
 
-def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
-    """Note [Module attributes a trace rebinds]: the paths of what the trace changed and the
-    capture may leave as found (tables rebuilt, helpers made lazily), or a CaptureError
-    (module_state) for state the function keeps, which a capture would not update."""
+def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> None:
+    """Note [Module attributes a trace rebinds]: returns where the capture may leave what the trace
+    changed as found (tables rebuilt, helpers made lazily); raises CaptureError (module_state) for
+    state the function keeps, which a capture would not update."""
     if state.failed:
         raise CaptureError(f"the trace changed {state.failed[0]}, which could not be put back as it was: the call "
                            "runs eagerly.")
@@ -577,7 +540,7 @@ def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
     advice = ("trident.compile serves such calls through torch.compile(fn, backend='trident'), whose Dynamo "
               "replays it; or pass the state to the function as an argument (Note [State the function is passed]).")
     for c in state.changed:
-        if any(id(t) in held for t in _tensors_in(c.old)):
+        if any(id(t) in held for t in tensors_in(c.old)):
             what = (f"changes {c.path} ({_shown(c)}; it held a tensor the capture reads)" if c.contents else
                     f"rebinds {c.path} (a tensor attribute it reads) to a new value")
             raise CaptureError(f"the function {what} on every call: state it keeps outside its arguments, which a "
@@ -601,7 +564,6 @@ def _check_rebound(gm: torch.fx.GraphModule, state: _StateAsFound) -> list:
         raise CaptureError(
             f"the function changes {c.path} ({_shown(c)}) on every call: state it keeps outside its arguments, "
             f"which a capture would drop (a value it reads would stay as traced). {advice}", module_state=True)
-    return [c.path for c in state.changed]
 
 
 def capture(
@@ -699,7 +661,7 @@ def capture(
             f"{f' (raised at {where})' if where else ''}\n{advice}", data_dependent=depends
         ) from e
     _forget_fake_tensors(modes)  # Note [A trace leaves no fake tensors in memos]
-    gm.meta["trident_rebuilt_attributes"] = _check_rebound(gm, attributes)
+    _check_rebound(gm, attributes)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
@@ -928,7 +890,7 @@ def _reachable(roots, every: bool = False):
             seen.add(id(obj))
             budget -= 1
             if every and not isinstance(obj, torch.nn.Module):
-                if not isinstance(obj, _CONTAINERS) and not keeps_state(obj):
+                if not isinstance(obj, CONTAINERS) and not keeps_state(obj):
                     continue  # torch's, Triton's, Trident's, the standard library's: their own caches
                 yield path, obj
             try:  # raw reads: a subclass's overrides (and an object that cannot be read) end a path
@@ -939,16 +901,16 @@ def _reachable(roots, every: bool = False):
                             continue
                         seen.add(id(m))
                         yield sub, m
-                        nxt += [(f"{sub}.{k}", v) for k, v in _attributes(m).items()
+                        nxt += [(f"{sub}.{k}", v) for k, v in stored_attributes(m).items()
                                 if not k.startswith("_") and not isinstance(v, torch.nn.Module)]
                 elif isinstance(obj, dict):
-                    nxt += [(f"{path}.{k}", v) for k, v in _items(obj) if isinstance(k, (str, int))]
+                    nxt += [(f"{path}.{k}", v) for k, v in stored_items(obj) if isinstance(k, (str, int))]
                 elif isinstance(obj, (list, tuple, collections.deque)):
-                    nxt += [(f"{path}.{i}", v) for i, v in enumerate(_items(obj))]
+                    nxt += [(f"{path}.{i}", v) for i, v in enumerate(stored_items(obj))]
                 elif isinstance(obj, (set, frozenset)):
-                    nxt += [(path, v) for v in _items(obj)]
+                    nxt += [(path, v) for v in stored_items(obj)]
                 else:
-                    nxt += [(f"{path}.{k}", v) for k, v in _attributes(obj).items() if not k.startswith("_")]
+                    nxt += [(f"{path}.{k}", v) for k, v in stored_attributes(obj).items() if not k.startswith("_")]
             except Exception:  # noqa: BLE001 - changed meanwhile, or unreadable
                 continue
         level = nxt
