@@ -27,6 +27,7 @@ from .passes import (
 )
 from .passes.choose_matmuls import choose_matmuls
 from .passes.decode_attention import lower_decode_attention
+from .passes.fuse_cache_attention import fuse_cache_attention
 from .passes.fuse_cache_writes import fuse_cache_writes
 from .passes.fuse_copy_launches import fuse_copy_launches
 from .passes.fuse_glue import fuse_glue
@@ -332,6 +333,7 @@ def _optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             fuse_residual_adds(new)
             lower_copies(new)  # after CSE (it merges equal clones), before allocations sink
             fuse_cache_writes(new)  # before fuse_copy_launches pairs the same writes
+            fuse_cache_attention(new)  # Note [The cache write inside the attention]
             fuse_copy_launches(new)
         choose_matmuls(new)  # Note [Decode matmuls by measurement]: after residual adds folded into them
         fuse_glue(new)  # Note [Fused glue]: the glue left between launches (static-sized values only)

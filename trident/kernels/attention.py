@@ -27,8 +27,24 @@ the combining form was the slower in Llama-1B's decode (7.2 us a layer against 3
 the two launches, results/bench_hf_llama_c26d638.json), the one last program's serial combine
 costing more than the kernel boundary it saves.
 
+Note [The cache write inside the attention]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A StaticCache decode step writes the step's key and value rows into the cache (one launch of
+cache_write_kernel per layer after trident/passes/fuse_cache_writes.py) and then attends over the
+cache: a launch and a kernel boundary per layer (~1.5 us of an H200 for the write, 24 of them in
+Qwen2-0.5B's step). With NEW > 0 the split kernel does the write itself
+(trident/passes/fuse_cache_attention.py makes it so): the new rows' positions are index[j]
+(or base + j, base the counter's value, with INDEX_OFFSET), j < NEW; the program whose key range
+[split * chunk, (split + 1) * chunk) holds a position stores that row of new_k / new_v into the
+cache (of rows with one position the last, as index_copy_ leaves it), and every program reads
+such a key from new_k / new_v, never from the cache, so no program reads a row another writes
+in the same launch. The counter's bump (counter += increment) moves to the combine kernel,
+which runs after every split program has read the counter. Positions outside [0, S) are
+written nowhere, as cache_write_kernel does.
+
 Layouts: q [B, H, Lq, D] and out [B, H, Lq, D] with any strides; k and v [B, Hkv, S, D]
-contiguous (a DynamicCache's concatenation, a StaticCache's buffers); the mask, when given,
+contiguous (a DynamicCache's concatenation, a StaticCache's buffers); new_k and new_v
+[B, Hkv, NEW, D] with any strides; the mask, when given,
 [*, *, Lq, S] with unit stride over S, boolean (True: attend) or additive floating point.
 Numerics as SDPA's fused kernels: scores and softmax in fp32, the output rounded once.
 """
@@ -93,6 +109,10 @@ def decode_attention_split_kernel(
     PDL: tl.constexpr = False,
     out_ptr=None, count_ptr=None, so_b=0, so_h=0, so_l=0, count_offset=0,
     COMBINE: tl.constexpr = False,
+    new_k_ptr=None, new_v_ptr=None, index_ptr=None,
+    snk_b=0, snk_h=0, snk_l=0, snk_d=0, snv_b=0, snv_h=0, snv_l=0, snv_d=0, index_stride=0,
+    NEW: tl.constexpr = 0, NEW_BLOCK: tl.constexpr = 2, INDEX_OFFSET: tl.constexpr = False,
+    WRAP_NEGATIVE: tl.constexpr = False,
 ):
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
@@ -114,11 +134,30 @@ def decode_attention_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     chunk = tl.cdiv(S, SPLITS)
     start = split * chunk
+    if NEW > 0:  # Note [The cache write inside the attention]
+        j = tl.arange(0, NEW_BLOCK)
+        j_ok = j < NEW
+        if INDEX_OFFSET:
+            new_pos = tl.load(index_ptr).to(tl.int64) + j
+        else:
+            new_pos = tl.load(index_ptr + j * index_stride, mask=j_ok, other=-1).to(tl.int64)
+        if WRAP_NEGATIVE:
+            new_pos = tl.where(new_pos < 0, new_pos + S, new_pos)
+        new_pos = tl.where(j_ok & (new_pos >= 0) & (new_pos < S), new_pos, -1)  # -1: written nowhere, read nowhere
     for i in tl.range(0, chunk, BLOCK_N):
         n = start + i + tl.arange(0, BLOCK_N)
         n_ok = (n < start + chunk) & (n < S)
         kv_off = kv_base + n[:, None].to(tl.int64) * D + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if NEW > 0:
+            # the row j a key takes from new_k / new_v (the last j of its position), -1: the cache's
+            sel = tl.max(tl.where(n[:, None].to(tl.int64) == new_pos[None, :], j[None, :], -1), 1)
+            fresh = sel >= 0
+            kn_off = b * snk_b + kvh * snk_h + sel[:, None] * snk_l + d[None, :] * snk_d
+            vn_off = b * snv_b + kvh * snv_h + sel[:, None] * snv_l + d[None, :] * snv_d
+            k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :] & ~fresh[:, None], other=0.0)
+            k = tl.where(fresh[:, None], tl.load(new_k_ptr + kn_off, mask=fresh[:, None] & d_ok[None, :], other=0.0), k)
+        else:
+            k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         if HAS_MASK:
             m_off = b * sm_b + head[:, None] * sm_h + pos[:, None] * sm_l + n[None, :]
@@ -134,9 +173,23 @@ def decode_attention_split_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if NEW > 0:
+            v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :] & ~fresh[:, None], other=0.0)
+            v = tl.where(fresh[:, None], tl.load(new_v_ptr + vn_off, mask=fresh[:, None] & d_ok[None, :], other=0.0), v)
+        else:
+            v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
+    if NEW > 0:
+        # this program's positions get their rows; of rows with one position only the last
+        later = (new_pos[:, None] == new_pos[None, :]) & (j[None, :] > j[:, None])
+        mine = (new_pos >= start) & (new_pos < start + chunk) & (tl.max(later.to(tl.int32), 1) == 0)
+        w_off = kv_base + tl.where(mine, new_pos, 0)[:, None] * D + d[None, :]
+        w_ok = mine[:, None] & d_ok[None, :]
+        kn = tl.load(new_k_ptr + b * snk_b + kvh * snk_h + j[:, None] * snk_l + d[None, :] * snk_d, mask=w_ok)
+        vn = tl.load(new_v_ptr + b * snv_b + kvh * snv_h + j[:, None] * snv_l + d[None, :] * snv_d, mask=w_ok)
+        tl.store(k_ptr + w_off, kn, mask=w_ok)
+        tl.store(v_ptr + w_off, vn, mask=w_ok)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
@@ -161,6 +214,7 @@ def decode_attention_combine_kernel(
     KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
     PDL: tl.constexpr = False,
+    counter_ptr=None, increment=0, INCREMENT: tl.constexpr = False,
 ):
     # program (bh, row): one query row of kv head bh, its SPLITS pieces loaded at once (one round
     # of loads, not SPLITS dependent ones: 8 programs walking 16 pieces each took ~5.7 us per
@@ -169,6 +223,9 @@ def decode_attention_combine_kernel(
         tl.extra.cuda.gdc_wait()
     _combine_row(ws_ptr, out_ptr, tl.program_id(0), tl.program_id(1), so_b, so_h, so_l,
                  KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "", PDL)
+    if INCREMENT:  # the cache write's counter bump (Note [The cache write inside the attention])
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(counter_ptr, (tl.load(counter_ptr) + increment).to(counter_ptr.dtype.element_ty))
 
 
 def combine_grid(batch: int, kv_heads: int, rows: int) -> tuple:
@@ -187,18 +244,26 @@ def block_m(rows: int) -> int:
     return max(16, triton.next_power_of_2(rows))
 
 
+def new_block(rows: int) -> int:
+    """The split kernel's NEW_BLOCK for `rows` new cache rows (a power of two, at least 2)."""
+    return max(2, triton.next_power_of_2(rows))
+
+
 def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> int:
     """fp32 elements of the split kernel's workspace."""
     return batch * kv_heads * SPLITS * block_m(rows) * (triton.next_power_of_2(head_dim) + 2)
 
 
-def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None):
+def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, new=None):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
     k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each; the launches the pass
     emits. `combine`: whether the split kernel's last program combines (Note [The last split
     combines]; None: where the head has at most COMBINE_ROWS query rows; False: the combine
     kernel). `counts`: B * Hkv int32 zeros where the split kernel combines (made here when not
-    given; the kernel puts them back to 0, so a caller may reuse them)."""
+    given; the kernel puts them back to 0, so a caller may reuse them). `new`: (new_k, new_v,
+    index, offset, increment) writes the rows of new_k, new_v [B, Hkv, n, D] into k and v at
+    positions index[j] (offset: index[0] + j) before attending, and adds `increment` (not None)
+    to index[0] after (Note [The cache write inside the attention]; the two launches)."""
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
@@ -211,19 +276,29 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None):
     BM, BD = block_m(G * LQ), triton.next_power_of_2(D)
     fused = combines_in_split(G * LQ) if combine is None else bool(combine) and combines_in_split(G * LQ)
     combine = {}
-    if fused:
+    if fused and new is None:
         if counts is None:
             counts = torch.zeros(B * HKV, dtype=torch.int32, device=q.device)
         combine = dict(out_ptr=out, count_ptr=counts, so_b=out.stride(0), so_h=out.stride(1), so_l=out.stride(2),
                        count_offset=0, COMBINE=True)
+    write, bump = {}, {}
+    if new is not None:
+        new_k, new_v, index, offset, increment = new
+        write = dict(new_k_ptr=new_k, new_v_ptr=new_v, index_ptr=index,
+                     **dict(zip(("snk_b", "snk_h", "snk_l", "snk_d"), new_k.stride())),
+                     **dict(zip(("snv_b", "snv_h", "snv_l", "snv_d"), new_v.stride())),
+                     index_stride=0 if offset else index.stride(0), NEW=new_k.shape[2],
+                     NEW_BLOCK=new_block(new_k.shape[2]), INDEX_OFFSET=bool(offset))
+        if increment is not None:
+            bump = dict(counter_ptr=index, increment=increment, INCREMENT=True)
     decode_attention_split_kernel[(B * HKV, SPLITS)](
         q, k, v, m, ws, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
         KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=BLOCK_N,
         HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=SPLITS,
-        PRECISION=dot_precision(q.dtype), **combine)
+        PRECISION=dot_precision(q.dtype), **combine, **write)
     if combine:
         return out
     decode_attention_combine_kernel[combine_grid(B, HKV, G * LQ)](
         ws, out, out.stride(0), out.stride(1), out.stride(2),
-        KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, SPLITS=SPLITS)
+        KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, SPLITS=SPLITS, **bump)
     return out

@@ -528,16 +528,27 @@ def cache_write_kernel(
             )  # fmt: skip
 
 
-def index_write_checks(kernel_name: str, args: dict, writes) -> list[tuple[str, str]]:
-    """(written, read) parameter pairs one launch of an index-writing kernel must keep apart
-    (Note [Inputs a lowered index write must not overlap]); [] for other kernels. index_copy_kernel
-    and index_copy2_kernel: each destination against every parameter read. cache_write_kernel
-    runs its calls one after another (Note [Cache writes in one program]): each destination
-    against its own call's source and, unless the index is arange(n) + the counter, the index."""
+def index_write_checks(kernel_name: str, args: dict, writes) -> list[tuple[str, str, bool]]:
+    """(written, read, eager) parameters one launch of an index-writing kernel must keep apart
+    (Note [Inputs a lowered index write must not overlap]; eager: eager refuses the overlap
+    too); [] for other kernels. index_copy_kernel and index_copy2_kernel: each destination
+    against every parameter read. cache_write_kernel runs its calls one after another (Note
+    [Cache writes in one program]): each destination against its own call's source and, unless
+    the index is arange(n) + the counter, the index. decode_attention_split_kernel writing the
+    new rows (Note [The cache write inside the attention]): the caches against each other and
+    every parameter it reads (its pass proved them no views of the caches; inputs of their own are
+    checked here), eager refusing only what index_copy_ refuses (a cache against its own source,
+    and the index where it is a tensor)."""
     if kernel_name in ("index_copy_kernel", "index_copy2_kernel"):
         dsts = [w for w in writes if w.startswith("dst_ptr")]
-        return [(w, r) for w in dsts for r in args if r not in writes]
+        return [(w, r, True) for w in dsts for r in args if r not in writes]
     if kernel_name == "cache_write_kernel":
         index = [] if args.get("INDEX_OFFSET") else ["index_ptr"]
-        return [(f"dst_ptr_{p}", r) for p in (0, 1) if f"dst_ptr_{p}" in writes for r in [f"src_ptr_{p}", *index]]
+        return [(f"dst_ptr_{p}", r, True) for p in (0, 1) if f"dst_ptr_{p}" in writes
+                for r in [f"src_ptr_{p}", *index]]
+    if kernel_name == "decode_attention_split_kernel" and args.get("NEW"):
+        read = {"new_k_ptr": ("k_ptr",), "new_v_ptr": ("v_ptr",), "q_ptr": (), "mask_ptr": (),
+                "index_ptr": () if args.get("INDEX_OFFSET") else ("k_ptr", "v_ptr")}
+        return [("k_ptr", "v_ptr", False)] + [
+            (w, r, w in refused) for r, refused in read.items() for w in ("k_ptr", "v_ptr")]
     return []

@@ -120,10 +120,12 @@ def _written_nodes(node: torch.fx.Node):
     return _BARRIER
 
 
-def _roots(node: torch.fx.Node, roots: dict) -> frozenset:
-    """What storage the node's result may alias (Note [CSE under mutation], third point)."""
+def _roots(node: torch.fx.Node, roots: dict, inputs_apart: bool = False) -> frozenset:
+    """What storage the node's result may alias (Note [CSE under mutation], third point); with
+    inputs_apart each graph input and attribute is a root of its own (for a pass that checks at
+    run time that the inputs it tells apart do not overlap)."""
     if node.op in ("placeholder", "get_attr"):
-        return frozenset([_INPUTS])
+        return frozenset([node if inputs_apart else _INPUTS])
     inputs = frozenset().union(*(roots.get(a, frozenset()) for a in node.all_input_nodes))
     if node.op == "call_function" and node.target is operator.getitem:
         return inputs
@@ -140,11 +142,12 @@ WRITES_ANYTHING = _BARRIER  # written_nodes' answer for a node that may write an
 written_nodes = _written_nodes
 
 
-def alias_roots(gm: torch.fx.GraphModule) -> dict:
-    """Per node, the roots of the storage its result may alias (Note [CSE under mutation])."""
+def alias_roots(gm: torch.fx.GraphModule, inputs_apart: bool = False) -> dict:
+    """Per node, the roots of the storage its result may alias (Note [CSE under mutation]); with
+    inputs_apart each graph input and attribute is a root of its own."""
     roots: dict = {}
     for node in gm.graph.nodes:
-        roots[node] = _roots(node, roots)
+        roots[node] = _roots(node, roots, inputs_apart)
     return roots
 
 

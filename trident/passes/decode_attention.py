@@ -231,6 +231,10 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     fused = _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, k_chain + v_chain, scale, mode)
     if fused is None:
         return False
+    converted = mask_node  # Note [A boolean mask as given]: the kernel reads the boolean mask itself
+    cond = _boolean_mask(mask_node, LQ, k.shape[2])
+    if cond is not None:
+        mask_node, mask, strides = cond, node_val(cond), _mask_strides(node_val(cond), LQ)
     with gm.graph.inserting_before(node):
         if isinstance(S, torch.SymInt):
             s_arg = gm.graph.call_function(aten.sym_size.int, (k_node, 2))
@@ -276,7 +280,49 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     for n in k_chain + v_chain:  # the repeat's clones and views, where nothing else reads them
         if n.graph is gm.graph and not n.users:
             gm.graph.erase_node(n)
+    if converted is not mask_node and not converted.users:
+        gm.graph.erase_node(converted)
     return True
+
+
+# Note [A boolean mask as given]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# SDPA's fused CUDA kernels take an additive mask, so a boolean attn_mask (Hugging Face's, in
+# every StaticCache step generate() makes) reaches the trace as where(mask, 0, -inf) before the
+# SDPA op: a kernel per layer. The split kernel reads a boolean mask itself (MASK_BOOL: a key
+# kept where True, -inf where False, which is what adding 0 or -inf gives, bit for bit), so the
+# rewrite takes the boolean mask and the where goes where nothing else reads it.
+_WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+
+
+def _constant(x) -> Optional[float]:
+    """The value of a Python number or of a scalar_tensor node, else None."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    if isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is aten.scalar_tensor.default:
+        v = x.args[0] if x.args else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return None
+
+
+def _boolean_mask(mask_node, lq: int, length):
+    """cond when `mask_node` is where(cond, 0, -inf) of a boolean cond of the mask's own shape whose
+    layout the kernel reads (Note [A boolean mask as given]), else None."""
+    if not (isinstance(mask_node, torch.fx.Node) and mask_node.op == "call_function" and mask_node.target in _WHERES):
+        return None
+    if len(mask_node.args) != 3 or mask_node.kwargs:
+        return None
+    cond, keep, drop = mask_node.args
+    c, m = node_val(cond), node_val(mask_node)
+    if not (isinstance(c, torch.Tensor) and isinstance(m, torch.Tensor)) or c.dtype != torch.bool or c.dim() != m.dim():
+        return None
+    if not all(_known(a, b) for a, b in zip(c.shape, m.shape)) or c.device != m.device:
+        return None
+    if _constant(keep) != 0.0 or _constant(drop) != float("-inf"):
+        return None
+    if _mask_strides(c, lq) is None or not _equal(c.shape[3], length):
+        return None
+    return cond
 
 
 _COUNTERS = "trident_attention_counters"  # gm.meta while the pass runs: {device: [zeros node, used]}

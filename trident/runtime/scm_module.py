@@ -88,14 +88,14 @@ def disjoint_input_guards(program: RegionProgram) -> list[DisjointInputs]:
     for step in program.launches:
         checks = index_write_checks(step.kernel_name, step.args, step.writes)
         refs = {name: v for name, v in step.args.items() if getattr(v, "kind", None) == "input"}
-        for w_name, r_name in checks:
+        for w_name, r_name, eager in checks:
             w, r = refs.get(w_name), refs.get(r_name)
             if w is not None and r is not None and r.index != w.index:
                 what = (
                     f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
                     f"{program.inputs[r.index].name!r} ({r_name})"
                 )
-                pairs.append(DisjointInputs(w.index, r.index, what))
+                pairs.append(DisjointInputs(w.index, r.index, what, eager))
     return pairs
 
 

@@ -155,6 +155,7 @@ class DisjointInputs:
     written: int
     read: int
     what: str  # "<step> writes input 'cache' and reads input 'k' (src_ptr)"
+    eager: bool = True  # eager refuses the overlap too; False: only Trident's kernel needs them apart
     native: ClassVar[bool] = True
 
     def check(self, values: Sequence) -> bool:
@@ -166,6 +167,11 @@ class DisjointInputs:
         return a0 == a1 or b0 == b1 or a1 <= b0 or b1 <= a0
 
     def failure(self, values: Sequence = (), names: Sequence[str] = ()) -> str:
+        if not self.eager:
+            return (
+                f"{self.what}, and the two overlap in memory: the kernel writes rows of one while its other "
+                "programs read the other, which needs them apart (eager, which writes first and reads after, "
+                "accepts them); pass tensors that do not overlap, or call the function without trident.")
         return (
             f"{self.what}, and the two overlap in memory. Eager raises here too (unsupported operation: some "
             "elements of the input tensor and the written-to tensor refer to a single memory location); pass "
@@ -177,7 +183,8 @@ class DisjointInputs:
         return f"disjoint: {self.what} (natively, each call)"
 
     def record(self) -> dict:
-        return {"kind": "disjoint_inputs", "written": self.written, "read": self.read, "what": self.what}
+        return {"kind": "disjoint_inputs", "written": self.written, "read": self.read, "what": self.what,
+                "eager": self.eager}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,183 @@
+"""trident/passes/fuse_cache_attention.py: a StaticCache step's cache write given to the decode
+attention that reads the cache (Note [The cache write inside the attention]): the split kernel
+writes the new rows and reads them from the new keys and values, the combine kernel bumps the
+counter, and the cache_write launch is gone. On the CPU the kernels run through the
+interpreter; outputs, caches and counters must equal eager's step after step, and what the pass
+cannot prove stays two launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trident
+from tests.passes.test_decode_attention import _repeat_kv
+from trident import knobs
+from trident.kernels.attention import decode_attention
+from trident.runtime import SCMRuntime
+
+B, HKV, G, D, S = 1, 2, 4, 16, 40
+
+
+def _eager_write_then_attend(q, keys, values, new_k, new_v, index, offset, increment, mask):
+    """What the fused launches replace: index_copy_ of the rows (the counter bumped), then SDPA."""
+    pos = torch.arange(new_k.shape[2], device=index.device) + index.reshape(-1)[0] if offset else index
+    if increment is not None:
+        index.add_(increment)
+    keys.index_copy_(2, pos, new_k)
+    values.index_copy_(2, pos, new_v)
+    g = q.shape[1] // keys.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(keys, g), _repeat_kv(values, g), attn_mask=mask)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_writes_the_rows_and_attends_as_index_copy_then_sdpa(seed, device):
+    """Random shapes; rows at the counter (bumped by the combine kernel) or through an index
+    tensor with a repeated position (the last row wins, as index_copy_ leaves it); the new
+    rows fall in one program's key range or straddle two."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=g))]  # noqa: E731
+    b, hkv, grp, n = pick([1, 2]), pick([1, 2]), pick([1, 4]), pick([1, 2, 3])
+    s, d = int(torch.randint(n + 2, 80, (1,), generator=g)), pick([16, 32])
+    offset = seed % 2 == 0
+    q = torch.randn(b, hkv * grp, n, d, generator=g)
+    keys, values = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
+    new_k = torch.randn(b, n, hkv, d, generator=g).transpose(1, 2)  # a projection's layout
+    new_v = torch.randn(b, hkv, n, d, generator=g)
+    mask = torch.rand(b, 1, n, s, generator=g) > 0.3
+    if offset:
+        index, increment = torch.tensor([int(torch.randint(0, s - n + 1, (1,), generator=g))]), n
+    else:
+        rows = torch.randint(0, s, (n,), generator=g)
+        rows[-1] = rows[0]  # a position twice: the last row's values stay
+        index, increment = rows, None
+    mask[..., 0] = True
+    q, keys, values, new_k, new_v, mask, index = (t.to(device) for t in (q, keys, values, new_k, new_v, mask, index))
+    want_k, want_v, want_i = keys.clone(), values.clone(), index.clone()
+    want = _eager_write_then_attend(q, want_k, want_v, new_k, new_v, want_i, offset, increment, mask)
+    got = decode_attention(q, keys, values, mask, new=(new_k, new_v, index, offset, increment))
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v) and torch.equal(index, want_i)
+
+
+def test_rows_past_the_cache_are_written_nowhere():
+    """A position past the cache end (eager's CPU index_copy_ raises; cache_write_kernel skips
+    the row, Note [Out-of-range indices in index_copy_kernel]): the rows in range land, the
+    others are neither written nor read, the counter is bumped."""
+    q = torch.randn(1, 2, 2, 16)
+    keys, values = torch.zeros(1, 1, 8, 16), torch.zeros(1, 1, 8, 16)
+    new_k, new_v = torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16)
+    counter = torch.tensor([7])
+    out = decode_attention(q, keys, values, None, new=(new_k, new_v, counter, True, 2))
+    assert int(counter) == 9 and torch.equal(keys[0, 0, 7], new_k[0, 0, 0]) and not keys[0, 0, :7].any()
+    assert torch.isfinite(out).all()
+
+
+def _layer(keys, values, counter, x, wq, wk, wv, mask):
+    """One attention layer as transformers 5.x writes it over a StaticCache: projections, the
+    position from the device counter, bumped in place, the rows written with index_copy_,
+    repeat_kv and SDPA with the 4D boolean mask generate() passes."""
+    b, s, _ = x.shape
+    hkv, d = keys.shape[1], keys.shape[3]
+    h = wq.shape[1] // d
+    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
+    k = (x @ wk).view(b, s, hkv, d).transpose(1, 2)
+    v = (x @ wv).view(b, s, hkv, d).transpose(1, 2)
+    pos = torch.arange(s, device=keys.device) + counter
+    counter.add_(s)
+    keys.index_copy_(2, pos, k)
+    values.index_copy_(2, pos, v)
+    return F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
+
+
+def _peek_between(keys, values, counter, x, wq, wk, wv, mask):
+    """The same, reading the cache between its write and the attention: stays two launches."""
+    out = _layer(keys, values, counter, x, wq, wk, wv, mask)
+    return out, keys.sum()
+
+
+def _peek_inside(keys, values, counter, x, wq, wk, wv, mask):
+    b, s, _ = x.shape
+    hkv, d = keys.shape[1], keys.shape[3]
+    h = wq.shape[1] // d
+    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
+    k = (x @ wk).view(b, s, hkv, d).transpose(1, 2)
+    v = (x @ wv).view(b, s, hkv, d).transpose(1, 2)
+    pos = torch.arange(s, device=keys.device) + counter
+    counter.add_(s)
+    keys.index_copy_(2, pos, k)
+    values.index_copy_(2, pos, v)
+    seen = keys.amax()  # read between the write and the attention
+    out = F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
+    return out + seen
+
+
+def _inputs(device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys, values = torch.zeros(B, HKV, S, D), torch.zeros(B, HKV, S, D)
+    w = [torch.randn(HKV * G * D, n, generator=g) * 0.2 for n in (HKV * G * D, HKV * D, HKV * D)]
+    args = [keys, values, torch.tensor(3), torch.randn(B, 1, HKV * G * D, generator=g), *w, _step_mask(3)]
+    return [a.to(device) for a in args]
+
+
+def _step_mask(position: int, device="cpu"):
+    return (torch.arange(S, device=device) <= position)[None, None, None, :]
+
+
+def _optimize(fn, args):
+    with knobs.scope(decode_attention="all", triton_copies="all"):
+        return trident.optimize(trident.capture(fn, *[a.clone() for a in args]))
+
+
+def _kernels(opt) -> list:
+    return [getattr(s, "kernel_name", None) or s.op_name for rid in opt.meta["trident_regions"]
+            for s in SCMRuntime.get(rid).program.steps if hasattr(s, "kernel_name") or hasattr(s, "op_name")]
+
+
+def _run_steps(fn, opt, args, steps=6):
+    """`steps` decode steps of opt and eager fn on fresh inputs: outputs, caches, counters equal."""
+    got, want = [a.clone() for a in args], [a.clone() for a in args]
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x = torch.randn(args[3].shape, generator=g).to(args[3].device)
+        got[3], want[3] = x, x.clone()
+        got[7] = want[7] = _step_mask(3 + step, args[3].device)
+        torch.testing.assert_close(opt(*got), fn(*want), rtol=1e-4, atol=1e-4)
+        for a, b in zip(got[:3], want[:3]):
+            assert torch.equal(a, b)
+    return got
+
+
+def test_static_cache_layer_is_the_attentions_launches_alone(device):
+    args = _inputs(device)
+    opt = _optimize(_layer, args)
+    names = _kernels(opt)
+    assert "cache_write_kernel" not in names and "index_copy_kernel" not in names, names
+    assert names.count("decode_attention_split_kernel") == names.count("decode_attention_combine_kernel") == 1
+    assert not any(n.startswith("aten.where") for n in names), names  # Note [A boolean mask as given]
+    got = _run_steps(_layer, opt, args)
+    assert int(got[2]) == 3 + 6
+
+
+@pytest.mark.parametrize("fn", [_peek_between, _peek_inside])
+def test_a_read_of_the_cache_between_keeps_the_write_apart(fn):
+    """A read of the cache after the write (after the attention, or between the write and the
+    attention): where it lies between, the write stays its own launch; results equal eager's."""
+    args = _inputs()
+    opt = _optimize(fn, args)
+    names = _kernels(opt)
+    assert ("cache_write_kernel" in names) == (fn is _peek_inside), names
+    _run_steps(fn, opt, args, steps=3)
+
+
+def test_caches_overlapping_at_call_time_are_refused_not_wrong():
+    """Keys and values captured apart, then one tensor: the fused kernel would read rows another
+    program writes, so the call is refused natively with what to do (eager runs it)."""
+    args = _inputs()
+    opt = _optimize(_layer, args)
+    got = [a.clone() for a in args]
+    got[1] = got[0]
+    with pytest.raises(RuntimeError, match="overlap in memory.*eager, which writes first"):
+        opt(*got)
+
