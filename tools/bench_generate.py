@@ -16,6 +16,9 @@ ALL in one run per (model, kernels) case:
                       before e3252af's measurement): their gain is trident_untuned / trident_compile
     trident_pdl       trident_compile with TRIDENT_PDL (programmatic dependent launch, Note
                       [Programmatic dependent launch]): its gain alone is trident_compile / trident_pdl
+    trident_cache_apart trident_compile with TRIDENT_CACHE_ATTENTION=0 (each layer's cache write its
+                      own launch, Note [The cache write inside the attention]): the gain of the
+                      write inside the attention is trident_cache_apart / trident_compile
     trident_config    generation_config.compile_config = CompileConfig(backend="trident")
   dynamic cache (generate() never compiles these by itself)
     eager             generate() as it is
@@ -90,8 +93,8 @@ from tools.device_time import HBM_BYTES_PER_S, device_split  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "eager_reordered", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl", "trident_config",
-          "graph_generate")
+STATIC = ("eager", "eager_reordered", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl",
+          "trident_cache_apart", "trident_config", "graph_generate")
 DYNAMIC = ("eager", "eager_reordered", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
 OPT_IN = ("eager_reordered",)  # run only when --variants names them (a diagnosis, not a baseline)
 # The variants of the eager forward: they run without HF's automatic compile (run_variant)
@@ -105,6 +108,7 @@ COMPILE_VARIANTS = {
     # e3252af's defaults, literally (on the CPU too: 'cuda' leaves CPU tensors alone)
     "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "cuda"},
     "trident_pdl": {**_TUNED, "TRIDENT_PDL": "{mode}"},
+    "trident_cache_apart": {**_TUNED, "TRIDENT_CACHE_ATTENTION": "0"},
 }
 
 

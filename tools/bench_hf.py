@@ -13,6 +13,9 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
                             decode_attention='cuda': the defaults before e3252af's measurement)
   trident_pdl               trident_compile with TRIDENT_PDL=cuda (programmatic dependent launch):
                             its gain alone is trident_compile / trident_pdl
+  trident_cache_apart       trident_compile with TRIDENT_CACHE_ATTENTION=0 (the cache write its own
+                            launch): the gain of the write inside the attention is
+                            trident_cache_apart / trident_compile
   graph_floor               the eager decode step captured once in a torch.cuda.CUDAGraph; each
                             step copies the token and position in and replays (no host work
                             beyond that: the floor of any host-side optimization)
@@ -57,14 +60,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.device_time import HBM_BYTES_PER_S, profile_device  # noqa: E402
 
-VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl",
+VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl", "trident_cache_apart",
             "trident_backend", "compile_default", "compile_reduce_overhead")
 # issue 25: the knobs each trident.compile variant runs with (on the CPU those of _TUNED become
 # 'all', so that the passes run there too; trident_untuned's are e3252af's defaults, literally)
 _TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}
 KNOBS = {"trident_compile": _TUNED, "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda"},
-         "trident_pdl": {**_TUNED, "pdl": "cuda"}}
+         "trident_pdl": {**_TUNED, "pdl": "cuda"}, "trident_cache_apart": {**_TUNED, "cache_attention": "0"}}
 _LITERAL = {"trident_untuned"}
+_PER_DEVICE = {*_TUNED, "pdl"}  # knobs whose 'cuda' becomes 'all' on the CPU
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)
@@ -326,7 +330,8 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 continue
             torch._dynamo.reset()
             n_graphs = len(compiled_graphs())
-            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v or key in _LITERAL else "all")
+            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v or key in _LITERAL or k not in _PER_DEVICE
+                                               else "all")
                                            for k, v in KNOBS.get(key, {}).items()})
             scope.__enter__()  # read when the variant's captures are optimized (its first steps)
             try:

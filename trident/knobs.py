@@ -297,6 +297,13 @@ _KNOBS = {
         "traced repeat + SDPA, Note [Decode attention by measurement]), '' (off)",
         Choice(("cuda", "all", "measured"), on="cuda", off=""),
     ),
+    "cache_attention": _Knob(
+        "TRIDENT_CACHE_ATTENTION",
+        "1",
+        "a StaticCache's row write is done by Trident's decode attention kernel that reads the cache right after "
+        "(Note [The cache write inside the attention]): a launch fewer per layer; off keeps the write's own launch",
+        Bool(),
+    ),
     "triton_copies": _Knob(
         "TRIDENT_TRITON_COPIES",
         "cuda",
@@ -491,6 +498,11 @@ def compile_cubin_on_cpu() -> bool:
 def triton_copies() -> str:
     """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
     return _KNOBS["triton_copies"].value()
+
+
+def cache_attention() -> bool:
+    """Whether fuse_cache_attention gives a StaticCache write to the decode attention after it."""
+    return _KNOBS["cache_attention"].value()
 
 
 def decode_attention() -> str:

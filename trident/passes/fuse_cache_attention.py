@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
-from .. import logs
+from .. import knobs, logs
 from ..kernels.attention import decode_attention_combine_kernel, decode_attention_split_kernel, new_block
 from ..kernels.copy import cache_write_kernel
 from .common import is_launch, moves_no_data, node_val
@@ -166,7 +166,9 @@ def _fuse(gm, split, order, roots) -> "str | None":
 
 def fuse_cache_attention(gm: torch.fx.GraphModule) -> int:
     """Give every StaticCache write the module docstring describes to its decode attention;
-    returns how many."""
+    returns how many (none with TRIDENT_CACHE_ATTENTION off)."""
+    if not knobs.cache_attention():
+        return 0
     splits = [n for n in gm.graph.nodes if _kernel(n) is decode_attention_split_kernel]
     if not splits or not any(_kernel(n) is cache_write_kernel for n in gm.graph.nodes):
         return 0
