@@ -37,6 +37,7 @@ FALSE = [
 
 # Every knob: its reader, its value when unset, and a few (raw, parsed) pairs beyond the switches.
 BOOLS = {
+    "cache_attention": (knobs.cache_attention, True),
     "compile_cubin_on_cpu": (knobs.compile_cubin_on_cpu, True),
     "dynamo_symbolic": (knobs.dynamo_symbolic, True),
     "graph_lend": (knobs.graph_lend, True),
