@@ -158,6 +158,8 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
     assert not any(n.startswith("aten.where") for n in names), names  # Note [A boolean mask as given]
     got = _run_steps(_layer, opt, args)
     assert int(got[2]) == 3 + 6
+    with knobs.scope(cache_attention="off"):  # TRIDENT_CACHE_ATTENTION: the write keeps its launch
+        assert "cache_write_kernel" in _kernels(_optimize(_layer, args))
 
 
 @pytest.mark.parametrize("fn", [_peek_between, _peek_inside])
