@@ -54,11 +54,24 @@ def test_kernel_writes_the_rows_and_attends_as_index_copy_then_sdpa(seed, device
         index, increment = rows, None
     mask[..., 0] = True
     q, keys, values, new_k, new_v, mask, index = (t.to(device) for t in (q, keys, values, new_k, new_v, mask, index))
+    rows = torch.arange(n, device=device) + index[0] if offset else index
+    keys[:, :, rows] = values[:, :, rows] = float("nan")  # a program reading a row before its write shows
     want_k, want_v, want_i = keys.clone(), values.clone(), index.clone()
     want = _eager_write_then_attend(q, want_k, want_v, new_k, new_v, want_i, offset, increment, mask)
     got = decode_attention(q, keys, values, mask, new=(new_k, new_v, index, offset, increment))
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert torch.equal(keys, want_k) and torch.equal(values, want_v) and torch.equal(index, want_i)
+
+
+def test_a_masked_key_of_inf_gives_eagers_nan():
+    """SDPA adds 0 / -inf for a boolean mask: a masked-out score of +inf becomes NaN in eager,
+    and the kernel reading the boolean mask itself (Note [A boolean mask as given]) gives the same."""
+    args = _inputs()
+    opt = _optimize(_layer, args)
+    got, want = [a.clone() for a in args], [a.clone() for a in args]
+    for a in (got, want):
+        a[0][:, :, 30] = float("inf")  # a row the mask leaves out, never written
+    assert _layer(*want).isnan().any() and opt(*got).isnan().any()
 
 
 def test_rows_past_the_cache_are_written_nowhere():

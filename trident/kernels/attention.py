@@ -151,7 +151,7 @@ def decode_attention_split_kernel(
         if NEW > 0:
             # the row j a key takes from new_k / new_v (the last j of its position), -1: the cache's
             sel = tl.max(tl.where(n[:, None].to(tl.int64) == new_pos[None, :], j[None, :], -1), 1)
-            fresh = sel >= 0
+            fresh = (sel >= 0) & n_ok
             kn_off = b * snk_b + kvh * snk_h + sel[:, None] * snk_l + d[None, :] * snk_d
             vn_off = b * snv_b + kvh * snv_h + sel[:, None] * snv_l + d[None, :] * snv_d
             k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :] & ~fresh[:, None], other=0.0)
@@ -162,8 +162,8 @@ def decode_attention_split_kernel(
         if HAS_MASK:
             m_off = b * sm_b + head[:, None] * sm_h + pos[:, None] * sm_l + n[None, :]
             mv = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & n_ok[None, :], other=0)
-            if MASK_BOOL:
-                s = tl.where(mv != 0, s, float("-inf"))
+            if MASK_BOOL:  # what adding SDPA's 0 / -inf gives, also for a score of +inf or NaN
+                s = tl.where(mv != 0, s, s + float("-inf"))
             else:
                 s = s + mv.to(tl.float32)
         s = tl.where(n_ok[None, :], s, float("-inf"))

@@ -281,7 +281,11 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         if n.graph is gm.graph and not n.users:
             gm.graph.erase_node(n)
     if converted is not mask_node and not converted.users:
+        operands = [x for x in converted.args[1:] if isinstance(x, torch.fx.Node)]
         gm.graph.erase_node(converted)
+        for x in operands:  # its scalar_tensor constants, where nothing else reads them
+            if not x.users:
+                gm.graph.erase_node(x)
     return True
 
 
@@ -290,8 +294,9 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
 # SDPA's fused CUDA kernels take an additive mask, so a boolean attn_mask (Hugging Face's, in
 # every StaticCache step generate() makes) reaches the trace as where(mask, 0, -inf) before the
 # SDPA op: a kernel per layer. The split kernel reads a boolean mask itself (MASK_BOOL: a key
-# kept where True, -inf where False, which is what adding 0 or -inf gives, bit for bit), so the
-# rewrite takes the boolean mask and the where goes where nothing else reads it.
+# kept where True, score + -inf where False: what adding 0 or -inf gives, bit for bit, also for
+# a score of +inf or NaN), so the rewrite takes the boolean mask and the where (with its scalar
+# constants) goes where nothing else reads it.
 _WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 
 

@@ -125,7 +125,7 @@ def _fuse(gm, split, order, roots) -> "str | None":
         return "no cache write of its keys or values before it"
     w = write_node.kwargs["kwargs"]
     if w.get("PAIRS") != 2 or kernel_side_table.get_constant_args(write_node.kwargs["constant_args_idx"]):
-        return f"{write_node.name} writes one cache"
+        return f"{write_node.name} writes one cache, or takes constant arguments"
     pairs = _pairs(w, keys, values)
     k_val = node_val(keys)
     if pairs is None or not _static(k_val) or not _geometry_ok(w, pairs, k_val):
