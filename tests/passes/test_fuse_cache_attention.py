@@ -126,6 +126,32 @@ def _peek_inside(keys, values, counter, x, wq, wk, wv, mask):
     return out + seen
 
 
+def _layer_at(keys, values, pos, x, wq, wk, wv, mask):
+    """The rows written at a cache_position tensor the caller passes (transformers 4.x)."""
+    b, s, _ = x.shape
+    hkv, d = keys.shape[1], keys.shape[3]
+    h = wq.shape[1] // d
+    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
+    keys.index_copy_(2, pos, (x @ wk).view(b, s, hkv, d).transpose(1, 2))
+    values.index_copy_(2, pos, (x @ wv).view(b, s, hkv, d).transpose(1, 2))
+    return F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
+
+
+def _layer_given(keys, values, counter, x, k_in, v_in, wq, mask):
+    """The new keys and values passed in ([B, n, Hkv, D], transposed here): views of graph inputs,
+    which may be views of the caches at run time: the write stays apart."""
+    b, s, _ = x.shape
+    d = keys.shape[3]
+    h = wq.shape[1] // d
+    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
+    pos = torch.arange(s) + counter
+    counter.add_(s)
+    keys.index_copy_(2, pos, k_in.transpose(1, 2))
+    values.index_copy_(2, pos, v_in.transpose(1, 2))
+    g = h // keys.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(keys, g), _repeat_kv(values, g), attn_mask=mask)
+
+
 def _inputs(device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
     keys, values = torch.zeros(B, HKV, S, D), torch.zeros(B, HKV, S, D)
@@ -175,6 +201,33 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
         assert "cache_write_kernel" in _kernels(_optimize(_layer, args))
 
 
+def test_rows_at_a_cache_position_tensor():
+    """The index-tensor form: fused too, the positions read from the caller's tensor."""
+    args = _inputs()
+    args[2] = torch.tensor([3])
+    opt = _optimize(_layer_at, args)
+    assert "cache_write_kernel" not in _kernels(opt), _kernels(opt)
+    got, want = [a.clone() for a in args], [a.clone() for a in args]
+    g = torch.Generator().manual_seed(2)
+    for p in (3, 4, 9, 4):  # a position written again: its row replaced
+        x = torch.randn(args[3].shape, generator=g)
+        got[3], want[3], got[2], want[2] = x, x.clone(), torch.tensor([p]), torch.tensor([p])
+        got[7] = want[7] = _step_mask(max(p, 9))
+        torch.testing.assert_close(opt(*got), _layer_at(*want), rtol=1e-4, atol=1e-4)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_sources_that_are_views_of_inputs_keep_the_write_apart():
+    g = torch.Generator().manual_seed(3)
+    args = _inputs()
+    args = [*args[:4], torch.randn(B, 1, HKV, D, generator=g), torch.randn(B, 1, HKV, D, generator=g), args[4], args[7]]
+    opt = _optimize(_layer_given, args)
+    assert "cache_write_kernel" in _kernels(opt), _kernels(opt)
+    got, want = [a.clone() for a in args], [a.clone() for a in args]
+    torch.testing.assert_close(opt(*got), _layer_given(*want), rtol=1e-4, atol=1e-4)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+
+
 @pytest.mark.parametrize("fn", [_peek_between, _peek_inside])
 def test_a_read_of_the_cache_between_keeps_the_write_apart(fn):
     """A read of the cache after the write (after the attention, or between the write and the
@@ -193,6 +246,7 @@ def test_caches_overlapping_at_call_time_are_refused_not_wrong():
     opt = _optimize(_layer, args)
     got = [a.clone() for a in args]
     got[1] = got[0]
-    with pytest.raises(RuntimeError, match="overlap in memory.*eager, which writes first"):
+    with pytest.raises(RuntimeError, match=r"\(the keys cache\) and reads input 'values' \(the values cache\), "
+                                            r"and the two overlap in memory.*TRIDENT_CACHE_ATTENTION=0"):
         opt(*got)
 

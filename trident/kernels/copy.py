@@ -528,6 +528,20 @@ def cache_write_kernel(
             )  # fmt: skip
 
 
+# what the decode attention's parameters are, in the terms of the model that passes them
+_ATTENTION_ROLES = {"k_ptr": "the keys cache", "v_ptr": "the values cache", "new_k_ptr": "the step's new keys",
+                    "new_v_ptr": "the step's new values", "q_ptr": "the query", "mask_ptr": "the attention mask",
+                    "index_ptr": "the cache position"}
+
+
+def parameter_role(kernel_name: str, param: str) -> str:
+    """A parameter of an index-writing launch as an error names it (its role where the kernel is
+    the decode attention writing cache rows; else the parameter's name)."""
+    if kernel_name == "decode_attention_split_kernel":
+        return _ATTENTION_ROLES.get(param, param)
+    return param
+
+
 def index_write_checks(kernel_name: str, args: dict, writes) -> list[tuple[str, str, bool]]:
     """(written, read, eager) parameters one launch of an index-writing kernel must keep apart
     (Note [Inputs a lowered index write must not overlap]; eager: eager refuses the overlap

@@ -22,7 +22,7 @@ from torch_mlir import ir
 
 from .. import knobs, logs
 from ..errors import GuardError, TridentError, UnsupportedError
-from ..kernels.copy import index_write_checks
+from ..kernels.copy import index_write_checks, parameter_role
 from ..lowering import check_region_steps, compile_host, emit_host_module, import_region, import_size_programs
 from ..lowering.host_plan import HostPlan, RegionTables, format_plan
 from ..scm.guards import CapturedLayout, DisjointInputs, first_failure
@@ -92,6 +92,10 @@ def disjoint_input_guards(program: RegionProgram) -> list[DisjointInputs]:
             w, r = refs.get(w_name), refs.get(r_name)
             if w is not None and r is not None and r.index != w.index:
                 what = (
+                    f"{step.name} writes input {program.inputs[w.index].name!r} "
+                    f"({parameter_role(step.kernel_name, w_name)}) and reads input "
+                    f"{program.inputs[r.index].name!r} ({parameter_role(step.kernel_name, r_name)})"
+                    if not eager else
                     f"{step.name} writes input {program.inputs[w.index].name!r} and reads input "
                     f"{program.inputs[r.index].name!r} ({r_name})"
                 )

@@ -169,9 +169,10 @@ class DisjointInputs:
     def failure(self, values: Sequence = (), names: Sequence[str] = ()) -> str:
         if not self.eager:
             return (
-                f"{self.what}, and the two overlap in memory: the kernel writes rows of one while its other "
-                "programs read the other, which needs them apart (eager, which writes first and reads after, "
-                "accepts them); pass tensors that do not overlap, or call the function without trident.")
+                f"{self.what}, and the two overlap in memory: Trident's decode attention writes the step's cache "
+                "rows while its other programs read the rest (Note [The cache write inside the attention]), which "
+                "needs them apart; eager, which writes first and reads after, accepts them. Pass tensors that do "
+                "not overlap, or set TRIDENT_CACHE_ATTENTION=0 to keep the cache write a launch of its own.")
         return (
             f"{self.what}, and the two overlap in memory. Eager raises here too (unsupported operation: some "
             "elements of the input tensor and the written-to tensor refer to a single memory location); pass "
