@@ -170,6 +170,35 @@ def test_other_attentions_stay_sdpa(change):
     assert "decode_attention_split_kernel" not in _launches(opt)
 
 
+def _converted_mask_attention(q, k, v, keep):
+    """SDPA's own handling of a boolean mask on CUDA's memory-efficient path, written out: where(keep,
+    0, -inf), padded to a multiple of 16 keys and sliced back."""
+    s = keep.shape[-1]
+    bias = torch.where(keep, 0.0, float("-inf"))
+    bias = F.pad(bias, (0, -s % 16))[..., :s]
+    return _hf_attention(q, k, v, bias)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_boolean_mask_is_read_as_given(padded):
+    """Note [A boolean mask as given]: the where (and the padding) go, the kernel reads the boolean
+    mask; results equal eager's, also where a masked-out key's score is +inf (eager's NaN)."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 1, 16, generator=g)
+    k, v = torch.randn(1, 2, 37, 16, generator=g), torch.randn(1, 2, 37, 16, generator=g)
+    keep = torch.rand(1, 1, 1, 37, generator=g) > 0.3
+    keep[..., 0] = True
+    fn = _converted_mask_attention if padded else (lambda q, k, v, keep: _hf_attention(
+        q, k, v, torch.where(keep, 0.0, float("-inf"))))
+    opt = _optimize(fn, q, k, v, keep)
+    names = _launches(opt)
+    assert not any(n.startswith(("aten.where", "aten.constant_pad_nd", "aten.slice")) for n in names), names
+    torch.testing.assert_close(opt(q, k, v, keep), fn(q, k, v, keep), rtol=2e-5, atol=2e-5)
+    k_inf = k.clone()
+    k_inf[:, :, int((~keep[0, 0, 0]).nonzero()[0])] = float("inf")
+    assert fn(q, k_inf, v, keep).isnan().any() and opt(q, k_inf, v, keep).isnan().any()
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_hf_generate_uses_the_kernel_and_keeps_eager_tokens(cache, monkeypatch):
     """Tiny Llama (GQA: 4 query heads over 2 kv heads) through trident.compile: every decode

@@ -56,8 +56,11 @@ def test_kernel_writes_the_rows_and_attends_as_index_copy_then_sdpa(seed, device
     q, keys, values, new_k, new_v, mask, index = (t.to(device) for t in (q, keys, values, new_k, new_v, mask, index))
     rows = torch.arange(n, device=device) + index[0] if offset else index
     keys[:, :, rows] = values[:, :, rows] = float("nan")  # a program reading a row before its write shows
-    want_k, want_v, want_i = keys.clone(), values.clone(), index.clone()
-    want = _eager_write_then_attend(q, want_k, want_v, new_k, new_v, want_i, offset, increment, mask)
+    # eager on the CPU: CUDA's index_copy_ leaves one of a repeated position's rows at random
+    want_k, want_v, want_i = (t.to("cpu", copy=True) for t in (keys, values, index))
+    want = _eager_write_then_attend(*(t.cpu() for t in (q, want_k, want_v, new_k, new_v, want_i)), offset,
+                                    increment, mask.cpu())
+    want_k, want_v, want_i, want = (t.to(device) for t in (want_k, want_v, want_i, want))
     got = decode_attention(q, keys, values, mask, new=(new_k, new_v, index, offset, increment))
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert torch.equal(keys, want_k) and torch.equal(values, want_v) and torch.equal(index, want_i)

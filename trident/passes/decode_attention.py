@@ -280,11 +280,12 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     for n in k_chain + v_chain:  # the repeat's clones and views, where nothing else reads them
         if n.graph is gm.graph and not n.users:
             gm.graph.erase_node(n)
-    if converted is not mask_node and not converted.users:
-        operands = [x for x in converted.args[1:] if isinstance(x, torch.fx.Node)]
-        gm.graph.erase_node(converted)
-        for x in operands:  # its scalar_tensor constants, where nothing else reads them
-            if not x.users:
+    if converted is not mask_node:  # the conversion (and padding) nothing else reads, with its constants
+        dead = [converted]
+        while dead:
+            x = dead.pop()
+            if x.graph is gm.graph and not x.users and x.op == "call_function" and x.target in _CONVERSION:
+                dead += [a for a in x.all_input_nodes if a.op == "call_function"]
                 gm.graph.erase_node(x)
     return True
 
@@ -293,11 +294,13 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # SDPA's fused CUDA kernels take an additive mask, so a boolean attn_mask (Hugging Face's, in
 # every StaticCache step generate() makes) reaches the trace as where(mask, 0, -inf) before the
-# SDPA op: a kernel per layer. The split kernel reads a boolean mask itself (MASK_BOOL: a key
+# SDPA op (on CUDA's memory-efficient path also padded to a multiple of 16 keys and sliced back):
+# a kernel per layer. The split kernel reads a boolean mask itself (MASK_BOOL: a key
 # kept where True, score + -inf where False: what adding 0 or -inf gives, bit for bit, also for
 # a score of +inf or NaN), so the rewrite takes the boolean mask and the where (with its scalar
 # constants) goes where nothing else reads it.
 _WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+_CONVERSION = {*_WHERES, aten.constant_pad_nd.default, aten.slice.Tensor, aten.scalar_tensor.default}
 
 
 def _constant(x) -> Optional[float]:
@@ -310,9 +313,30 @@ def _constant(x) -> Optional[float]:
     return None
 
 
+def _unpadded(node):
+    """x when `node` is constant_pad_nd(x, [0, p])[..., :n] with n x's last size (SDPA's memory-
+    efficient path pads the mask's key dim to a multiple of 16 and slices it back), else node."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.slice.Tensor):
+        return node
+    args = list(node.args) + [None] * (5 - len(node.args))
+    padded, dim, start, end, step = args[:5]
+    if not (isinstance(padded, torch.fx.Node) and padded.op == "call_function"
+            and padded.target is aten.constant_pad_nd.default):
+        return node
+    x, pad = padded.args[0], padded.args[1]
+    xv = node_val(x)
+    if not isinstance(xv, torch.Tensor) or dim not in (-1, xv.dim() - 1) or start not in (None, 0) or step not in (None, 1):
+        return node
+    if not (isinstance(pad, (list, tuple)) and len(pad) == 2 and pad[0] == 0 and type(pad[1]) is int and pad[1] >= 0):
+        return node
+    return x if end is not None and _known(end, xv.shape[-1]) else node
+
+
 def _boolean_mask(mask_node, lq: int, length):
-    """cond when `mask_node` is where(cond, 0, -inf) of a boolean cond of the mask's own shape whose
-    layout the kernel reads (Note [A boolean mask as given]), else None."""
+    """cond when `mask_node` is where(cond, 0, -inf) (or that padded and sliced back, _unpadded) of
+    a boolean cond of the mask's own shape whose layout the kernel reads (Note [A boolean mask as
+    given]), else None."""
+    mask_node = _unpadded(mask_node)
     if not (isinstance(mask_node, torch.fx.Node) and mask_node.op == "call_function" and mask_node.target in _WHERES):
         return None
     if len(mask_node.args) != 3 or mask_node.kwargs:
