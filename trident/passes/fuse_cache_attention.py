@@ -17,17 +17,17 @@ layer. What must hold (else nothing changes):
     (S > 1, D > 1: the dim is then told by its stride and size), sources [B, Hkv, n, D] of the
     cache's dtype with static strides, n <= MAX_NEW; the split kernel is the two-launch form
     (Note [The last split combines] has no second kernel for the bump);
-  * the sources, the index (or counter), the query and the mask are no view of what the caches
-    may be (their alias roots, Note [CSE under mutation], share none with the caches'): no
-    program then reads what another writes;
-  * every node between the write and the combine launch (but the split launch) reads nothing
-    the caches may be (nor the counter, where it is bumped), and writes nothing the write or the
-    attention reads or writes (nor any graph input: the caches may be any of them at run time):
-    moving the write to the split launch and the bump to the combine launch then reads and
-    writes what the original order did.
-Keys and values overlapping at run time would let one program read a row another writes: each
-call checks natively that they do not (DisjointInputs; trident/kernels/copy.py
-index_write_checks).
+  * the keys and values are graph inputs themselves (placeholders or attributes), and the
+    sources, the index (or counter), the query and the mask are each either a graph input
+    itself or a fresh result of the graph, no view of an input (their alias roots, Note [CSE
+    under mutation], with every input a root of its own: alias_roots(inputs_apart=True)): no program
+    then reads what another writes, unless two inputs overlap at run time, which each call
+    checks natively (DisjointInputs; trident/kernels/copy.py index_write_checks: the caches
+    against each other and every input the kernel reads);
+  * every node between the write and the combine launch (but the split launch) reads no graph
+    input nor what the caches or the bumped counter may be, and writes no graph input nor what
+    the write or the attention reads or writes: moving the write to the split launch and the
+    bump to the combine launch then reads and writes what the original order did.
 """
 
 from __future__ import annotations
