@@ -171,12 +171,13 @@ def test_other_attentions_stay_sdpa(change):
 
 
 def _converted_mask_attention(q, k, v, keep):
-    """SDPA's own handling of a boolean mask on CUDA's memory-efficient path, written out: where(keep,
-    0, -inf), padded to a multiple of 16 keys and sliced back."""
+    """SDPA's own handling of a boolean mask on CUDA's memory-efficient path (ATen's
+    convert_boolean_attn_mask and preprocess_mask), written out: where(keep, 0, -inf), padded to a
+    multiple of 8 keys and sliced back, expanded to [B, H, Lq, S]."""
     s = keep.shape[-1]
     bias = torch.where(keep, 0.0, float("-inf"))
-    bias = F.pad(bias, (0, -s % 16))[..., :s]
-    return _hf_attention(q, k, v, bias)
+    bias = F.pad(bias, (0, 8 - s % 8))[..., :s]
+    return _hf_attention(q, k, v, bias.expand(q.shape[0], q.shape[1], q.shape[2], s))
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -192,7 +193,7 @@ def test_a_boolean_mask_is_read_as_given(padded):
         q, k, v, torch.where(keep, 0.0, float("-inf"))))
     opt = _optimize(fn, q, k, v, keep)
     names = _launches(opt)
-    assert not any(n.startswith(("aten.where", "aten.constant_pad_nd", "aten.slice")) for n in names), names
+    assert not any(n.startswith(("aten.where", "aten.constant_pad_nd", "aten.slice", "aten.expand")) for n in names), names
     torch.testing.assert_close(opt(q, k, v, keep), fn(q, k, v, keep), rtol=2e-5, atol=2e-5)
     k_inf = k.clone()
     k_inf[:, :, int((~keep[0, 0, 0]).nonzero()[0])] = float("inf")

@@ -15,6 +15,7 @@ import trident
 from tests.passes.test_decode_attention import _repeat_kv
 from trident import knobs
 from trident.kernels.attention import decode_attention
+from trident.passes.fuse_cache_attention import APART
 from trident.runtime import SCMRuntime
 
 B, HKV, G, D, S = 1, 2, 4, 16, 40
@@ -195,7 +196,9 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
     args = _inputs(device)
     opt = _optimize(_layer, args)
     names = _kernels(opt)
-    assert "cache_write_kernel" not in names and "index_copy_kernel" not in names, names
+    why = opt.meta.get(APART)
+    assert "cache_write_kernel" not in names and "index_copy_kernel" not in names, (why, names)
+    assert why == [None]
     assert names.count("decode_attention_split_kernel") == names.count("decode_attention_combine_kernel") == 1
     assert not any(n.startswith("aten.where") for n in names), names  # Note [A boolean mask as given]
     got = _run_steps(_layer, opt, args)

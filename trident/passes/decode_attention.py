@@ -294,13 +294,14 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # SDPA's fused CUDA kernels take an additive mask, so a boolean attn_mask (Hugging Face's, in
 # every StaticCache step generate() makes) reaches the trace as where(mask, 0, -inf) before the
-# SDPA op (on CUDA's memory-efficient path also padded to a multiple of 16 keys and sliced back):
-# a kernel per layer. The split kernel reads a boolean mask itself (MASK_BOOL: a key
+# SDPA op (on CUDA's memory-efficient path also padded to a multiple of 8 keys and sliced back,
+# then expanded to [B, H, Lq, S]: ATen's preprocess_mask): a kernel per layer. The split kernel reads a boolean mask itself (MASK_BOOL: a key
 # kept where True, score + -inf where False: what adding 0 or -inf gives, bit for bit, also for
 # a score of +inf or NaN), so the rewrite takes the boolean mask and the where (with its scalar
 # constants) goes where nothing else reads it.
 _WHERES = (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
-_CONVERSION = {*_WHERES, aten.constant_pad_nd.default, aten.slice.Tensor, aten.scalar_tensor.default}
+_CONVERSION = {*_WHERES, aten.constant_pad_nd.default, aten.slice.Tensor, aten.expand.default,
+               aten.scalar_tensor.default}
 
 
 def _constant(x) -> Optional[float]:
@@ -313,9 +314,19 @@ def _constant(x) -> Optional[float]:
     return None
 
 
+def _unexpanded(node):
+    """x when `node` is x.expand(...) (SDPA's memory-efficient path expands the mask to [B, H, Lq,
+    S]; the kernel broadcasts x's size-1 dims itself), else node."""
+    if isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.expand.default:
+        x = node.args[0]
+        if isinstance(node_val(x), torch.Tensor) and node_val(x).dim() == node_val(node).dim():
+            return x
+    return node
+
+
 def _unpadded(node):
     """x when `node` is constant_pad_nd(x, [0, p])[..., :n] with n x's last size (SDPA's memory-
-    efficient path pads the mask's key dim to a multiple of 16 and slices it back), else node."""
+    efficient path pads the mask's key dim to a multiple of 8 and slices it back), else node."""
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.slice.Tensor):
         return node
     args = list(node.args) + [None] * (5 - len(node.args))
@@ -333,10 +344,10 @@ def _unpadded(node):
 
 
 def _boolean_mask(mask_node, lq: int, length):
-    """cond when `mask_node` is where(cond, 0, -inf) (or that padded and sliced back, _unpadded) of
-    a boolean cond of the mask's own shape whose layout the kernel reads (Note [A boolean mask as
-    given]), else None."""
-    mask_node = _unpadded(mask_node)
+    """cond when `mask_node` is where(cond, 0, -inf) (or that padded and sliced back, _unpadded, and
+    expanded, _unexpanded) of a boolean cond of the where's own shape whose layout the kernel reads
+    (Note [A boolean mask as given]), else None."""
+    mask_node = _unpadded(_unexpanded(mask_node))
     if not (isinstance(mask_node, torch.fx.Node) and mask_node.op == "call_function" and mask_node.target in _WHERES):
         return None
     if len(mask_node.args) != 3 or mask_node.kwargs:

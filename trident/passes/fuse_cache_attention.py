@@ -41,6 +41,7 @@ from ..kernels.copy import cache_write_kernel
 from .common import is_launch, moves_no_data, node_val
 from .cse import WRITES_ANYTHING, alias_roots, written_nodes
 
+APART = "trident_cache_writes_apart"  # gm.meta: per decode attention, why its cache write stays apart (None: it does not)
 MAX_NEW = 16  # new rows per call the split kernel writes at most (decode; speculative verification)
 
 
@@ -176,6 +177,7 @@ def fuse_cache_attention(gm: torch.fx.GraphModule) -> int:
     for split in splits:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         why = _fuse(gm, split, order, alias_roots(gm, inputs_apart=True))
+        gm.meta.setdefault(APART, []).append(why)  # None: given to the attention
         if why is None:
             count += 1
         else:
