@@ -199,6 +199,7 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
     why = opt.meta.get(APART)
     assert "cache_write_kernel" not in names and "index_copy_kernel" not in names, (why, names)
     assert why == [None]
+    assert "cache writes inside the decode attention: 1 of 1 attention(s)" in trident.explain(opt)
     assert names.count("decode_attention_split_kernel") == names.count("decode_attention_combine_kernel") == 1
     assert not any(n.startswith("aten.where") for n in names), names  # Note [A boolean mask as given]
     got = _run_steps(_layer, opt, args)
@@ -242,6 +243,8 @@ def test_a_read_of_the_cache_between_keeps_the_write_apart(fn):
     opt = _optimize(fn, args)
     names = _kernels(opt)
     assert ("cache_write_kernel" in names) == (fn is _peek_inside), names
+    if fn is _peek_inside:  # explain() says why
+        assert "one stays a launch of its own: amax (aten.amax.default) between" in trident.explain(opt), trident.explain(opt)
     _run_steps(fn, opt, args, steps=3)
 
 

@@ -191,6 +191,11 @@ def explain(gm) -> str:
     if attention:  # Note [Decode attention by measurement]
         lines.append("decode attention:")
         lines.extend(f"  {line}" for line in attention)
+    writes = gm.meta.get("trident_cache_writes_apart", [])  # fuse_cache_attention: None where given
+    if writes:  # Note [The cache write inside the attention]
+        inside = sum(w is None for w in writes)
+        lines.append(f"cache writes inside the decode attention: {inside} of {len(writes)} attention(s)")
+        lines.extend(f"  one stays a launch of its own: {w}" for w in writes if w is not None)
     choices = gm.meta.get("trident_matmul_choices", [])
     if choices:  # Note [Decode matmuls by measurement]
         lines.append("decode matmuls:")

@@ -145,7 +145,8 @@ def _fuse(gm, split, order, roots) -> "str | None":
     bumped = _roots_of(roots, [index]) if w["INCREMENT"] else frozenset()
     blocker = _window_blocker(write_node, split, combine, roots, inputs, caches, touched, bumped)
     if blocker is not None:
-        return f"{blocker.format_node()} between them may read or write what the write does"
+        what = _kernel(blocker).fn.__name__ if is_launch(blocker) else str(blocker.target)
+        return f"{blocker.name} ({what}) between it and the attention may read or write what it does"
     new_k, new_v = (node_val(s) for s in srcs)
     n = w["size0"]
     fused = dict(a)
