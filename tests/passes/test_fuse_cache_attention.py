@@ -91,43 +91,43 @@ def test_rows_past_the_cache_are_written_nowhere():
     assert torch.isfinite(out).all()
 
 
-def _layer(keys, values, counter, x, wq, wk, wv, mask):
-    """One attention layer as transformers 5.x writes it over a StaticCache: projections, the
-    position from the device counter, bumped in place, the rows written with index_copy_,
-    repeat_kv and SDPA with the 4D boolean mask generate() passes."""
+def _project_and_write(keys, values, counter, x, wq, wk, wv):
+    """A layer's projections and its StaticCache update as transformers 5.x writes it: the position
+    from the device counter, bumped in place, the rows written with index_copy_; the query."""
     b, s, _ = x.shape
     hkv, d = keys.shape[1], keys.shape[3]
-    h = wq.shape[1] // d
-    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
+    q = (x @ wq).view(b, s, wq.shape[1] // d, d).transpose(1, 2)
     k = (x @ wk).view(b, s, hkv, d).transpose(1, 2)
     v = (x @ wv).view(b, s, hkv, d).transpose(1, 2)
     pos = torch.arange(s, device=keys.device) + counter
     counter.add_(s)
     keys.index_copy_(2, pos, k)
     values.index_copy_(2, pos, v)
-    return F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
+    return q
+
+
+def _attend(q, keys, values, mask):
+    """repeat_kv and SDPA with the 4D boolean mask generate() passes."""
+    g = q.shape[1] // keys.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(keys, g), _repeat_kv(values, g), attn_mask=mask)
+
+
+def _layer(keys, values, counter, x, wq, wk, wv, mask):
+    """One attention layer over a StaticCache: the update, then the attention."""
+    return _attend(_project_and_write(keys, values, counter, x, wq, wk, wv), keys, values, mask)
 
 
 def _peek_between(keys, values, counter, x, wq, wk, wv, mask):
-    """The same, reading the cache between its write and the attention: stays two launches."""
+    """The same, reading the cache after the attention: the write is still given to it."""
     out = _layer(keys, values, counter, x, wq, wk, wv, mask)
     return out, keys.sum()
 
 
 def _peek_inside(keys, values, counter, x, wq, wk, wv, mask):
-    b, s, _ = x.shape
-    hkv, d = keys.shape[1], keys.shape[3]
-    h = wq.shape[1] // d
-    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
-    k = (x @ wk).view(b, s, hkv, d).transpose(1, 2)
-    v = (x @ wv).view(b, s, hkv, d).transpose(1, 2)
-    pos = torch.arange(s, device=keys.device) + counter
-    counter.add_(s)
-    keys.index_copy_(2, pos, k)
-    values.index_copy_(2, pos, v)
-    seen = keys.amax()  # read between the write and the attention
-    out = F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
-    return out + seen
+    """Reading the cache between its write and the attention: the write stays its own launch."""
+    q = _project_and_write(keys, values, counter, x, wq, wk, wv)
+    seen = keys.amax()
+    return _attend(q, keys, values, mask) + seen
 
 
 def _layer_at(keys, values, pos, x, wq, wk, wv, mask):
