@@ -38,6 +38,7 @@ FALSE = [
 # Every knob: its reader, its value when unset, and a few (raw, parsed) pairs beyond the switches.
 BOOLS = {
     "cache_attention": (knobs.cache_attention, True),
+    "pdl_user_kernels": (knobs.pdl_user_kernels, True),
     "compile_cubin_on_cpu": (knobs.compile_cubin_on_cpu, True),
     "dynamo_symbolic": (knobs.dynamo_symbolic, True),
     "graph_lend": (knobs.graph_lend, True),

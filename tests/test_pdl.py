@@ -237,6 +237,97 @@ def test_user_kernels_are_programmatic_only_where_their_ptx_waits_first(mode):
     assert tl.extra.cuda.gdc_wait.__module__ == "triton.language.extra.cuda.gdc"
 
 
+def test_with_wait_first_puts_the_grid_dependency_first():
+    """Note [A user kernel made to wait]: the two instructions go after the entry's declarations,
+    before its first instruction, and the PTX rule then proves the kernel waits first; PTX that
+    holds either already, or two entries, is left as it is."""
+    ptx = _HEAD + _LOAD + "\tret;\n}\n"
+    assert not pdl.waits_before_memory(ptx)
+    twin = pdl.with_wait_first(ptx)
+    assert pdl.waits_before_memory(twin)
+    body = twin[twin.index("{"):]
+    assert body.index(".reg .b64") < body.index("griddepcontrol.wait") < body.index(
+        "griddepcontrol.launch_dependents") < body.index(".loc") < body.index("ld.param")
+    assert twin.replace("\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n", "") == ptx
+    assert pdl.with_wait_first(twin) == twin
+    held = _HEAD + _LOAD + _WAIT + "}\n"
+    assert pdl.with_wait_first(held) == held
+    two = ptx + ptx.replace(".entry k(", ".entry k2(")
+    assert pdl.with_wait_first(two) == two
+
+
+@triton.jit
+def _plain_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, x * 3, mask=offs < n)
+
+
+def _with_plain_kernel(x):
+    a = _user_kernels(x)
+    b = torch.empty_like(a)
+    _plain_kernel[(triton.cdiv(x.numel(), 128),)](a, b, x.numel(), BLOCK=128)
+    return b
+
+
+def _launched(opt) -> dict:
+    from trident.runtime import SCMRuntime
+    from trident.scm.refs import load_compiled
+
+    return {launch.step.kernel_name: load_compiled(launch.binary, launch.step.kernel_name)
+            for r in opt.meta["trident_regions"] for s in SCMRuntime.get(r).scm.specializations
+            for launch in s.launches}
+
+
+@pytest.mark.parametrize("user_kernels", [True, False])
+def test_a_user_kernel_without_grid_dependency_runs_as_its_twin(user_kernels):
+    """Note [A user kernel made to wait]: with TRIDENT_PDL on, a user's kernel that holds no grid
+    dependency instruction is launched as its twin (compiled with launch_pdl=True, waiting and
+    releasing first) and programmatically; one holding its own instructions is left as the user
+    wrote it; TRIDENT_PDL_USER_KERNELS=0 keeps ordinary ordering. Results equal the kernels'
+    meaning, and Triton's own compile of the kernel (no launch_pdl) holds no grid dependency."""
+    x = torch.randn(300)
+    with knobs.scope(pdl="all", pdl_user_kernels=user_kernels):
+        opt = trident.optimize(trident.capture(_with_plain_kernel, x))
+        torch.testing.assert_close(opt(x), (x * 2 + 1) * 3)
+    assert _programmatic(opt) == {"_waits_first_kernel": True, "_loads_first_kernel": False,
+                                  "_plain_kernel": user_kernels}
+    compiled = _launched(opt)
+    twin = compiled["_plain_kernel"]
+    assert twin.metadata.launch_pdl == user_kernels
+    assert pdl.waits_before_memory(twin.asm["ptx"]) == user_kernels
+    assert ("griddepcontrol.launch_dependents" in twin.asm["ptx"]) == user_kernels
+    assert not compiled["_loads_first_kernel"].metadata.launch_pdl  # left as written
+    own = _plain_kernel.warmup(x, x, x.numel(), BLOCK=128, grid=(3,))
+    assert "griddepcontrol" not in own.asm["ptx"]
+    assert (own.hash != twin.hash) == user_kernels
+    assert triton.knobs.runtime.add_stages_inspection_hook is None  # the stage hook is gone
+
+
+def test_a_launch_pdl_entry_compiled_without_the_hook_keeps_ordinary_ordering():
+    """A kernel the user compiled with launch_pdl=True without waiting (Triton's cache holds it
+    under the key the twin would have) is not used as the twin: the PTX rule refuses it, and the
+    launch keeps ordinary ordering with the kernel as the user compiles it."""
+
+    @triton.jit
+    def racy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) - 1, mask=offs < n)
+
+    def fn(x):
+        out = torch.empty_like(x)
+        racy_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+        return out
+
+    x = torch.randn(300)
+    racy_kernel.warmup(x, x, x.numel(), BLOCK=128, launch_pdl=True, grid=(3,))  # no wait in it
+    with knobs.scope(pdl="all"):
+        opt = trident.optimize(trident.capture(fn, x))
+        torch.testing.assert_close(opt(x), x - 1)
+    assert _programmatic(opt) == {"racy_kernel": False}
+    assert not _launched(opt)["racy_kernel"].metadata.launch_pdl
+
+
 def test_other_inline_assembly_stays_refused_by_the_interpreter():
     @triton.jit
     def asm_kernel(x_ptr, BLOCK: tl.constexpr):

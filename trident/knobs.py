@@ -346,6 +346,15 @@ _KNOBS = {
         "prefetch their weights into L2 before the wait, Note [Weights ahead of the wait], not yet measured)",
         _DEVICE_MODE,
     ),
+    "pdl_user_kernels": _Knob(
+        "TRIDENT_PDL_USER_KERNELS",
+        "1",
+        "with TRIDENT_PDL on, a user's Triton kernel (and an Inductor glue kernel) holding no grid dependency "
+        "instruction is launched as its twin: compiled once more by Triton with launch_pdl=True and "
+        "griddepcontrol.wait and launch_dependents first (Note [A user kernel made to wait]), so every boundary "
+        "around it is programmatic; off: it keeps ordinary ordering",
+        Bool(),
+    ),
     "graphs": _Knob(
         "TRIDENT_GRAPHS",
         "cuda",
@@ -498,6 +507,12 @@ def compile_cubin_on_cpu() -> bool:
 def triton_copies() -> str:
     """Which copies lower_copies rewrites to Triton launches: "cuda", "all" or "" (none)."""
     return _KNOBS["triton_copies"].value()
+
+
+def pdl_user_kernels() -> bool:
+    """Whether, with TRIDENT_PDL on, user kernels are launched as their waiting twins (Note [A user
+    kernel made to wait])."""
+    return _KNOBS["pdl_user_kernels"].value()
 
 
 def cache_attention() -> bool:

@@ -36,11 +36,36 @@ Which kernels wait first:
   kernel of *its* graph, which is not always the first access (Inductor does not see the user
   kernels before it); the PTX rule then refuses the attribute for that kernel.
 - A user's kernel compiled with `launch_pdl=True` is launched with the attribute exactly as
-  Triton launches it (the user's promise, Triton's semantics); one that is not gets it only by
-  the PTX rule, like Trident's.
+  Triton launches it (the user's promise, Triton's semantics). One that is not, and that holds no
+  grid dependency instruction of its own, is launched as its twin (Note [A user kernel made to
+  wait], TRIDENT_PDL_USER_KERNELS, on by default): with it off, it gets the attribute only by the
+  PTX rule, like Trident's.
 
 Programmatic launches are recorded as programmatic edges of a captured graph from CUDA 12.3 on:
 below it (`torch.version.cuda`; the driver must be at least that) nothing is made programmatic.
+
+Note [A user kernel made to wait]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+In a decode step most kernel boundaries touch a user's kernel (with Liger-Kernel: the norms, the
+rotary embedding and SwiGLU around every product), and a kernel that does not wait cannot be
+launched early, nor release the one after it early: Trident's kernels alone make ~2 of a layer's
+~10 boundaries programmatic. So, with TRIDENT_PDL on, a user's kernel that holds no
+`griddepcontrol` instruction is compiled once more, by Triton, for the launch's specialization
+with the launch option `launch_pdl=True` (its own cache entry: the option is in Triton's key;
+`kernel[grid](...)` launches without it never see it), with the two instructions
+`griddepcontrol.wait; griddepcontrol.launch_dependents;` put first in its entry block (a stage
+hook rewrites the PTX Triton generated, `with_wait_first`; ptxas compiles the rest as Triton
+does). Every block of the twin waits until its predecessor has completed and its memory is
+visible before it does anything: what the kernel computes, reads and writes is the original's,
+in stream order. Releasing its dependents at once is safe because every dependent launched with
+the attribute waits first too (the PTX rule), and it cannot starve this kernel: a dependent is
+scheduled only after every block of this one has executed the release, i.e. is resident, and
+the release comes after the wait, so dependents run at most one kernel ahead. The twin is used
+only when its PTX passes the PTX rule (a Triton cache entry compiled without the hook, by a user's
+own `launch_pdl=True` launch, would not: then the original keeps ordinary ordering). A user
+kernel that holds a grid dependency instruction is the user's design and is left as it is.
+Inductor's glue kernels are then generated without Inductor's own PDL and get twins too: one rule
+for every Triton kernel Trident did not write.
 
 The decision is made where a launch is planned (scm/specialize.py `plan_launch`), recorded in the
 plan (`LaunchPlan.pdl`) and printed by the SCM printer; a restored plan decides again from its
@@ -50,10 +75,12 @@ kernel. TRIDENT_PDL is off by default: measured on the H200 at e3252af it gained
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 
 import torch
+from triton import knobs as triton_knobs
 
 from . import knobs
 
@@ -163,3 +190,62 @@ def waits_before_memory(ptx: str) -> bool:
                 continue  # a parameter, shared, local or constant access
             return False
     return False
+
+
+def twins_wanted(device) -> bool:
+    """Whether a user's kernel launched on `device` is launched as its twin (Note [A user kernel
+    made to wait]): `wanted(device)` and TRIDENT_PDL_USER_KERNELS."""
+    return knobs.pdl_user_kernels() and wanted(device)
+
+
+def holds_grid_dependency(ptx: str) -> bool:
+    """Whether the kernel of `ptx` executes any grid dependency instruction of its own."""
+    return "griddepcontrol" in ptx
+
+
+_DECLARATION = re.compile(r"\s*(?:$|//|\.(?:reg|shared|local|param|const)\b)")
+
+
+def with_wait_first(ptx: str) -> str:
+    """`ptx` (one `.entry`) with `griddepcontrol.wait` and `griddepcontrol.launch_dependents`
+    the first instructions of its entry block, after the leading declarations (Note [A user
+    kernel made to wait]); unchanged when it is not one entry or already holds either."""
+    entries = list(_ENTRY.finditer(ptx))
+    if len(entries) != 1 or holds_grid_dependency(ptx):
+        return ptx
+    start = ptx.find("{", ptx.find(")", entries[0].end()))
+    if start < 0:
+        return ptx
+    at = ptx.find("\n", start) + 1
+    while at > 0:
+        end = ptx.find("\n", at)
+        line = ptx[at:] if end < 0 else ptx[at:end]
+        if not _DECLARATION.match(line):
+            break
+        at = end + 1 if end >= 0 else len(ptx)
+    if at <= 0:
+        return ptx
+    return ptx[:at] + "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" + ptx[at:]
+
+
+@contextlib.contextmanager
+def twin_compilation():
+    """While inside, Triton's compilations with `launch_pdl=True` on CUDA put the grid dependency
+    instructions first in a kernel that holds none (`with_wait_first` on the PTX stage; any
+    stage hook already installed runs first). Entered by the planner around a twin's compile
+    only, under triton_state.exclusive()."""
+    previous = triton_knobs.runtime.add_stages_inspection_hook
+
+    def hook(backend, stages, options, language, capability):
+        if previous is not None:
+            previous(backend, stages, options, language, capability)
+        if not getattr(options, "launch_pdl", False) or "ptx" not in stages:
+            return
+        make_ptx = stages["ptx"]
+        stages["ptx"] = lambda src, metadata: with_wait_first(make_ptx(src, metadata))
+
+    triton_knobs.runtime.add_stages_inspection_hook = hook
+    try:
+        yield
+    finally:
+        triton_knobs.runtime.add_stages_inspection_hook = previous

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import math
 import random
 import threading
 import time
@@ -763,19 +764,27 @@ def test_weights_are_prefetched_before_the_wait():
     counts = torch.zeros(1, dtype=torch.int32)
     args = CM._launch_args(a, w.t(), None, config, m, n, k)
     plain = G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config), **args, PDL=True)
+    tiles = G.prefetch_tiles(math.prod(G.grid(n, k, config)), k, 32, 256, 1, 2)
+    assert tiles == 8  # 64 programs x 8 tiles of 16 KB: 8 MB, within PREFETCH_BYTES
+    # larger than the budget (Llama's gate/up: 67 MB; an lm_head): as many tiles as fit, at least one
+    assert G.prefetch_tiles(2 * 8192 // 32, 2048, 32, 256, 1, 2) == 2
+    assert G.prefetch_tiles(128256 // 32, 2048, 32, 256, 1, 2) == 1
     ahead = G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config), **args, PDL=True,
-                                 PREFETCH=True)
+                                 PREFETCH=tiles)
     ptx = ahead.asm["ptx"]
     assert "prefetch.global.L2" not in plain.asm["ptx"]
     assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
     # 32 rows x 4 lines a tile, 8 tiles: 1024 lines over 128 threads, 8 prefetch instructions each
     assert len(re.findall(r"prefetch\.global\.L2", ptx)) == 1024 // 128
+    first = G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config), **args, PDL=True,
+                                 PREFETCH=1)
+    assert len(re.findall(r"prefetch\.global\.L2", first.asm["ptx"])) == 1  # the first tile's 128 lines
     # and the launch stays programmatic: nothing before the wait reads a value or branches
     assert pdl.waits_before_memory(plain.asm["ptx"]) and pdl.waits_before_memory(ptx)
     group = G.gemv_group_kernel.warmup(
         a, w.t(), w.t(), w.t(), a, a, a, out, out, out, ws, counts, m, k, n, n, n, k, 1, 1, k, 1, 0,
         MEMBERS=3, HAS_C=False, SPLIT_K=1, PRECISION="tf32", BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, PDL=True,
-        PREFETCH=True, grid=(3 * n // 32, 1, 1))
+        PREFETCH=2, grid=(3 * n // 32, 1, 1))
     gptx = group.asm["ptx"]
     assert "prefetch.global.L2" in gptx and gptx.index("prefetch.global.L2") < gptx.index("griddepcontrol.wait")
     assert pdl.waits_before_memory(gptx)

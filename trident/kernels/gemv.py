@@ -74,25 +74,40 @@ import triton.language as tl
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Under programmatic dependent launch a GEMV's programs start while the kernel before it still
 # runs, and wait (gdc_wait) before reading anything that kernel may write. Its weights are read
-# by nobody's result: with PREFETCH, each program first asks the L2 for every 128-byte line of
-# the weight tiles it will stream (`prefetch.global.L2`, one per line, no register written), and
-# only then waits: the weights' HBM reads overlap the kernel before (in a decode step a norm, a
-# rotary embedding or the attention: latency-bound kernels that leave HBM idle), and the K loop
-# finds them in L2. A prefetch has no effect on any value -- the L2 is the GPU's point of
-# coherence, so a line a kernel writes later is the written line when read -- so it is safe
-# whatever the weights alias. CUDA only (inline PTX: Triton's interpreter runs none); set by
-# emit_launch where PDL is (Note [Programmatic dependent launch]).
+# by nobody's result: with PREFETCH = t > 0, each program first asks the L2 for every 128-byte
+# line of the first t weight tiles it will stream (`prefetch.global.L2`, one per line, no
+# register written), and only then waits: those HBM reads overlap the kernel before (in a decode
+# step a norm, a rotary embedding or the attention: latency-bound kernels that leave HBM idle),
+# and the K loop finds them in L2. t is every tile of the program where the launch's prefetches
+# fit in PREFETCH_BYTES (a third of an H100's or H200's 50 MB L2), else as many as fit, at least
+# one (`prefetch_tiles`): a product larger than the L2 (Llama's gate/up, 67 MB; an lm_head) would
+# otherwise have its first lines evicted by its last before the loop reads them, and read twice.
+# A prefetch has no effect on any value -- the L2 is the GPU's point of coherence, so a line a
+# kernel writes later is the written line when read -- so it is safe whatever the weights alias.
+# CUDA only (inline PTX: Triton's interpreter runs none); set by emit_launch where PDL is (Note
+# [Programmatic dependent launch]).
+
+PREFETCH_BYTES = 16 << 20
+
+
+def prefetch_tiles(programs: int, k: int, block_n: int, block_k: int, split_k: int, itemsize: int) -> int:
+    """PREFETCH of a launch of `programs` programs (Note [Weights ahead of the wait]): how many of
+    its K loop's weight tiles each program prefetches before it waits."""
+    iterations = -(-k // (block_k * split_k))
+    fit = PREFETCH_BYTES // max(1, programs * block_n * block_k * itemsize)
+    return max(1, min(iterations, fit))
 
 
 @triton.jit
 def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pid_k,
-                      SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Note [Weights ahead of the wait]: the L2 prefetch of program (pid_n, pid_k)'s weight tiles."""
+                      SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
+    """Note [Weights ahead of the wait]: the L2 prefetch of program (pid_n, pid_k)'s first TILES
+    weight tiles."""
     # 64 2-byte elements per 128-byte line (4-byte weights: every other line)
     LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    for k0 in tl.static_range(0, K, BLOCK_K * SPLIT_K):  # no branch before the wait (pdl.waits_before_memory)
-        rk = k0 + pid_k * BLOCK_K + tl.arange(0, LINES) * 64
+    for i in tl.static_range(TILES):  # no branch before the wait (pdl.waits_before_memory)
+        rk = i * BLOCK_K * SPLIT_K + pid_k * BLOCK_K + tl.arange(0, LINES) * 64
         ok = (rn[:, None] < N) & (rk[None, :] < K)
         ptrs = tl.where(ok, b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn, b_ptr)
         tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
@@ -189,11 +204,12 @@ def gemv_kernel(
     ACC2D: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
-    if PREFETCH:  # Note [Weights ahead of the wait]
-        _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K, pid_n, tl.program_id(1), SPLIT_K, BLOCK_N, BLOCK_K)
+    if PREFETCH > 0:  # Note [Weights ahead of the wait]
+        _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K, pid_n, tl.program_id(1), SPLIT_K, BLOCK_N, BLOCK_K,
+                          PREFETCH)
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
     _gemv_program(a_ptr, b_ptr, c_ptr, out_ptr, ws_ptr, count_ptr, M, N, K,
@@ -219,7 +235,7 @@ def gemv_group_kernel(
     ACC2D: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
     launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
@@ -229,7 +245,7 @@ def gemv_group_kernel(
     pid_k = tl.program_id(1)
     NB0: tl.constexpr = (N0 + BLOCK_N - 1) // BLOCK_N
     NB1: tl.constexpr = (N1 + BLOCK_N - 1) // BLOCK_N
-    if PREFETCH:  # Note [Weights ahead of the wait]: the member selected without a branch
+    if PREFETCH > 0:  # Note [Weights ahead of the wait]: the member selected without a branch
         in1 = pid >= NB0
         in2 = pid >= NB0 + NB1
         if MEMBERS == 3:
@@ -238,7 +254,8 @@ def gemv_group_kernel(
             b_sel = tl.where(in1, b1_ptr, b0_ptr)
         n_sel = tl.where(in2, N2, tl.where(in1, N1, N0))
         first = tl.where(in2, NB0 + NB1, tl.where(in1, NB0, 0))
-        _prefetch_weights(b_sel, stride_bk, stride_bn, n_sel, K, pid - first, pid_k, SPLIT_K, BLOCK_N, BLOCK_K)
+        _prefetch_weights(b_sel, stride_bk, stride_bn, n_sel, K, pid - first, pid_k, SPLIT_K, BLOCK_N, BLOCK_K,
+                          PREFETCH)
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
     if pid < NB0:

@@ -166,7 +166,9 @@ def lower(sub: torch.fx.Graph, inputs: list) -> Lowered:
     -- fake or real tensors -- it is called with; output: a tuple of tensors). Raises
     GlueLoweringError when Inductor fails or would run anything but its own Triton kernels."""
     devices = {t.device for t in inputs}
-    programmatic = len(devices) == 1 and pdl.wanted(devices.pop())
+    # Inductor's own PDL only where user kernels keep ordinary ordering: else its kernels are
+    # launched as twins that wait first (Note [A user kernel made to wait])
+    programmatic = len(devices) == 1 and pdl.wanted(device := devices.pop()) and not pdl.twins_wanted(device)
     key = (_structure_key(sub, inputs), programmatic)
     # Inductor keeps global state (V.graph, its config), make_fx too (FX's patcher and tracing
     # flag), and Inductor runs Triton's frontend to compile its kernels: the lowering holds the

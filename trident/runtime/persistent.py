@@ -92,7 +92,7 @@ def versions(devices) -> dict:
 
 
 # Knobs that change what a plan or a host program is.
-_PLAN_KNOBS = ("native_paths", "triton_copies", "compile_cubin_on_cpu", "mlir_opt_level")
+_PLAN_KNOBS = ("native_paths", "triton_copies", "compile_cubin_on_cpu", "mlir_opt_level", "pdl", "pdl_user_kernels")
 _BUILD_DIGEST: list = []
 
 

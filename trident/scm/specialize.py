@@ -296,6 +296,8 @@ def plan_launch(
                 compiled = None
         if compile_kernel and compiled is None:
             compiled = kernel.warmup(grid=step.grid, **call_args)
+        if compiled is not None and _twinnable(compiled, device):
+            compiled = _twin(step, call_args, compiled)
         _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
     key = tuple((ty, attr) for ty, attr in specialization)
     # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and
@@ -329,6 +331,30 @@ def plan_launch(
         cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
         pdl=_programmatic(compiled),
     )
+
+
+def _twinnable(compiled, device) -> bool:
+    """Whether a launch's kernel is to be launched as its twin that waits first (Note [A user
+    kernel made to wait]): wanted on `device`, not compiled with launch_pdl, no grid dependency
+    instruction of its own (Trident's kernels with PDL on hold theirs), not a cooperative launch."""
+    meta = compiled.metadata
+    return (pdl.twins_wanted(device) and not getattr(meta, "launch_pdl", False)
+            and not getattr(meta, "launch_cooperative_grid", False)
+            and not pdl.holds_grid_dependency(compiled.asm.get("ptx") or ""))
+
+
+def _twin(step: LaunchStep, call_args: dict, compiled):
+    """The kernel of `compiled`'s launch compiled once more by Triton with launch_pdl=True and the
+    grid dependency instructions first (Note [A user kernel made to wait]); `compiled` itself
+    where the result does not provably wait first (a cache entry compiled without the hook)."""
+    with pdl.twin_compilation():
+        twin = step.fn.warmup(grid=step.grid, **{**call_args, "launch_pdl": True})
+    if twin is not None and pdl.waits_before_memory(twin.asm.get("ptx") or ""):
+        return twin
+    logs.misses.info("launch of %s: its kernel compiled with launch_pdl=True does not wait first (Triton's cache "
+                     "entry %s predates Trident's stage hook); it keeps ordinary ordering", step.kernel_name,
+                     getattr(twin, "hash", None))
+    return compiled
 
 
 def _programmatic(compiled) -> bool:
