@@ -298,6 +298,13 @@ def test_a_user_kernel_without_grid_dependency_runs_as_its_twin(user_kernels):
     assert pdl.waits_before_memory(twin.asm["ptx"]) == user_kernels
     assert ("griddepcontrol.launch_dependents" in twin.asm["ptx"]) == user_kernels
     assert not compiled["_loads_first_kernel"].metadata.launch_pdl  # left as written
+    from trident.runtime import SCMRuntime
+    from trident.scm.printer import format_specialization
+
+    printed = "\n".join(line for r in opt.meta["trident_regions"] for s in SCMRuntime.get(r).scm.specializations
+                         for line in format_specialization(s))
+    assert ("launch _plain_kernel" in printed and "programmatic, as its waiting twin" in printed) == user_kernels
+    assert printed.count("as its waiting twin") == int(user_kernels), printed
     own = _plain_kernel.warmup(x, x, x.numel(), BLOCK=128, grid=(3,))
     assert "griddepcontrol" not in own.asm["ptx"]
     assert (own.hash != twin.hash) == user_kernels

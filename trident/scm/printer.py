@@ -123,7 +123,7 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
         lines.append(
             f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.grid or launch.step.grid))}] "
             f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
-            + (" programmatic" if launch.pdl else "")  # Note [Programmatic dependent launch]
+            + _programmatic(launch)
         )
         if launch.step.tuned:
             lines.append(f"        autotuned: {launch.step.tuned}")
@@ -136,6 +136,18 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
         for step_index, slots in spec.releases.items():
             lines.append(f"      after step {step_index}: release {', '.join(value_names.get(s, f'value {s}') for s in slots)}")
     return lines
+
+
+def _programmatic(launch) -> str:
+    """Note [Programmatic dependent launch]: how a launch is programmatic, if it is; a user kernel
+    launched as its waiting twin (compiled with launch_pdl by Trident, not by the launch's own
+    options) says so (Note [A user kernel made to wait])."""
+    if not launch.pdl:
+        return ""
+    compiled = launch.compiled
+    if getattr(getattr(compiled, "metadata", None), "launch_pdl", False) and not launch.step.args.get("launch_pdl"):
+        return " programmatic, as its waiting twin"
+    return " programmatic"
 
 
 def program_value_names(spec: Specialization) -> dict[int, str]:
