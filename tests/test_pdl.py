@@ -490,3 +490,42 @@ def test_programmatic_replays_equal_the_reference_on_cuda(dtype):
         check_steps_against_reference(cfg, opt, weights, cos, sin, range(12), device="cuda")
     assert any(_programmatic(opt).values()), _programmatic(opt)
     assert sum(v["graph_replays"] for v in trident.cache_info(opt).values()) > 0
+
+
+@triton.jit
+def _scale_shift_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, x * 1.5 - 0.25, mask=offs < n)
+
+
+@triton.jit
+def _reverse_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # reads what another program of the previous kernel wrote: a race would show
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + (n - 1 - offs), mask=offs < n)
+    tl.store(out_ptr + offs, x + 1, mask=offs < n)
+
+
+def _user_chain(x):
+    for _ in range(12):
+        y = torch.empty_like(x)
+        _scale_shift_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        x = torch.empty_like(y)
+        _reverse_kernel[(triton.cdiv(y.numel(), 256),)](y, x, y.numel(), BLOCK=256)
+    return x
+
+
+@_CUDA
+def test_waiting_twins_replay_equal_eager_on_cuda():
+    """Note [A user kernel made to wait] on the GPU: a chain of user kernels, each reading what
+    other programs of the one before wrote, launched as programmatic twins inside graph replays,
+    equals eager on fresh inputs every call."""
+    x = torch.randn(1 << 20, device="cuda")
+    with knobs.scope(pdl="cuda"):
+        opt = trident.optimize(trident.capture(_user_chain, x))
+        for _ in range(20):
+            x = torch.randn(1 << 20, device="cuda")
+            torch.testing.assert_close(opt(x), _user_chain(x))
+    assert all(_programmatic(opt).values()), _programmatic(opt)
+    assert sum(v["graph_replays"] for v in trident.cache_info(opt).values()) > 0
