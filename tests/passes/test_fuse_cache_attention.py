@@ -179,7 +179,9 @@ def _kernels(opt) -> list:
 
 
 def _run_steps(fn, opt, args, steps=6):
-    """`steps` decode steps of opt and eager fn on fresh inputs: outputs, caches, counters equal."""
+    """`steps` decode steps of opt and eager fn on fresh inputs: outputs, caches, counters equal
+    (caches bit for bit on the CPU; on CUDA the k/v products may run on Trident's GEMV, measured
+    faster than cuBLAS there, which rounds differently: within the outputs' tolerance)."""
     got, want = [a.clone() for a in args], [a.clone() for a in args]
     g = torch.Generator().manual_seed(1)
     for step in range(steps):
@@ -188,7 +190,10 @@ def _run_steps(fn, opt, args, steps=6):
         got[7] = want[7] = _step_mask(3 + step, args[3].device)
         torch.testing.assert_close(opt(*got), fn(*want), rtol=1e-4, atol=1e-4)
         for a, b in zip(got[:3], want[:3]):
-            assert torch.equal(a, b)
+            if a.is_cuda and a.is_floating_point():
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+            else:
+                assert torch.equal(a, b)
     return got
 
 
