@@ -664,6 +664,17 @@ def test_pipelined_configs_only_where_their_tiles_fit_in_shared_memory():
             if dtype == torch.bfloat16:
                 assert fits, config  # every bf16 tile: the decode products' dtype
     assert not G.useful(2048, 8192, G.Config(64, 256, 1, 4, 0, stages=3), 1, 4)
+    # the tl.dot loop of more rows (Triton pipelines it by default): fp32 64x256 unrolled twice asked an
+    # H100 for 327,680 bytes and could not launch
+    for dtype in (torch.bfloat16, torch.float32):
+        for config in {c for c in G.CONFIGS if not c.stages}:
+            asked = _sm90(config, m=4, n=8192, k=8192, dtype=dtype).metadata.shared
+            assert asked <= G.pipelined_bytes(config, dtype.itemsize, 4), (config, dtype, asked)
+            fits = G.pipelined_bytes(config, dtype.itemsize, 4) <= G.SHARED_BYTES
+            assert G.useful(8192, 8192, config, 4, dtype.itemsize) == (fits and G.useful(8192, 8192, config, 4, 2)), \
+                (config, dtype)
+    assert not G.useful(8192, 8192, G.Config(64, 256, 1, 8, 0, unroll=2), 4, 4)
+    assert G.useful(8192, 8192, G.Config(64, 256, 1, 8, 0, unroll=2), 4, 2)
     # a GPU with less (an RTX 4090's opt-in block: 101,376 bytes): the device's own limit decides
     small = 101376
     assert G.useful(2048, 8192, G.Config(64, 256, 1, 4, 0, stages=3), 1, 2)

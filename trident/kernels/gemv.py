@@ -358,13 +358,20 @@ def counters(n: int, config) -> int:
 
 
 # Shared memory of one H100/H200 block (opt-in maximum; `useful` is given the device's own where
-# there is one) and what a pipelined K loop takes of it: Triton's buffers for (stages + 2) weight
-# tiles (measured: fp32 64x256 at 3 stages asked for 327,680 bytes and could not launch, bf16 163,840).
+# there is one) and what a K loop takes of it: a pipelined one-row loop, Triton's buffers for
+# (stages + 2) weight tiles (measured: fp32 64x256 at 3 stages asked for 327,680 bytes and could not
+# launch, bf16 163,840); the tl.dot loop of more rows, which Triton pipelines by default, two
+# buffers of the weight tile and the 16-row `a` tile per tile the loop issues at once (UNROLL of
+# them: fp32 64x256 unrolled twice asked for 327,680 on an H100 and could not launch).
 SHARED_BYTES = 232448
 
 
-def pipelined_bytes(config, itemsize: int) -> int:
-    block_n, block_k, _, _, _, stages, _ = Config(*config)
+def pipelined_bytes(config, itemsize: int, m: int = 1) -> int:
+    """An upper bound of the shared memory gemv_kernel's K loop asks for with `config` at `m` rows
+    (checked against Triton's sm_90 code for every config in tests/passes/test_choose_matmuls.py)."""
+    block_n, block_k, _, _, _, stages, unroll = Config(*config)
+    if m > 1:
+        return 2 * max(1, unroll) * (block_n + block_m(m)) * block_k * itemsize
     return (stages + 2) * block_n * block_k * itemsize if stages else 0
 
 
@@ -373,10 +380,11 @@ def useful(n: int, k: int, config, m: int = 1, itemsize: int = 2, shared_bytes: 
     more than twice the product's columns; pipelined or unrolled (Note [Bytes in flight]) only
     where its loop runs at least that many tiles, and pipelined only for one row (the tl.dot loop
     of more rows is pipelined in Triton's default 3 stages already): else it is the same kernel
-    as the config without them, compiled and timed again for nothing. Pipelined only where its
-    tiles of `itemsize`-byte elements fit in `shared_bytes` of shared memory (else it cannot launch)."""
+    as the config without them, compiled and timed again for nothing. Only where its loop's
+    buffers of `itemsize`-byte elements (`pipelined_bytes`) fit in `shared_bytes` of shared memory
+    (else it cannot launch)."""
     block_n, block_k, split_k, _, _, stages, unroll = Config(*config)
     tiles = triton.cdiv(k, block_k * split_k)
-    if (stages and (m > 1 or tiles < stages or pipelined_bytes(config, itemsize) > shared_bytes)) or tiles < unroll:
+    if (stages and (m > 1 or tiles < stages)) or tiles < unroll or pipelined_bytes(config, itemsize, m) > shared_bytes:
         return False
     return (split_k == 1 or k >= block_k * split_k) and block_n <= max(32, 2 * triton.next_power_of_2(n))
