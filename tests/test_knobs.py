@@ -131,10 +131,10 @@ def test_dynamo_symbolic_takes_every_spelling():
 @pytest.mark.parametrize("name", sorted(DEVICE_MODES))
 def test_device_modes(name):
     """'cuda', 'all', off (any off spelling: ''), and on (any on spelling: 'cuda', the default;
-    pdl's default is off: measured on the H200 it gained nothing; decode attention's is 'measured')."""
+    decode attention's is 'measured')."""
     read = DEVICE_MODES[name]
     with knobs.scope(**{name: None}):
-        assert read() == {"pdl": "", "decode_attention": "measured"}.get(name, "cuda")
+        assert read() == {"decode_attention": "measured"}.get(name, "cuda")
     for raw, mode in [
         ("cuda", "cuda"),
         ("CUDA", "cuda"),

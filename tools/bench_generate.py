@@ -10,12 +10,14 @@ ALL in one run per (model, kernels) case:
     trident_compile   model.forward = trident.compile(model.forward), generate() as it is (its
                       automatic compile around it included: Dynamo calls Trident's function);
                       Trident's defaults: the ATen glue fused (Note [Fused glue]), products of
-                      few rows and decode attention on Trident's kernels where measured faster
-    trident_untuned   trident_compile without those three (TRIDENT_FUSE_GLUE='',
-                      TRIDENT_DECODE_MATMULS='', TRIDENT_DECODE_ATTENTION=cuda: the defaults
-                      before e3252af's measurement): their gain is trident_untuned / trident_compile
-    trident_pdl       trident_compile with TRIDENT_PDL (programmatic dependent launch, Note
-                      [Programmatic dependent launch]): its gain alone is trident_compile / trident_pdl
+                      few rows and decode attention on Trident's kernels where measured faster,
+                      programmatic dependent launch on sm_90+
+    trident_untuned   trident_compile without those four (TRIDENT_FUSE_GLUE='',
+                      TRIDENT_DECODE_MATMULS='', TRIDENT_DECODE_ATTENTION=cuda, TRIDENT_PDL='': the
+                      defaults before e3252af's measurement): their gain is trident_untuned / trident_compile
+    trident_no_pdl    trident_compile with TRIDENT_PDL='' (no programmatic dependent launch, Note
+                      [Programmatic dependent launch], the default until 2026-12-05): its gain alone
+                      is trident_no_pdl / trident_compile
     trident_cache_apart trident_compile with TRIDENT_CACHE_ATTENTION=0 (each layer's cache write its
                       own launch, Note [The cache write inside the attention]): the gain of the
                       write inside the attention is trident_cache_apart / trident_compile
@@ -29,7 +31,7 @@ ALL in one run per (model, kernels) case:
     inductor_forward  model.forward = torch.compile(model.forward)
     trident_compile   model.forward = trident.compile(model.forward)
     trident_untuned   the same without the fused glue, decode matmuls and measured attention
-    trident_pdl       trident_compile with TRIDENT_PDL
+    trident_no_pdl    trident_compile with TRIDENT_PDL=''
     trident_backend   model.forward = torch.compile(model.forward, backend="trident")
   floors
     graph_floor       the eager static-cache decode step replayed as one CUDA graph
@@ -93,21 +95,23 @@ from tools.device_time import HBM_BYTES_PER_S, device_split  # noqa: E402
 PROMPT = 16
 NEW = 64
 CALLS = 4
-STATIC = ("eager", "eager_reordered", "hf_compile", "trident_compile", "trident_untuned", "trident_pdl",
+STATIC = ("eager", "eager_reordered", "hf_compile", "trident_compile", "trident_untuned", "trident_no_pdl",
           "trident_cache_apart", "trident_config", "graph_generate")
-DYNAMIC = ("eager", "eager_reordered", "inductor_forward", "trident_compile", "trident_untuned", "trident_pdl", "trident_backend")
+DYNAMIC = ("eager", "eager_reordered", "inductor_forward", "trident_compile", "trident_untuned", "trident_no_pdl", "trident_backend")
 OPT_IN = ("eager_reordered",)  # run only when --variants names them (a diagnosis, not a baseline)
 # The variants of the eager forward: they run without HF's automatic compile (run_variant)
 EAGER_FORWARD = ("eager", "eager_reordered", "generate_own", "generate_own_stub", "graph_generate")
 # The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
 # GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
 # knobs with 'all' too, so that the tuned passes run there as they do on the GPU.
-_TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}"}
+_TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}",
+          "TRIDENT_PDL": "{mode}"}
 COMPILE_VARIANTS = {
     "trident_compile": _TUNED,
     # e3252af's defaults, literally (on the CPU too: 'cuda' leaves CPU tensors alone)
-    "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "cuda"},
-    "trident_pdl": {**_TUNED, "TRIDENT_PDL": "{mode}"},
+    "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "cuda",
+                        "TRIDENT_PDL": ""},
+    "trident_no_pdl": {**_TUNED, "TRIDENT_PDL": ""},
     "trident_cache_apart": {**_TUNED, "TRIDENT_CACHE_ATTENTION": "0"},
 }
 

@@ -8,14 +8,14 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
   trident_backend           torch.compile(model.forward, backend="trident")
   trident_compile           trident.compile(model.forward), Trident's defaults (ATen glue fused into
                             Inductor-generated kernels; products of few rows and decode attention
-                            on Trident's kernels where measured faster)
-  trident_untuned           the same without those three (fuse_glue='', decode_matmuls='',
-                            decode_attention='cuda': the defaults before e3252af's measurement)
-  trident_pdl               trident_compile with TRIDENT_PDL=cuda (programmatic dependent launch):
-                            its gain alone is trident_compile / trident_pdl
-  trident_pdl_own           trident_pdl with TRIDENT_PDL_USER_KERNELS=0: only Trident's and Inductor's kernels
-                            programmatic, user kernels in ordinary order (the gain of their waiting twins,
-                            Note [A user kernel made to wait], is trident_pdl_own / trident_pdl)
+                            on Trident's kernels where measured faster; programmatic dependent launch)
+  trident_untuned           the same without those four (fuse_glue='', decode_matmuls='',
+                            decode_attention='cuda', pdl='': the defaults before e3252af's measurement)
+  trident_no_pdl            trident_compile with TRIDENT_PDL='' (no programmatic dependent launch, the
+                            default until 2026-12-05): the gain of PDL is trident_no_pdl / trident_compile
+  trident_pdl_own           trident_compile with TRIDENT_PDL_USER_KERNELS=0: only Trident's and Inductor's
+                            kernels programmatic, user kernels in ordinary order (the gain of their waiting
+                            twins, Note [A user kernel made to wait], is trident_pdl_own / trident_compile)
   trident_cache_apart       trident_compile with TRIDENT_CACHE_ATTENTION=0 (the cache write its own
                             launch): the gain of the write inside the attention is
                             trident_cache_apart / trident_compile
@@ -63,17 +63,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.device_time import HBM_BYTES_PER_S, profile_device  # noqa: E402
 
-VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_pdl", "trident_pdl_own",
+VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_no_pdl", "trident_pdl_own",
             "trident_cache_apart",
             "trident_backend", "compile_default", "compile_reduce_overhead")
 # issue 25: the knobs each trident.compile variant runs with (on the CPU those of _TUNED become
 # 'all', so that the passes run there too; trident_untuned's are e3252af's defaults, literally)
-_TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured"}
-KNOBS = {"trident_compile": _TUNED, "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda"},
-         "trident_pdl": {**_TUNED, "pdl": "cuda"}, "trident_pdl_own": {**_TUNED, "pdl": "cuda", "pdl_user_kernels": "0"},
+_TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured", "pdl": "cuda"}
+KNOBS = {"trident_compile": _TUNED,
+         "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda", "pdl": ""},
+         "trident_no_pdl": {**_TUNED, "pdl": ""}, "trident_pdl_own": {**_TUNED, "pdl_user_kernels": "0"},
          "trident_cache_apart": {**_TUNED, "cache_attention": "0"}}
 _LITERAL = {"trident_untuned"}
-_PER_DEVICE = {*_TUNED, "pdl"}  # knobs whose 'cuda' becomes 'all' on the CPU
+_PER_DEVICE = set(_TUNED)  # knobs whose 'cuda' becomes 'all' on the CPU
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)

@@ -336,14 +336,15 @@ _KNOBS = {
     ),
     "pdl": _Knob(
         "TRIDENT_PDL",
-        "",
-        "programmatic dependent launch (Note [Programmatic dependent launch]): Trident's own and Inductor's glue "
-        "kernels wait for their predecessor with griddepcontrol.wait and release their dependents early, and a "
-        "launch whose kernel provably waits before touching global memory may start before the kernel before it "
-        "ends: 'cuda' (sm_90+ CUDA devices; also any on spelling), 'all' (also CPU tensors, where the waits are "
-        "no-ops of Triton's interpreter: tests), '' (default: off; measured on the H200 at b5cf397: Llama-1B + Liger "
-        "1.086 -> 1.077 ms/token, plain 1.130 -> 1.046, results/bench_hf_llama_b5cf397.json; Trident's GEMVs then "
-        "prefetch their weights into L2 before the wait, Note [Weights ahead of the wait], not yet measured)",
+        "cuda",
+        "programmatic dependent launch (Note [Programmatic dependent launch]): Trident's own kernels wait for their "
+        "predecessor with griddepcontrol.wait and release their dependents early, user kernels and Inductor's glue "
+        "run as twins that wait first (TRIDENT_PDL_USER_KERNELS), and a launch whose kernel provably waits before "
+        "touching global memory may start before the kernel before it ends: 'cuda' (the default: sm_90+ CUDA devices "
+        "with CUDA 12.3+; also any on spelling), 'all' (also CPU tensors, where the waits are no-ops of Triton's "
+        "interpreter: tests), '' (off). Measured on an H100 (results/bench_hf_{llama,qwen2}_liger_75f55ad.json, "
+        "results/bench_hf_plain_d4246ab.json): Llama-1B + Liger 1.311 -> 1.237 ms/token, Qwen2-0.5B + Liger 1.026 -> "
+        "0.904, plain Llama 1.383 -> 1.306, plain Qwen2 1.115 -> 1.020",
         _DEVICE_MODE,
     ),
     "pdl_user_kernels": _Knob(

@@ -69,8 +69,11 @@ for every Triton kernel Trident did not write.
 
 The decision is made where a launch is planned (scm/specialize.py `plan_launch`), recorded in the
 plan (`LaunchPlan.pdl`) and printed by the SCM printer; a restored plan decides again from its
-kernel. TRIDENT_PDL is off by default: measured on the H200 at e3252af it gained nothing (Llama + Liger
-1.33 -> 1.32 ms/token in a loop, Llama plain generate() 2.71 -> 2.79; results/*_e3252af.json).
+kernel. TRIDENT_PDL is on by default ('cuda') since user kernels run as their waiting twins: on an
+H100, Llama-1B + Liger 1.311 -> 1.237 ms/token, Qwen2-0.5B + Liger 1.026 -> 0.904, plain Llama
+1.383 -> 1.306, plain Qwen2 1.115 -> 1.020 (results/bench_hf_{llama,qwen2}_liger_75f55ad.json,
+results/bench_hf_plain_d4246ab.json). Without the twins it gained nothing with Liger (H200,
+b5cf397: 1.086 -> 1.077) and was slower on the H100 (1.311 -> 1.356, `trident_pdl_own`).
 """
 
 from __future__ import annotations
