@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 from ..optimize import _regions
 from ..runtime import SCMRuntime, graphs
 from ..runtime.native import C
-from ..scm.printer import format_guard, format_scm, format_symbols
+from ..scm.printer import format_guard, format_scm, format_symbols, programmatic_mark
 from .compile import CompiledModule
 from .dynamo import graphs_of
 
@@ -146,7 +146,7 @@ def explain(gm) -> str:
             )
             for launch in spec.launches:
                 extra = f" num_ctas={launch.num_ctas} (clusters: cuLaunchKernelEx)" if launch.num_ctas > 1 else ""
-                lines.append(f"    launch {launch.step.kernel_name} key={launch.key}{extra}")
+                lines.append(f"    launch {launch.step.kernel_name} key={launch.key}{extra}{programmatic_mark(launch)}")
                 if launch.step.tuned:
                     lines.append(f"      autotuned: {launch.step.tuned}")
             if spec.index < len(rt.host_plans) and spec.index < len(rt.build_costs):  # Note [Host plans]
@@ -177,6 +177,14 @@ def explain(gm) -> str:
         lines.extend("  " + line for line in graphs.describe(rt.region_id, names, rt.graph_reason, devices))
         if s["last_miss_reason"]:
             lines.append(f"  last miss: {s['last_miss_reason']}")
+    launches = [launch for rt in regions for spec in rt.scm.specializations for launch in spec.launches]
+    marks = [programmatic_mark(launch) for launch in launches]
+    if any(marks):  # Note [Programmatic dependent launch]
+        twins = sorted({launch.step.kernel_name for launch, m in zip(launches, marks) if "twin" in m})
+        lines.append(
+            f"programmatic dependent launch: {sum(map(bool, marks))} of {len(launches)} launch(es)"
+            + (f"; user kernels as their waiting twins: {', '.join(twins)}" if twins else "")
+        )
     if gm.meta.get("trident_symbolic"):
         lines.append(
             "captured with symbolic sizes: lower_copies and the fusion passes (residual adds, cache writes, copy "

@@ -123,7 +123,7 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
         lines.append(
             f"      launch {launch.step.kernel_name}[{', '.join(map(str, launch.grid or launch.step.grid))}] "
             f"key={format_key(launch.key)} num_warps={launch.num_warps} shared={launch.shared}"
-            + _programmatic(launch)
+            + programmatic_mark(launch)
         )
         if launch.step.tuned:
             lines.append(f"        autotuned: {launch.step.tuned}")
@@ -138,7 +138,7 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
     return lines
 
 
-def _programmatic(launch) -> str:
+def programmatic_mark(launch) -> str:
     """Note [Programmatic dependent launch]: how a launch is programmatic, if it is; a user kernel
     launched as its waiting twin (compiled with launch_pdl by Trident, not by the launch's own
     options) says so (Note [A user kernel made to wait])."""
