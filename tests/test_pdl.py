@@ -426,6 +426,20 @@ def test_pdl_knob_spellings():
         assert pdl.wanted("cpu")
 
 
+def test_a_rocm_device_takes_no_programmatic_launch(monkeypatch):
+    """PDL is on by default for CUDA devices: a ROCm build's "cuda" device (torch.version.hip set,
+    torch.version.cuda None, a capability that may read 9.x) has no grid dependency instructions
+    and is never made programmatic, nor are Trident's kernels asked to wait there."""
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 4))
+    assert pdl.enabled() and not pdl.wanted("cuda:0") and not pdl.twins_wanted("cuda:0")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert pdl.wanted("cuda:0")
+
+
 def test_cuda_before_12_3_takes_no_programmatic_launch(monkeypatch):
     """Programmatic edges in captured graphs need CUDA 12.3: below it nothing is made
     programmatic, neither Trident's kernels nor a user kernel that waits first."""

@@ -101,13 +101,16 @@ def enabled() -> bool:
 def wanted(device) -> bool:
     """Whether kernels generated for tensors on `device` should wait first and release their
     dependents early: `enabled()` and, with TRIDENT_PDL 'cuda', a CUDA device of compute
-    capability 9.0 or later; with 'all' also any other device (on the CPU the waits are no-ops of
-    the interpreter)."""
+    capability 9.0 or later (an NVIDIA one: a ROCm build's "cuda" device has no grid dependency
+    instructions); with 'all' also any other device (on the CPU the waits are no-ops of the
+    interpreter)."""
     if not enabled():
         return False
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return knobs.pdl() == "all"
+    if getattr(torch.version, "hip", None) is not None:
+        return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) >= MIN_CAPABILITY
 
