@@ -246,14 +246,22 @@ def test_with_wait_first_puts_the_grid_dependency_first():
     twin = pdl.with_wait_first(ptx)
     assert pdl.waits_before_memory(twin)
     body = twin[twin.index("{"):]
-    assert body.index(".reg .b64") < body.index("griddepcontrol.wait") < body.index(
-        "griddepcontrol.launch_dependents") < body.index(".loc") < body.index("ld.param")
+    # after the declarations, the debug location and the function's first label (in its debug range)
+    assert body.index(".reg .b64") < body.index(".loc") < body.index("$L__func_begin0:") < body.index(
+        "griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents") < body.index("ld.param")
     assert twin.replace("\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n", "") == ptx
     assert pdl.with_wait_first(twin) == twin
     held = _HEAD + _LOAD + _WAIT + "}\n"
     assert pdl.with_wait_first(held) == held
     two = ptx + ptx.replace(".entry k(", ".entry k2(")
     assert pdl.with_wait_first(two) == two
+    # a label some branch goes to (a loop head) is where the entry block ends: the wait goes before it
+    loop = _HEAD.replace("$L__func_begin0:", "$L__BB0_1:") + _LOAD + "\t@%p1 bra \t$L__BB0_1;\n\tret;\n}\n"
+    looped = pdl.with_wait_first(loop)
+    assert looped.index("griddepcontrol.wait") < looped.index("$L__BB0_1:") and pdl.waits_before_memory(looped)
+    # nothing but declarations, to the end of the text: left as it is (and the walk ends)
+    bare = _HEAD.split("\t.loc")[0]
+    assert pdl.with_wait_first(bare) == bare and pdl.with_wait_first(bare.rstrip("\n")) == bare.rstrip("\n")
 
 
 @triton.jit
@@ -315,28 +323,112 @@ def test_a_user_kernel_without_grid_dependency_runs_as_its_twin(user_kernels):
     assert triton.knobs.runtime.add_stages_inspection_hook is None  # the stage hook is gone
 
 
-def test_a_launch_pdl_entry_compiled_without_the_hook_keeps_ordinary_ordering():
-    """A kernel the user compiled with launch_pdl=True without waiting (Triton's cache holds it
-    under the key the twin would have) is not used as the twin: the PTX rule refuses it, and the
-    launch keeps ordinary ordering with the kernel as the user compiles it."""
+def test_the_twin_and_the_users_launch_pdl_compile_never_share_an_entry():
+    """Note [A user kernel made to wait]: the twin's options carry ir_override=pdl.TWIN, so the
+    user's own `launch_pdl=True` compile of the kernel -- before or after Trident's -- is the
+    kernel as written (no grid dependency added), and Trident's twin is rewritten whatever the
+    user compiled first."""
 
     @triton.jit
-    def racy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    def users_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) - 1, mask=offs < n)
 
     def fn(x):
         out = torch.empty_like(x)
-        racy_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+        users_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
         return out
 
     x = torch.randn(300)
-    racy_kernel.warmup(x, x, x.numel(), BLOCK=128, launch_pdl=True, grid=(3,))  # no wait in it
+    before = users_kernel.warmup(x, x, x.numel(), BLOCK=128, launch_pdl=True, grid=(3,))
     with knobs.scope(pdl="all"):
         opt = trident.optimize(trident.capture(fn, x))
         torch.testing.assert_close(opt(x), x - 1)
-    assert _programmatic(opt) == {"racy_kernel": False}
-    assert not _launched(opt)["racy_kernel"].metadata.launch_pdl
+    after = users_kernel.warmup(x, x, x.numel(), BLOCK=128, launch_pdl=True, grid=(3,))
+    twin = _launched(opt)["users_kernel"]
+    assert _programmatic(opt) == {"users_kernel": True} and twin.metadata.ir_override == pdl.TWIN
+    assert pdl.waits_before_memory(twin.asm["ptx"])
+    for own in (before, after):
+        assert "griddepcontrol" not in own.asm["ptx"] and own.hash != twin.hash
+
+
+def test_a_twin_entry_that_does_not_wait_keeps_ordinary_ordering():
+    """An entry under the twin's key that does not wait first (compiled without Trident's stage
+    hook: anyone can pass ir_override=pdl.TWIN) is not launched programmatically: the kernel as
+    the user compiles it runs in ordinary order."""
+
+    @triton.jit
+    def planted_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    def fn(x):
+        out = torch.empty_like(x)
+        planted_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+        return out
+
+    x = torch.randn(300)
+    planted_kernel.warmup(x, x, x.numel(), BLOCK=128, launch_pdl=True, ir_override=pdl.TWIN, grid=(3,))
+    with knobs.scope(pdl="all"):
+        opt = trident.optimize(trident.capture(fn, x))
+        torch.testing.assert_close(opt(x), x * 2)
+    assert _programmatic(opt) == {"planted_kernel": False}
+    assert _launched(opt)["planted_kernel"].metadata.ir_override is None
+
+
+_RESTORE = """
+import json, sys
+import torch, trident
+from trident import knobs
+from trident.optimize import _regions
+from tests.test_pdl import _launched, _programmatic, _with_plain_kernel
+
+x = torch.randn(300)
+with knobs.scope(pdl="all"):
+    opt = trident.optimize(trident.capture(_with_plain_kernel, x))
+    torch.testing.assert_close(opt(x), (x * 2 + 1) * 3)
+print(json.dumps({"programmatic": _programmatic(opt), "twin": _launched(opt)["_plain_kernel"].hash,
+                  "restored": [bool(c.get("restored")) for rt in _regions(opt) for c in rt.build_costs]}))
+"""
+
+
+def test_a_restored_twin_is_proven_again(tmp_path):
+    """A plan record names the twin by Triton's hash; the second process launches it from
+    Triton's cache programmatically, without compiling, and only after proving its PTX waits
+    first: with the entry's PTX changed to not wait (a planted entry), the restored launch keeps
+    ordinary ordering."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TRIDENT_CACHE_DIR=str(tmp_path / "plans"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               TRITON_HOME=str(tmp_path / "home"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    env.pop("TRIDENT_LOG", None)
+
+    def run():
+        proc = subprocess.run([sys.executable, "-c", _RESTORE], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["restored"] == [False] and first["programmatic"]["_plain_kernel"]
+    second = run()
+    assert second["restored"] == [True] and second["programmatic"] == first["programmatic"]
+    assert second["twin"] == first["twin"]
+    pair = "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n"  # with_wait_first's
+    twins = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "triton") for f in fs
+             if f.endswith(".ptx") and pair in open(os.path.join(d, f)).read()]
+    assert len(twins) == 1, twins
+    with open(twins[0]) as f:
+        text = f.read()
+    with open(twins[0], "w") as f:
+        f.write(text.replace(pair, ""))
+    third = run()
+    assert third["restored"] == [True] and third["programmatic"] == {**first["programmatic"], "_plain_kernel": False}
 
 
 def test_other_inline_assembly_stays_refused_by_the_interpreter():

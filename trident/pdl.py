@@ -31,7 +31,8 @@ Which kernels wait first:
   them); off, the branches vanish. On the CPU (TRIDENT_PDL=all, tests) Trident's interpreted
   launches run the two instructions as no-ops (runtime/cpu_launcher.py): launches there run one
   after another anyway.
-- Inductor's glue kernels (trident/passes/inductor_glue.py) are generated with Inductor's own
+- Inductor's glue kernels (trident/passes/inductor_glue.py) are launched as twins like user
+  kernels (below). With TRIDENT_PDL_USER_KERNELS=0 they are generated with Inductor's own
   `triton.enable_pdl`: it waits before the first access Inductor thinks depends on an earlier
   kernel of *its* graph, which is not always the first access (Inductor does not see the user
   kernels before it); the PTX rule then refuses the attribute for that kernel.
@@ -51,19 +52,24 @@ rotary embedding and SwiGLU around every product), and a kernel that does not wa
 launched early, nor release the one after it early: Trident's kernels alone make ~2 of a layer's
 ~10 boundaries programmatic. So, with TRIDENT_PDL on, a user's kernel that holds no
 `griddepcontrol` instruction is compiled once more, by Triton, for the launch's specialization
-with the launch option `launch_pdl=True` (its own cache entry: the option is in Triton's key;
-`kernel[grid](...)` launches without it never see it), with the two instructions
-`griddepcontrol.wait; griddepcontrol.launch_dependents;` put first in its entry block (a stage
-hook rewrites the PTX Triton generated, `with_wait_first`; ptxas compiles the rest as Triton
-does). Every block of the twin waits until its predecessor has completed and its memory is
-visible before it does anything: what the kernel computes, reads and writes is the original's,
-in stream order. Releasing its dependents at once is safe because every dependent launched with
-the attribute waits first too (the PTX rule), and it cannot starve this kernel: a dependent is
-scheduled only after every block of this one has executed the release, i.e. is resident, and
-the release comes after the wait, so dependents run at most one kernel ahead. The twin is used
-only when its PTX passes the PTX rule (a Triton cache entry compiled without the hook, by a user's
-own `launch_pdl=True` launch, would not: then the original keeps ordinary ordering). A user
-kernel that holds a grid dependency instruction is the user's design and is left as it is.
+with the launch options `launch_pdl=True` and `ir_override=TWIN` (a name that is no IR file:
+Triton overrides a stage only with a file named `*.<stage>`, but hashes the option into both its
+in-memory and its disk cache keys, so the twin has an entry of its own: no launch of the user's,
+with or without `launch_pdl`, is ever served the twin, nor Trident the user's), with the two
+instructions `griddepcontrol.wait; griddepcontrol.launch_dependents;` put first in its entry
+block (a stage hook rewrites the PTX of compilations carrying that option only,
+`with_wait_first`; ptxas compiles the rest as Triton does). Every block of the twin waits until
+its predecessor has completed and its memory is visible before it does anything: what the kernel
+computes, reads and writes is the original's, in stream order. Releasing its dependents at once
+cannot starve this kernel: a dependent is scheduled only after every block of this one has
+executed the release, i.e. is resident, and the release comes after the wait, so dependents run
+at most one kernel ahead. It is safe for every dependent Trident makes programmatic by the PTX
+rule (they wait first); a user kernel the user compiled with `launch_pdl=True` that reads before
+its own `gdc_wait` is racy by CUDA's rules whatever precedes it. The twin is used only when its
+PTX passes the PTX rule, both when it is compiled and when a persistent plan record names it (an
+entry the hook did not rewrite, or a failed compile: the original keeps ordinary ordering). A
+user kernel that holds a grid dependency instruction is the user's design and is left as it is;
+so is one whose launch sets `ir_override` itself.
 Inductor's glue kernels are then generated without Inductor's own PDL and get twins too: one rule
 for every Triton kernel Trident did not write.
 
@@ -209,43 +215,52 @@ def holds_grid_dependency(ptx: str) -> bool:
     return "griddepcontrol" in ptx
 
 
-_DECLARATION = re.compile(r"\s*(?:$|//|\.(?:reg|shared|local|param|const)\b)")
+TWIN = "trident-waiting-twin"  # the twin's ir_override: Note [A user kernel made to wait]
+
+# lines before which the instructions do not go: declarations, blanks and comments, debug
+# locations and files
+_PREAMBLE = re.compile(r"\s*(?:$|//|\.(?:reg|shared|local|param|const|loc|file)\b)")
+_LABEL = re.compile(r"\s*([A-Za-z_$%][\w$]*):(?!:)\s*(?://.*)?$")
 
 
 def with_wait_first(ptx: str) -> str:
     """`ptx` (one `.entry`) with `griddepcontrol.wait` and `griddepcontrol.launch_dependents`
-    the first instructions of its entry block, after the leading declarations (Note [A user
-    kernel made to wait]); unchanged when it is not one entry or already holds either."""
+    the first instructions of its entry block, after the leading declarations, debug locations
+    and labels no branch goes to (Note [A user kernel made to wait]); unchanged when it is not one
+    entry or already holds either."""
     entries = list(_ENTRY.finditer(ptx))
     if len(entries) != 1 or holds_grid_dependency(ptx):
         return ptx
     start = ptx.find("{", ptx.find(")", entries[0].end()))
     if start < 0:
         return ptx
+    targets = {t.strip() for m in _BRANCH_TARGET.finditer(ptx[start:]) for t in m.group(1).split(",")}
     at = ptx.find("\n", start) + 1
-    while at > 0:
+    while True:
         end = ptx.find("\n", at)
-        line = ptx[at:] if end < 0 else ptx[at:end]
-        if not _DECLARATION.match(line):
+        if at <= 0 or end < 0:
+            return ptx  # no instruction on a line of its own: left as it is
+        line = ptx[at:end]
+        label = _LABEL.match(line)
+        if not (_PREAMBLE.match(line) or (label and label.group(1) not in targets)):
             break
-        at = end + 1 if end >= 0 else len(ptx)
-    if at <= 0:
-        return ptx
+        at = end + 1
     return ptx[:at] + "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" + ptx[at:]
 
 
 @contextlib.contextmanager
 def twin_compilation():
-    """While inside, Triton's compilations with `launch_pdl=True` on CUDA put the grid dependency
-    instructions first in a kernel that holds none (`with_wait_first` on the PTX stage; any
-    stage hook already installed runs first). Entered by the planner around a twin's compile
-    only, under triton_state.exclusive()."""
+    """While inside, Triton's compilations whose options carry `ir_override=TWIN` put the grid
+    dependency instructions first in a kernel that holds none (`with_wait_first` on the PTX stage;
+    any stage hook already installed runs first); no other compilation is touched. Entered by the
+    planner around a twin's compile, under triton_state.exclusive(); on leaving, the hook found
+    is put back unless another was installed meanwhile."""
     previous = triton_knobs.runtime.add_stages_inspection_hook
 
     def hook(backend, stages, options, language, capability):
         if previous is not None:
             previous(backend, stages, options, language, capability)
-        if not getattr(options, "launch_pdl", False) or "ptx" not in stages:
+        if getattr(options, "ir_override", None) != TWIN or "ptx" not in stages:
             return
         make_ptx = stages["ptx"]
         stages["ptx"] = lambda src, metadata: with_wait_first(make_ptx(src, metadata))
@@ -254,4 +269,5 @@ def twin_compilation():
     try:
         yield
     finally:
-        triton_knobs.runtime.add_stages_inspection_hook = previous
+        if triton_knobs.runtime.add_stages_inspection_hook is hook:
+            triton_knobs.runtime.add_stages_inspection_hook = previous

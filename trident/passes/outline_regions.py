@@ -114,7 +114,7 @@ def _analysed_kwargs(node: torch.fx.Node, kwargs: dict) -> dict:
     if kwargs.get("PDL") and kernel.fn.__module__.startswith("trident.kernels."):
         missing["PDL"] = False
         if kwargs.get("PREFETCH"):  # Note [Weights ahead of the wait]: inline PTX too, writing nothing
-            missing["PREFETCH"] = False
+            missing["PREFETCH"] = 0
     return {**kwargs, **missing} if missing else kwargs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import pdl
 from .ir import SCM, AllocStep, AtenStep, LaunchStep, Param, Specialization, TensorFacts, TensorGuard, ValueRef
 
 _DTYPE_SHORT = {
@@ -140,12 +141,11 @@ def format_specialization(spec: Specialization, program=None) -> list[str]:
 
 def programmatic_mark(launch) -> str:
     """Note [Programmatic dependent launch]: how a launch is programmatic, if it is; a user kernel
-    launched as its waiting twin (compiled with launch_pdl by Trident, not by the launch's own
-    options) says so (Note [A user kernel made to wait])."""
+    launched as its waiting twin (compiled by Trident with ir_override=pdl.TWIN) says so (Note [A
+    user kernel made to wait])."""
     if not launch.pdl:
         return ""
-    compiled = launch.compiled
-    if getattr(getattr(compiled, "metadata", None), "launch_pdl", False) and not launch.step.args.get("launch_pdl"):
+    if getattr(getattr(launch.compiled, "metadata", None), "ir_override", None) == pdl.TWIN:
         return " programmatic, as its waiting twin"
     return " programmatic"
 

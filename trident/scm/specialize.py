@@ -296,7 +296,7 @@ def plan_launch(
                 compiled = None
         if compile_kernel and compiled is None:
             compiled = kernel.warmup(grid=step.grid, **call_args)
-        if compiled is not None and _twinnable(compiled, device):
+        if compiled is not None and _twinnable(step, compiled, device):
             compiled = _twin(step, call_args, compiled)
         _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
     key = tuple((ty, attr) for ty, attr in specialization)
@@ -329,41 +329,48 @@ def plan_launch(
         aligned_values=tuple(sorted(set(aligned_values))),
         binary=None if compiled is None else register_compiled(compiled),
         cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
-        pdl=_programmatic(compiled),
+        pdl=_programmatic(step, compiled),
     )
 
 
-def _twinnable(compiled, device) -> bool:
+def _twinnable(step: LaunchStep, compiled, device) -> bool:
     """Whether a launch's kernel is to be launched as its twin that waits first (Note [A user
     kernel made to wait]): wanted on `device`, not compiled with launch_pdl, no grid dependency
-    instruction of its own (Trident's kernels with PDL on hold theirs), not a cooperative launch."""
+    instruction of its own (Trident's kernels with PDL on hold theirs), not a cooperative launch,
+    no ir_override of the launch's own."""
     meta = compiled.metadata
     return (pdl.twins_wanted(device) and not getattr(meta, "launch_pdl", False)
-            and not getattr(meta, "launch_cooperative_grid", False)
+            and not getattr(meta, "launch_cooperative_grid", False) and "ir_override" not in step.args
             and not pdl.holds_grid_dependency(compiled.asm.get("ptx") or ""))
 
 
 def _twin(step: LaunchStep, call_args: dict, compiled):
-    """The kernel of `compiled`'s launch compiled once more by Triton with launch_pdl=True and the
-    grid dependency instructions first (Note [A user kernel made to wait]); `compiled` itself
-    where the result does not provably wait first (a cache entry compiled without the hook)."""
-    with pdl.twin_compilation():
-        twin = step.fn.warmup(grid=step.grid, **{**call_args, "launch_pdl": True})
+    """The kernel of `compiled`'s launch compiled once more by Triton with launch_pdl=True,
+    ir_override=pdl.TWIN and the grid dependency instructions first (Note [A user kernel made to
+    wait]); `compiled` itself where that fails or the result does not provably wait first."""
+    try:
+        with pdl.twin_compilation():
+            twin = step.fn.warmup(grid=step.grid, **{**call_args, "launch_pdl": True, "ir_override": pdl.TWIN})
+    except Exception as e:  # ptxas or Triton refusing the twin: the kernel keeps ordinary ordering
+        logs.misses.warning("launch of %s: its waiting twin did not compile (%s: %s); it keeps ordinary ordering",
+                            step.kernel_name, type(e).__name__, e)
+        return compiled
     if twin is not None and pdl.waits_before_memory(twin.asm.get("ptx") or ""):
         return twin
-    logs.misses.info("launch of %s: its kernel compiled with launch_pdl=True does not wait first (Triton's cache "
-                     "entry %s predates Trident's stage hook); it keeps ordinary ordering", step.kernel_name,
-                     getattr(twin, "hash", None))
+    logs.misses.info("launch of %s: its twin (Triton hash %s) does not provably wait first; it keeps ordinary "
+                     "ordering", step.kernel_name, getattr(twin, "hash", None))
     return compiled
 
 
-def _programmatic(compiled) -> bool:
+def _programmatic(step: LaunchStep, compiled) -> bool:
     """Whether the launch gets programmatic stream serialization (Note [Programmatic dependent
-    launch]): its kernel was compiled with Triton's launch_pdl, or PDL is enabled (TRIDENT_PDL,
-    CUDA 12.3+) and its PTX waits before touching global memory."""
+    launch]): the launch asked for launch_pdl itself (the user's promise, as Triton launches it),
+    or PDL is enabled (TRIDENT_PDL, CUDA 12.3+) and its kernel's PTX waits before touching global
+    memory -- a twin (launch_pdl in its metadata, not in the launch's arguments) included, proven
+    again wherever a plan record names it."""
     if compiled is None:
         return False
-    if getattr(compiled.metadata, "launch_pdl", False):
+    if getattr(compiled.metadata, "launch_pdl", False) and step.args.get("launch_pdl"):
         return True
     return pdl.enabled() and pdl.waits_before_memory(compiled.asm.get("ptx") or "")
 
