@@ -376,6 +376,25 @@ def test_a_twin_entry_that_does_not_wait_keeps_ordinary_ordering():
     assert _launched(opt)["planted_kernel"].metadata.ir_override is None
 
 
+@pytest.mark.parametrize("mode", ["", "all"])
+def test_a_users_launch_pdl_is_launched_as_triton_launches_it(mode):
+    """A launch the user made with launch_pdl=True (their promise: Triton launches it with the
+    attribute) is programmatic with PDL off or on, as the user compiled it (no twin)."""
+
+    def fn(x):
+        out = torch.empty_like(x)
+        _loads_first_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128, launch_pdl=True)
+        return out
+
+    x = torch.randn(300)
+    with knobs.scope(pdl=mode):
+        opt = trident.optimize(trident.capture(fn, x))
+        torch.testing.assert_close(opt(x), x + 1)
+    assert _programmatic(opt) == {"_loads_first_kernel": True}
+    compiled = _launched(opt)["_loads_first_kernel"]
+    assert compiled.metadata.launch_pdl and compiled.metadata.ir_override is None
+
+
 _RESTORE = """
 import json, sys
 import torch, trident
