@@ -65,6 +65,20 @@ def test_hbm_floor_counts_each_weight_once_and_the_kv_read(tied):
     assert floor["hbm_floor_ms_per_token"] == pytest.approx((want_weights + floor["kv_bytes_mean"]) / 4.8e12 * 1e3)
 
 
+def test_hbm_floor_is_the_cards_own():
+    """An H100's floor is read at its own peak (3.35 TB/s), not the H200's; an unlisted device and
+    the CPU get the H200's, where issue 25's targets are set."""
+    from tools.device_time import hbm_bytes_per_s
+
+    assert hbm_bytes_per_s("NVIDIA H200") == 4.8e12
+    assert hbm_bytes_per_s("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert hbm_bytes_per_s("NVIDIA H100 PCIe") == 2.0e12 and hbm_bytes_per_s("NVIDIA H100 NVL") == 3.9e12
+    assert hbm_bytes_per_s("NVIDIA A100-SXM4-80GB") == 2.039e12 and hbm_bytes_per_s("NVIDIA A100-SXM4-40GB") == 1.555e12
+    assert hbm_bytes_per_s("a GPU of tomorrow") == 4.8e12
+    if not torch.cuda.is_available():
+        assert hbm_bytes_per_s() == 4.8e12
+
+
 def test_trident_kernel_names_are_its_jit_functions():
     names = trident_kernel_names()
     assert {"strided_copy_kernel", "index_copy_kernel", "cache_write_kernel", "decode_attention_split_kernel",

@@ -31,9 +31,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from trident.kernels import gemv as G  # noqa: E402
+from tools.device_time import hbm_bytes_per_s  # noqa: E402
 from trident.passes import choose_matmuls as CM  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12  # H200 peak
 
 def _use_acc2d() -> None:
     """--acc2d: every candidate launched with ACC2D (the compile workers, spawned, re-import this
@@ -154,9 +154,10 @@ def main() -> None:
     t0 = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         compiled = sum(ex.map(_compile, jobs))
+    peak = hbm_bytes_per_s()  # the card's own (tools/device_time.py)
     res = {"commit": os.environ.get("TRIDENT_COMMIT", "unknown"), "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "acc2d": args.acc2d, "compile_s": round(time.perf_counter() - t0, 1), "compiled": compiled,
-           "peak_bytes_per_s": HBM_BYTES_PER_S, "cases": []}
+           "peak_bytes_per_s": peak, "cases": []}
     print(f"compiled {compiled} candidates in {res['compile_s']} s", flush=True)
     for model, label, k, ns, bias in cases:
         a, bs, cs = _tensors(k, ns, bias)
@@ -183,13 +184,13 @@ def main() -> None:
         row = {"model": model, "product": label, "K": k, "N": ns, "bias": bias, "mb": round(nbytes / 1e6, 2),
                "aten_us": round(times["aten"], 2) if "aten" in times else None,
                "best": ranked[0][0], "best_us": round(ranked[0][1], 2),
-               "best_fraction_of_peak": round(nbytes / (ranked[0][1] * 1e-6) / HBM_BYTES_PER_S, 3),
+               "best_fraction_of_peak": round(nbytes / (ranked[0][1] * 1e-6) / peak, 3),
                "best_of_configs": best_base[0] if best_base else None,
                "best_of_configs_us": round(best_base[1], 2) if best_base else None, "best_by_loop": best_by_loop,
-               "top": [[n, round(us, 2), round(nbytes / (us * 1e-6) / HBM_BYTES_PER_S, 3)] for n, us in ranked[:12]],
+               "top": [[n, round(us, 2), round(nbytes / (us * 1e-6) / peak, 3)] for n, us in ranked[:12]],
                "measured": len(times), "seconds": round(time.perf_counter() - t, 1)}
         if "aten" in times:
-            row["aten_fraction_of_peak"] = round(nbytes / (times["aten"] * 1e-6) / HBM_BYTES_PER_S, 3)
+            row["aten_fraction_of_peak"] = round(nbytes / (times["aten"] * 1e-6) / peak, 3)
         res["cases"].append(row)
         print(f"{model} {label} K={k} N={ns}: aten {row['aten_us']} us, best {row['best']} {row['best_us']} us "
               f"({row['best_fraction_of_peak']:.0%} of peak); of CONFIGS {row['best_of_configs']} "

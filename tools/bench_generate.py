@@ -67,8 +67,8 @@ synchronized); the tokens of every call are compared with eager's (bf16: where t
 first differing step is reported). Target (issue 22): static <= 1.15 x (graph_floor +
 generate_own) (`x_floor`; `x_graph_generate` against graph_generate), below every torch.compile
 path; dynamic >= 4x faster than eager. Issue 25: the
-case's `hbm_floor_ms_per_token` (weights and mean KV cache read once at the H200's peak
-bandwidth) and each variant's `hbm_fraction` of it.
+case's `hbm_floor_ms_per_token` (weights and mean KV cache read once at the card's peak
+bandwidth, `hbm_bytes_per_s` in the JSON) and each variant's `hbm_fraction` of it.
 Each case runs in its own process; --device cpu --tiny runs a smoke test on a small config.
 """
 
@@ -90,7 +90,7 @@ from transformers.cache_utils import Cache, StaticCache
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor, hbm_floor_ms  # noqa: E402
-from tools.device_time import HBM_BYTES_PER_S, device_split  # noqa: E402
+from tools.device_time import device_split, hbm_bytes_per_s  # noqa: E402
 
 PROMPT = 16
 NEW = 64
@@ -580,7 +580,7 @@ def recurrent_floor(kind, kernels, args) -> dict:
     state = 2 * sum(t.numel() * t.element_size() for d in _layer_states(cache)
                     for t in d.values() if isinstance(t, torch.Tensor))  # read and written once a step
     return {"ms_per_token": statistics.median(times), "ms_per_token_samples": [round(v, 4) for v in times],
-            "hbm_floor_ms_per_token": (weights + state) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
+            "hbm_floor_ms_per_token": (weights + state) / hbm_bytes_per_s() * 1e3, "weight_bytes": weights,
             "state_bytes_per_step": state, **({"profile": prof} if prof else {})}
 
 
@@ -631,7 +631,8 @@ def main() -> None:
         return
     pick = set(args.variants.split(",")) if args.variants else None
     results = {"commit": os.environ.get("TRIDENT_COMMIT", ""), "device": args.device, "torch": torch.__version__,
-               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "", "prompt": PROMPT,
+               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "", "hbm_bytes_per_s": hbm_bytes_per_s(),
+               "prompt": PROMPT,
                "new_tokens": NEW, "calls": CALLS, "cases": {}}
     for kind in args.models.split(","):
         for kernels in args.kernels.split(","):

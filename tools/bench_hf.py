@@ -35,8 +35,8 @@ equal eager's; where they part, the logits at the first differing step are compa
 max |variant - eager| / max |eager|).
 
 Issue 25's limit beside the floor: each case's `hbm_floor_ms_per_token` (every weight a step
-multiplies and the KV cache at the timed steps' mean context, read once at the H200's peak
-bandwidth) and each variant's `hbm_fraction` of it; a profiled variant (--profile) also gives its
+multiplies and the KV cache at the timed steps' mean context, read once at the card's peak
+bandwidth, `hbm_bytes_per_s` in the JSON: tools/device_time.py) and each variant's `hbm_fraction` of it; a profiled variant (--profile) also gives its
 kernels per step, its device time by part (matmuls, attention, user kernels, Trident's, fused
 glue, ATen glue, copies) and the idle time between kernels.
 
@@ -61,7 +61,7 @@ import transformers.utils.import_utils as hf_imports
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.device_time import HBM_BYTES_PER_S, profile_device  # noqa: E402
+from tools.device_time import hbm_bytes_per_s, profile_device  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_no_pdl", "trident_pdl_own",
             "trident_cache_apart",
@@ -278,7 +278,7 @@ def hbm_floor_ms(model, cfg, context: float) -> dict:
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = 2 * cfg.num_hidden_layers * heads * head_dim * context * embed.element_size()
-    return {"hbm_floor_ms_per_token": (weights + kv) / HBM_BYTES_PER_S * 1e3, "weight_bytes": weights,
+    return {"hbm_floor_ms_per_token": (weights + kv) / hbm_bytes_per_s() * 1e3, "weight_bytes": weights,
             "kv_bytes_mean": int(kv)}
 
 
@@ -455,6 +455,7 @@ def main() -> None:
     result = {
         "commit": os.environ.get("TRIDENT_COMMIT", "unknown"),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "hbm_bytes_per_s": hbm_bytes_per_s(),  # the floor's peak: the card's own (tools/device_time.py)
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "method": __doc__.split("\n\n")[2].replace("\n", " "),

@@ -1,5 +1,5 @@
 """Issue 25 item 4 for every decode benchmark: the limit a step's time is measured against (the
-HBM floor: every byte a step must read, at the H200's peak bandwidth) and where a step's device
+HBM floor: every byte a step must read, at the GPU's peak bandwidth, `hbm_bytes_per_s`) and where a step's device
 time goes -- torch.profiler's kernels by part of the step (matmuls, attention, user kernels,
 Trident's, fused glue, ATen glue, copies), kernels per step and the idle time between them.
 Used by tools/bench_hf.py, bench_generate.py, bench_decode.py and bench_recurrent.py."""
@@ -12,12 +12,25 @@ import time
 
 import torch
 
-HBM_BYTES_PER_S = 4.8e12  # H200 (HBM3e) peak
+# Peak memory bandwidth by the device's name (NVIDIA's data sheets), first match; the H200's
+# (issue 25's targets are set on it) for any other device and on the CPU
+PEAKS = (("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12),
+         ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100", 1.555e12))
+H200_BYTES_PER_S = 4.8e12
+
+
+def hbm_bytes_per_s(name: "str | None" = None) -> float:
+    """Peak HBM bandwidth of the GPU named `name` (default: the current CUDA device; the H200's
+    where there is none or the name is not in PEAKS): the HBM floor of a run is that of the card
+    it ran on (an H100's is 70 % of an H200's)."""
+    if name is None:
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return next((peak for key, peak in PEAKS if key in name), H200_BYTES_PER_S)
 
 
 def hbm_floor_us(nbytes: float) -> float:
-    """Microseconds to read `nbytes` once at peak HBM bandwidth."""
-    return nbytes / HBM_BYTES_PER_S * 1e6
+    """Microseconds to read `nbytes` once at the current GPU's peak HBM bandwidth."""
+    return nbytes / hbm_bytes_per_s() * 1e6
 
 
 def trident_kernel_names() -> set:
