@@ -600,6 +600,36 @@ def test_generate_with_every_generated_kernel_programmatic(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_generate_with_liger_kernels_as_waiting_twins(cache, monkeypatch):
+    """HF generate() of a tiny Llama with Liger-Kernel's Triton kernels patched in (rms_norm, rope,
+    swiglu: user kernels without grid dependency instructions), both cache kinds, TRIDENT_PDL=all:
+    tokens equal eager's and every launch is programmatic, Liger's kernels as their waiting twins
+    (in the symbolic pieces of a DynamicCache step too)."""
+    from tests.frontends.test_generate import PROMPT
+    from tests.test_hf import _model
+
+    torch._dynamo.reset()
+    _, model = _model("llama", "liger", monkeypatch)
+    kw = dict(max_new_tokens=4, do_sample=False, **({"cache_implementation": "static"} if cache == "static" else {}))
+    with torch.no_grad():
+        want = model.generate(torch.tensor(PROMPT), **kw)
+        with knobs.scope(pdl="all"):
+            model.forward = trident.compile(model.forward)
+            for _ in range(2):
+                assert torch.equal(model.generate(torch.tensor(PROMPT), **kw), want)
+    decode = max(model.forward.captures.values(),
+                 key=lambda opt: sum(v["hits"] for v in trident.cache_info(opt).values()))
+    from trident.runtime import SCMRuntime
+
+    launched = _programmatic(decode)
+    assert launched and all(launched.values()), launched
+    n = sum(len(s.launches) for r in decode.meta["trident_regions"] for s in SCMRuntime.get(r).scm.specializations)
+    assert (f"programmatic dependent launch: {n} of {n} launch(es); user kernels as their waiting twins: "
+            "_rms_norm_forward_kernel, _swiglu_forward_kernel, _triton_rope") in trident.explain(decode)
+    torch._dynamo.reset()
+
+
 @_CUDA
 @pytest.mark.parametrize("dtype", [torch.float32])
 def test_programmatic_replays_equal_the_reference_on_cuda(dtype):
