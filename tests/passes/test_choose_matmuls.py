@@ -777,6 +777,7 @@ def test_weights_are_prefetched_before_the_wait():
     plain = G.gemv_kernel.warmup(a, w.t(), a, out, ws, counts, grid=G.grid(n, k, config), **args, PDL=True)
     tiles = G.prefetch_tiles(math.prod(G.grid(n, k, config)), k, 32, 256, 1, 2)
     assert tiles == 8  # 64 programs x 8 tiles of 16 KB: 8 MB, within PREFETCH_BYTES
+    assert G.prefetch_for(G.grid(n, k, config), {**args, "b_ptr": w.t()}) == tiles  # what emit_launch sets
     # larger than the budget (Llama's gate/up: 67 MB; an lm_head): as many tiles as fit, at least one
     assert G.prefetch_tiles(2 * 8192 // 32, 2048, 32, 256, 1, 2) == 2
     assert G.prefetch_tiles(128256 // 32, 2048, 32, 256, 1, 2) == 1

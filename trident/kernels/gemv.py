@@ -64,6 +64,7 @@ fp32 before the one rounding. Every stride is an argument: a and b may be transp
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import triton
@@ -88,6 +89,15 @@ import triton.language as tl
 # [Programmatic dependent launch]).
 
 PREFETCH_BYTES = 16 << 20
+
+
+def prefetch_for(grid, kwargs: dict) -> int:
+    """PREFETCH of a launch of gemv_kernel or gemv_group_kernel on `grid` with `kwargs` (its
+    arguments; tensors as FX nodes or tensors): `prefetch_tiles` of its weight."""
+    weight = kwargs.get("b_ptr", kwargs.get("b0_ptr"))
+    weight = weight.meta["val"] if hasattr(weight, "meta") else weight
+    return prefetch_tiles(math.prod(grid), kwargs["K"], kwargs["BLOCK_N"], kwargs["BLOCK_K"], kwargs["SPLIT_K"],
+                          weight.dtype.itemsize)
 
 
 def prefetch_tiles(programs: int, k: int, block_n: int, block_k: int, split_k: int, itemsize: int) -> int:

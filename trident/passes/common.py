@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch._higher_order_ops.triton_kernel_wrap import (
     kernel_side_table,
@@ -241,9 +239,7 @@ def emit_launch(gm: torch.fx.GraphModule, kernel, grid, kwargs: dict) -> torch.f
         if len(devices) == 1 and pdl.wanted(device := devices.pop()):
             kwargs = {**kwargs, "PDL": True}
             if "PREFETCH" in kernel.arg_names and device.type == "cuda":  # Note [Weights ahead of the wait]
-                weight = node_val(kwargs.get("b_ptr", kwargs.get("b0_ptr")))
-                kwargs["PREFETCH"] = gemv.prefetch_tiles(math.prod(grid), kwargs["K"], kwargs["BLOCK_N"],
-                                                         kwargs["BLOCK_K"], kwargs["SPLIT_K"], weight.dtype.itemsize)
+                kwargs["PREFETCH"] = gemv.prefetch_for(grid, kwargs)
     node = gm.graph.call_function(
         triton_kernel_wrapper_mutation,
         (),
