@@ -10,7 +10,7 @@ import torch
 
 from tools.bench_generate import CALLS, NEW, PROMPT, _build, _Inside, _timed, use_graph_step
 from tools.bench_hf import hbm_floor_ms
-from tools.device_time import device_category, device_split, trident_kernel_names
+from tools.device_time import critical_path, device_category, device_split, trident_kernel_names
 
 
 @pytest.mark.parametrize("name,part", [
@@ -45,6 +45,19 @@ def test_device_split_sums_per_part():
             (2.0, 1.0, "_rms_norm_forward_kernel")]
     assert device_split(rows) == {"matmul": {"us": 15.0, "kernels": 3.0}, "user": {"us": 2.0, "kernels": 1.0},
                                   "fused_glue": {"us": 1.5, "kernels": 3.0}}
+
+
+def test_critical_path_counts_overlap_once():
+    """Under PDL a kernel starts inside the one before it: it adds only its end past the latest end
+    before it; a kernel starting after every earlier one ended leaves a gap; exposed times and gaps
+    sum to the span, in any order of the input."""
+    kernels = [(0.0, 10.0, "gemv_kernel"), (8.0, 13.0, "_rms_norm_forward_kernel"),  # 2 us overlap: adds 3
+               (9.0, 12.0, "_triton_rope"),  # ends inside the norm: adds nothing
+               (15.0, 20.0, "gemv_kernel"), (20.0, 21.0, "_rms_norm_forward_kernel")]  # 2 us gap first
+    exposed, gaps, span = critical_path(list(reversed(kernels)))
+    assert exposed == {"gemv_kernel": 15.0, "_rms_norm_forward_kernel": 4.0, "_triton_rope": 0.0}
+    assert gaps == 2.0 and span == 21.0 and sum(exposed.values()) + gaps == span
+    assert critical_path([]) == ({}, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("tied", [False, True])

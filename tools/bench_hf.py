@@ -292,7 +292,9 @@ def profile_steps(loop, fwd, cache, tok, pos, n: int = 8) -> dict:
     if loop.dev == "cuda":  # issue 25 item 4: kernels, device time by part, idle (tools/device_time.py)
         p = profile_device(lambda: loop.steps(fwd, cache, tok, pos, n), n)
         return {"steps": n, "device_us_per_step": p["device_us"], "kernels_per_step": p["kernels"],
-                "device_split_per_step": p["device_split"], "idle_us_per_step": p["idle_us"], "top": p["top"]}
+                "device_split_per_step": p["device_split"], "idle_us_per_step": p["idle_us"],
+                "span_us_per_step": p["span_us"], "wall_us_per_step": p["wall_us"],
+                "exposed_split_per_step": p["exposed_split"], "top": p["top"], "exposed_top": p["exposed_top"]}
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         loop.steps(fwd, cache, tok, pos, n)
     rows = sorted(((e.self_cpu_time_total / n, e.count / n, e.key) for e in prof.key_averages()

@@ -1,7 +1,8 @@
 """Issue 25 item 4 for every decode benchmark: the limit a step's time is measured against (the
 HBM floor: every byte a step must read, at the GPU's peak bandwidth, `hbm_bytes_per_s`) and where a step's device
 time goes -- torch.profiler's kernels by part of the step (matmuls, attention, user kernels,
-Trident's, fused glue, ATen glue, copies), kernels per step and the idle time between them.
+Trident's, fused glue, ATen glue, copies), kernels per step and the idle time between them, and
+under programmatic dependent launch (kernels overlapping) what each adds to the step (`critical_path`).
 Used by tools/bench_hf.py, bench_generate.py, bench_decode.py and bench_recurrent.py."""
 
 from __future__ import annotations
@@ -85,10 +86,32 @@ def device_split(rows) -> dict:
             for k, v in sorted(split.items(), key=lambda kv: -kv[1]["us"])}
 
 
+def critical_path(kernels) -> tuple:
+    """Each kernel's share of the device's busy span: `kernels` are (start, end, name) in
+    microseconds, on one GPU. Under programmatic dependent launch a kernel starts while the one
+    before it still runs and waits inside (its own duration then counts that wait): what it adds
+    to the step is its end less the latest end before it (`exposed`), and the device idles only
+    where a kernel starts after every earlier one ended (`gaps`). Returns ({name: exposed us},
+    gap us, span us); the exposed times and the gaps sum to the span."""
+    exposed: dict = {}
+    gaps = 0.0
+    first = last = None
+    for start, end, name in sorted(kernels):
+        if last is None:
+            first, last = start, start
+        gaps += max(0.0, start - last)
+        exposed[name] = exposed.get(name, 0.0) + max(0.0, end - max(start, last))
+        last = max(last, end)
+    return exposed, gaps, (last - first) if last is not None else 0.0
+
+
 def profile_device(run, per: int) -> dict:
     """Device time of one call of `run` (on CUDA), per unit (`per` steps or tokens in the call):
-    device microseconds and kernels, the split by part, the idle time (the call's wall time,
-    profiler included, less device time) and the top kernels."""
+    device microseconds (every kernel's own duration) and kernels, the split by part, the idle
+    time (device idle between the call's first and last kernel: `critical_path`'s gaps) and the
+    top kernels; and, since under programmatic dependent launch kernels overlap and a kernel's
+    duration includes its wait, the time each part and kernel adds to the span
+    (`exposed_split`, `exposed_top`: `critical_path`)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -105,6 +128,15 @@ def profile_device(run, per: int) -> dict:
             rows.append((us / per, e.count / per, e.key))
     rows.sort(reverse=True)
     busy = sum(r[0] for r in rows)
+    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+               if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    exposed, gaps, span = critical_path(kernels)
+    counts = {}
+    for _, _, name in kernels:
+        counts[name] = counts.get(name, 0) + 1
+    exposed_rows = sorted(((us / per, counts[name] / per, name) for name, us in exposed.items()), reverse=True)
     return {"device_us": round(busy, 1), "kernels": round(sum(r[1] for r in rows), 1),
-            "idle_us": round(max(wall / per * 1e6 - busy, 0.0), 1), "device_split": device_split(rows),
-            "top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in rows[:12]]}
+            "idle_us": round(gaps / per, 1), "span_us": round(span / per, 1), "wall_us": round(wall / per * 1e6, 1),
+            "device_split": device_split(rows), "exposed_split": device_split(exposed_rows),
+            "top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in rows[:12]],
+            "exposed_top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in exposed_rows[:16]]}
