@@ -1,7 +1,8 @@
 """Decode products (M = 1, bf16) of Llama-3.2-1B and Qwen2-0.5B: cuBLAS against every GEMV
 configuration Trident measures (trident/kernels/gemv.py CONFIGS) and against a wider sweep of
 tile sizes, splits and warps, each timed as choose_matmuls times it (in a CUDA graph, the weight
-rotating through copies larger than L2, so that it streams from HBM as in a decode step). Also
+rotating through copies larger than L2, so that it streams from HBM as in a decode step; with PDL
+on, the default, after a kernel as a step launches it: Note [Measured after a kernel]). Also
 the groups of Note [Products sharing a row block] (q/k/v, gate/up). Reports microseconds and the
 fraction of the H200's HBM bandwidth each reaches, and the fastest of each kind of K loop (as
 compiled by default, pipelined, unrolled: Note [Bytes in flight]): which configurations to
@@ -114,15 +115,16 @@ def _compile(job) -> int:
     """Worker: run each candidate once (compiling it into Triton's cache); returns how many ran."""
     k, ns, bias, configs = job
     a, bs, cs = _tensors(k, ns, bias)
+    chained = CM._chained(a.device)  # launched as measured (Note [Measured after a kernel])
     ran = 0
     for config in configs:
         try:
             if len(ns) == 1:
                 out = torch.empty(1, ns[0], dtype=a.dtype, device="cuda")
-                CM._run_gemv(a, bs[0], cs[0], out, config)
+                CM._run_gemv(a, bs[0], cs[0], out, config, programmatic=chained)
             else:
                 outs = [torch.empty(1, x, dtype=a.dtype, device="cuda") for x in ns]
-                CM._run_group(a, bs, cs, outs, config)
+                CM._run_group(a, bs, cs, outs, config, programmatic=chained)
             ran += 1
         except Exception:  # noqa: BLE001 - measured as failing later
             pass

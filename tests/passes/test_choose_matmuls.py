@@ -566,6 +566,51 @@ def test_measured_choice_on_cuda():
         torch.testing.assert_close(opt(x, w), _linear(x, w), rtol=2e-2, atol=2e-2)
 
 
+def test_candidates_are_timed_as_launched_under_pdl():
+    """Note [Measured after a kernel]: under PDL a candidate is timed with the region's own launch
+    arguments (PDL, emit_launch's PREFETCH) and programmatic serialization, a single product and a
+    group alike; products are timed after a kernel only on a CUDA device that wants PDL."""
+    a, b = torch.randn(1, 2048), torch.randn(512, 2048).t()
+    configs = [c for c in G.CONFIGS if G.useful(512, 2048, c)]
+    assert configs
+    for config in configs:
+        plain = CM._launch_args(a, b, None, config, 1, 512, 2048)
+        made = CM._launch_args(a, b, None, config, 1, 512, 2048, programmatic=True)
+        prefetch = G.prefetch_for(G.grid(512, 2048, config), {**plain, "b_ptr": b})
+        assert made == {**plain, "PDL": True, "PREFETCH": prefetch, "launch_pdl": True}
+        plain = CM._group_args(a, b, [512, 512], False, config)
+        made = CM._group_args(a, b, [512, 512], False, config, programmatic=True)
+        prefetch = G.prefetch_for(G.group_grid([512, 512], config), {**plain, "b0_ptr": b})
+        assert made == {**plain, "PDL": True, "PREFETCH": prefetch, "launch_pdl": True}
+    for setting in ("", "cuda", "all"):
+        with knobs.scope(pdl=setting):
+            assert not CM._chained(torch.device("cpu"))
+
+
+def test_timed_after_a_kernel_on_cuda():
+    """On a GPU that wants PDL a candidate's time is what it adds after `after_kernel` (that kernel's own
+    time, chained, subtracted): positive and below the two together; without PDL the product alone."""
+    if not pdl.wanted(torch.device("cuda")):
+        pytest.skip("PDL is not wanted on this GPU (compute capability < 9.0 or CUDA < 12.3)")
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16).t()
+    out = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
+    timer = CM._Timer(x, chained=True)
+    assert timer.after is not None and 0 < timer.base < 100
+
+    def gemv():
+        CM._run_gemv(x, w, None, out, (64, 128, 4, 4, 1), programmatic=True)
+
+    gemv()
+    added = timer(gemv)
+    alone = CM._Timer(x, chained=False)(gemv)
+    assert 0 < added < alone + timer.base, (added, alone, timer.base)
+    torch.testing.assert_close(out, x @ w, rtol=2e-2, atol=2e-2)
+    with knobs.scope(pdl=""):
+        assert not CM._chained(x.device)
+    assert CM._chained(x.device)
+
+
 def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
     """With TRIDENT_CACHE_DIR a measured choice is written beside the plans and a later process
     (here: the process's memo cleared) takes it from there without measuring again; an entry

@@ -311,6 +311,19 @@ def gemv_reduce_kernel(
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def after_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    """The kernel a product is timed after where PDL is on (Note [Measured after a kernel],
+    choose_matmuls): one program that waits for the kernel before it and releases its dependents
+    at once, as a user kernel's waiting twin does (Note [A user kernel made to wait]), then copies n
+    elements -- latency-bound, as the norm before a projection is. CUDA only."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+    for start in tl.range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+
+
 class Config(NamedTuple):
     """A configuration a decode product is measured with (choose_matmuls): the tile, the split of
     K, warps, whether the last program reduces (Note [The last program reduces]) and how many

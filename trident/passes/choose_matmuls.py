@@ -20,7 +20,9 @@ name, torch and Triton version) -- and printed by `explain()` with every time me
 The timings: on CUDA each candidate runs inside a CUDA graph (`triton.testing.do_bench_cudagraph`,
 median), which is how a region's graph replays it: launch overhead is not part of it; the
 weight rotates through copies larger than L2 together (a step streams each weight from HBM
-once), and the operator is timed as the region runs it (one cuBLAS product). Without a
+once), and the operator is timed as the region runs it (one cuBLAS product); under programmatic
+dependent launch each candidate is timed after a kernel, launched as the region launches it
+(Note [Measured after a kernel]). Without a
 GPU nothing can be timed and the operator stays, unless a process installs a timer
 (`set_timer`; the tests do, to prove the plumbing and the kernels through Triton's interpreter).
 A Triton candidate must beat the operator by `_MARGIN` to be chosen (noise must not flip a
@@ -51,7 +53,7 @@ try:  # Triton's compile-in-an-executor mode (3.6: private module); without it c
 except ImportError:  # pragma: no cover - another Triton
     _async_compile = None
 
-from .. import disk_cache, knobs, logs, triton_state
+from .. import disk_cache, knobs, logs, pdl, triton_state
 from ..capture.shared_patch import SharedPatch
 from ..kernels import gemv as G
 from .common import bound_args, emit_launch, node_val, stand_in
@@ -130,9 +132,10 @@ def _c_strides(vc, m: int) -> tuple:
     return (vc.stride(0) if vc.shape[0] == m and m > 1 else 0), vc.stride(1)
 
 
-def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int = 0) -> dict:
+def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int = 0, programmatic: bool = False) -> dict:
     """gemv_kernel's scalar and constexpr arguments. The addend is the kernel's where it writes
-    out: one split, or the last program reducing (else gemv_reduce_kernel adds it)."""
+    out: one split, or the last program reducing (else gemv_reduce_kernel adds it).
+    `programmatic`: as the region launches it under PDL (Note [Measured after a kernel])."""
     block_n, block_k, split_k, warps, last, stages, unroll = G.Config(*config)
     writes_out = split_k == 1 or bool(last)
     cm, cn = _c_strides(vc if writes_out else None, m)
@@ -145,14 +148,24 @@ def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int =
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
         "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
         "STAGES": stages, "UNROLL": unroll, "num_warps": warps,
+        **(_programmatic_args(G.grid(n, k, config), k, config, vb.element_size()) if programmatic else {}),
     }
 
 
-def _run_gemv(a, b, c, out, config, counts=None, compile_only=False):
+def _programmatic_args(grid, k: int, config, itemsize: int) -> dict:
+    """A GEMV launch's arguments as the region makes it under PDL: PDL and PREFETCH as emit_launch
+    sets them (Note [Weights ahead of the wait]), launched with programmatic serialization."""
+    block_n, block_k, split_k = G.Config(*config)[:3]
+    return {"PDL": True, "PREFETCH": G.prefetch_tiles(math.prod(grid), k, block_n, block_k, split_k, itemsize),
+            "launch_pdl": True}
+
+
+def _run_gemv(a, b, c, out, config, counts=None, compile_only=False, programmatic=False):
     """The candidate on real tensors (stand-ins while measuring): the launches the rewrite emits.
     `counts`: zeroed int32 counters where the last program reduces (G.counters; made here when
     not given: the kernel puts them back to 0, so a caller may reuse them). `compile_only`: the
-    kernels compiled for these arguments (Triton's warmup), nothing launched."""
+    kernels compiled for these arguments (Triton's warmup), nothing launched. `programmatic`:
+    launched as under PDL (Note [Measured after a kernel])."""
     m, k = a.shape
     n = b.shape[1]
     split_k, last = config[2], config[4]
@@ -160,15 +173,17 @@ def _run_gemv(a, b, c, out, config, counts=None, compile_only=False):
     if counts is None:
         counts = torch.zeros(max(1, G.counters(n, config)), dtype=torch.int32, device=a.device)
     args = (a, b, c if c is not None else a, out, ws, counts)
+    kwargs = _launch_args(a, b, c, config, m, n, k, programmatic=programmatic)
     if compile_only:
-        G.gemv_kernel.warmup(*args, grid=G.grid(n, k, config), **_launch_args(a, b, c, config, m, n, k))
+        G.gemv_kernel.warmup(*args, grid=G.grid(n, k, config), **kwargs)
         return
-    G.gemv_kernel[G.grid(n, k, config)](*args, **_launch_args(a, b, c, config, m, n, k))
+    G.gemv_kernel[G.grid(n, k, config)](*args, **kwargs)
     if split_k > 1 and not last:
         cm, cn = _c_strides(c, m)
         G.gemv_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
             ws, c if c is not None else ws, out, m, n, cm, cn, n, 1,
-            HAS_C=c is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK)
+            HAS_C=c is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK,
+            **({"PDL": True, "launch_pdl": True} if programmatic else {}))
 
 
 _L2_BYTES = 64 << 20  # more than an H100/H200's L2 (50 MB): weights are timed as streamed from HBM
@@ -246,21 +261,75 @@ def precompile(compiles) -> None:
         logs.lowering.debug("candidates not compiled ahead: %s", e)
 
 
+# Note [Measured after a kernel]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Where PDL is wanted on the product's device (Note [Programmatic dependent launch]), the region
+# launches a GEMV programmatically: its programs start while the kernel before it runs, prefetch
+# their first weight tiles (Note [Weights ahead of the wait]), and release the kernel after it
+# before their epilogue; a cuBLAS product keeps ordinary order on both sides. Timed alone and back
+# to back, neither shows: on an H100 (e62c382) Llama-1B's o projection measured 6.01 us as a GEMV
+# against cuBLAS's 6.22 and stayed on cuBLAS (_MARGIN), and with it two boundaries a layer kept
+# ordinary order. So under PDL every candidate is timed as a step runs it: each repetition is
+# `after_kernel` (one program that waits, releases its dependents at once, then copies a row block
+# of the product's input size: latency-bound, as the norm before a projection or a user kernel's
+# waiting twin is) then the candidate, each launched as the region launches it (the GEMV with PDL,
+# PREFETCH and programmatic serialization; the operator in order; after_kernel programmatic); the
+# time of after_kernel alone, chained the same way, is subtracted. A time is then what the product
+# adds to a step after such a kernel (`_Timer`); without PDL it is the product alone, as before.
+# Whether the times are of this kind is part of every key a choice is kept under.
+
+
+def _chained(device: torch.device) -> bool:
+    """Whether products on `device` are timed after a kernel (Note [Measured after a kernel])."""
+    return device.type == "cuda" and pdl.wanted(device)
+
+
+class _Timer:
+    """Median microseconds of a call inside a CUDA graph (do_bench_cudagraph records its
+    repetitions in one graph); with `chained`, of the call after `after_kernel` less that
+    kernel's own (Note [Measured after a kernel]). Made inside the product's device."""
+
+    def __init__(self, a: torch.Tensor, chained: bool):
+        self.after = None
+        self.base = 0.0
+        if chained:
+            src = torch.rand(a.numel(), device=a.device).to(a.dtype)
+            dst = torch.empty_like(src)
+            self.after = lambda: G.after_kernel[(1,)](src, dst, src.numel(), BLOCK=1024, launch_pdl=True)
+            self.base = self._bench(self.after)
+
+    @staticmethod
+    def _bench(fn) -> float:
+        return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+
+    def __call__(self, fn) -> float:
+        if self.after is None:
+            return self._bench(fn)
+
+        def after_then_fn():
+            self.after()
+            fn()
+
+        return max(self._bench(after_then_fn) - self.base, 0.001)
+
+
 def _measure_cuda(target, va, vb, vc, configs, rounds: bool = True) -> dict:
-    """Median microseconds of the operator ('aten') and of each config, each inside a CUDA graph
-    (do_bench_cudagraph records its repetitions in one graph). The weight rotates through enough
-    copies that the repetitions read more than L2 holds, as a decode step streams every weight
-    once. The operator is timed as the region runs it: one cuBLAS product (residual_mm's addend
-    is C of one cuBLASLt call there, Note [Residual adds in the GEMM], so it is timed as the
+    """Median microseconds of the operator ('aten') and of each config, each inside a CUDA graph,
+    under PDL after a kernel (`_Timer`, Note [Measured after a kernel]). The weight rotates through
+    enough copies that the repetitions read more than L2 holds, as a decode step streams every
+    weight once. The operator is timed as the region runs it: one cuBLAS product (residual_mm's
+    addend is C of one cuBLASLt call there, Note [Residual adds in the GEMM], so it is timed as the
     product alone, not as ATen's copy + addmm). Empty when nothing could be timed (another
     capture running, a failure): the operator then stays, and nothing is stored. `rounds`: the
     configs in two rounds (_second_round), else all of them (tools/bench_gemv.py)."""
     if torch.cuda.is_current_stream_capturing():
         return {}
+    chained = _chained(va.device)
     try:
         with torch.cuda.device(va.device):
             g = torch.Generator().manual_seed(0)
             a = stand_in(va, g)
+            timer = _Timer(a, chained)
             copies = max(1, min(32, -(-2 * _L2_BYTES // max(1, vb.numel() * vb.element_size()))))
             bs = [stand_in(vb, g) for _ in range(copies)]
             c = stand_in(vc, g) if vc is not None else None
@@ -277,23 +346,23 @@ def _measure_cuda(target, va, vb, vc, configs, rounds: bool = True) -> dict:
                 else:
                     torch.mm(a, weight(), out=out)
 
-            times = {"aten": do_bench_cudagraph(aten_call, rep=20, return_mode="median") * 1e3}
+            times = {"aten": timer(aten_call)}
     except Exception as e:  # noqa: BLE001 - no measurement: the operator stays
         logs.lowering.debug("decode matmul %s x %s not measured: %s", tuple(va.shape), tuple(vb.shape), e)
         return {}
     def time_all(round_configs):
         with torch.cuda.device(va.device):
-            precompile([lambda config=config: _run_gemv(a, bs[0], c, out, config, compile_only=True)
-                        for config in round_configs])
+            precompile([lambda config=config: _run_gemv(a, bs[0], c, out, config, compile_only=True,
+                                                        programmatic=chained) for config in round_configs])
         for config in round_configs:
             try:
                 with torch.cuda.device(va.device):
                     # the counters are allocated per call in a region, once for all its products
                     counts = torch.zeros(max(1, G.counters(out.shape[1], config)), dtype=torch.int32, device=a.device)
                     torch.cuda.synchronize(a.device)  # do_bench_cudagraph runs on a stream of its own
-                    times[_name(config)] = do_bench_cudagraph(
-                        lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts),
-                        rep=20, return_mode="median") * 1e3
+                    times[_name(config)] = timer(
+                        lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts,
+                                                                       programmatic=chained))
             except Exception as e:  # noqa: BLE001 - a config that fails to compile or run is no candidate
                 logs.lowering.debug("gemv config %s failed for %s: %s", config, tuple(out.shape), e)
 
@@ -346,7 +415,7 @@ def _choose(node, va, vb, vc) -> dict:
     name = str(node.target)
     layouts = (tuple(va.stride()), tuple(vb.stride()), None if vc is None else (tuple(vc.shape), tuple(vc.stride())))
     device = torch.cuda.get_device_name(va.device) if va.device.type == "cuda" else va.device.type
-    key = (name, m, n, k, str(va.dtype), layouts, device)
+    key = (name, m, n, k, str(va.dtype), layouts, device, _chained(va.device))
     if key in _CHOICES:
         return _CHOICES[key]
     configs = [c for c in G.CONFIGS if G.useful(n, k, c, m, va.dtype.itemsize, _shared_bytes(va.device))]
@@ -474,7 +543,7 @@ def _moves(members, order) -> Optional[list]:
     return moves
 
 
-def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0) -> dict:
+def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0, programmatic: bool = False) -> dict:
     block_n, block_k, split_k, warps, last, stages, unroll = G.Config(*config)
     m, k = va.shape
     return {
@@ -484,6 +553,7 @@ def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0) -> dict:
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
         "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
         "STAGES": stages, "UNROLL": unroll, "num_warps": warps,
+        **(_programmatic_args(G.group_grid(ns, config), k, config, vb.element_size()) if programmatic else {}),
     }
 
 
@@ -491,9 +561,9 @@ def _three(xs, fill) -> list:
     return (list(xs) + [fill] * 3)[:3]
 
 
-def _run_group(a, bs, cs, outs, config, counts=None, compile_only=False):
+def _run_group(a, bs, cs, outs, config, counts=None, compile_only=False, programmatic=False):
     """A group candidate on real tensors: the one launch _rewrite_group emits (`compile_only`:
-    compiled for these arguments, not launched)."""
+    compiled for these arguments, not launched; `programmatic`: as under PDL)."""
     m = a.shape[0]
     ns = [b.shape[1] for b in bs]
     split_k = config[2]
@@ -501,10 +571,11 @@ def _run_group(a, bs, cs, outs, config, counts=None, compile_only=False):
     if counts is None:
         counts = torch.zeros(max(1, sum(G.counters(n, config) for n in ns)), dtype=torch.int32, device=a.device)
     args = (a, *_three(bs, bs[0]), *_three([c if c is not None else a for c in cs], a), *_three(outs, outs[0]), ws, counts)
+    kwargs = _group_args(a, bs[0], ns, cs[0] is not None, config, programmatic=programmatic)
     if compile_only:
-        G.gemv_group_kernel.warmup(*args, grid=G.group_grid(ns, config), **_group_args(a, bs[0], ns, cs[0] is not None, config))
+        G.gemv_group_kernel.warmup(*args, grid=G.group_grid(ns, config), **kwargs)
         return
-    G.gemv_group_kernel[G.group_grid(ns, config)](*args, **_group_args(a, bs[0], ns, cs[0] is not None, config))
+    G.gemv_group_kernel[G.group_grid(ns, config)](*args, **kwargs)
 
 
 def _measure_group_cuda(va, vbs, vcs, configs, rounds: bool = True) -> dict:
@@ -512,10 +583,12 @@ def _measure_group_cuda(va, vbs, vcs, configs, rounds: bool = True) -> dict:
     if torch.cuda.is_current_stream_capturing():
         return {}
     times = {}
+    chained = _chained(va.device)
     try:
         with torch.cuda.device(va.device):
             g = torch.Generator().manual_seed(0)
             a = stand_in(va, g)
+            timer = _Timer(a, chained)
             size = sum(vb.numel() * vb.element_size() for vb in vbs)
             copies = max(1, min(32, -(-2 * _L2_BYTES // max(1, size))))
             weights = [[stand_in(vb, g) for vb in vbs] for _ in range(copies)]
@@ -530,16 +603,16 @@ def _measure_group_cuda(va, vbs, vcs, configs, rounds: bool = True) -> dict:
             for round_configs in ((_first_round(configs), None) if rounds else (configs,)):
                 if round_configs is None:
                     round_configs = _second_round(configs, times)
-                precompile([lambda config=config: _run_group(a, weights[0], cs, outs, config, compile_only=True)
-                            for config in round_configs])
+                precompile([lambda config=config: _run_group(a, weights[0], cs, outs, config, compile_only=True,
+                                                             programmatic=chained) for config in round_configs])
                 for config in round_configs:
                     try:
                         counts = torch.zeros(max(1, sum(G.counters(vb.shape[1], config) for vb in vbs)),
                                              dtype=torch.int32, device=a.device)
                         torch.cuda.synchronize(a.device)
-                        times[_name(config)] = do_bench_cudagraph(
-                            lambda config=config, counts=counts: _run_group(a, weight(), cs, outs, config, counts),
-                            rep=20, return_mode="median") * 1e3
+                        times[_name(config)] = timer(
+                            lambda config=config, counts=counts: _run_group(a, weight(), cs, outs, config, counts,
+                                                                            programmatic=chained))
                     except Exception as e:  # noqa: BLE001 - a config that fails is no candidate
                         logs.lowering.debug("gemv group config %s failed: %s", config, e)
     except Exception as e:  # noqa: BLE001 - no measurement: the members stay as they are
@@ -564,7 +637,8 @@ def _choose_group(members) -> dict:
     ns = [vb.shape[1] for vb in vbs]
     device = torch.cuda.get_device_name(va.device) if va.device.type == "cuda" else va.device.type
     alone = sum(_alone_us(p[4]) for p in members)
-    key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device)
+    key = ("group", m, tuple(ns), k, str(va.dtype), tuple(va.stride()), tuple(vbs[0].stride()), c is not None, device,
+           _chained(va.device))
     if key in _CHOICES:
         return _decide_group(_CHOICES[key], alone)
     shared = _shared_bytes(va.device)
