@@ -108,6 +108,23 @@ def prefetch_tiles(programs: int, k: int, block_n: int, block_k: int, split_k: i
     return max(1, min(iterations, fit))
 
 
+def next_args(programs: int, weights) -> dict:
+    """gemv_kernel's / gemv_group_kernel's arguments asking, from a launch of `programs` programs,
+    for the first AHEAD_BYTES of `weights` ([(tensor or FX node, bytes)], 1 to 3, in the order the
+    next product reads them; Note [The next product's weights])."""
+    left, lines = AHEAD_BYTES, []
+    for _, nbytes in weights[:3]:
+        take = min(nbytes, left)
+        left -= take
+        lines.append(-(-take // 128))
+    per = triton.next_power_of_2(max(1, -(-max(lines) // programs)))
+    args = {"NEXT_PER": per}
+    for i, ((ptr, _), n) in enumerate(zip(weights, lines)):
+        if n:
+            args[f"next{i}_ptr"], args[f"next_lines{i}"] = ptr, n
+    return args
+
+
 @triton.jit
 def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pid_k,
                       SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
@@ -122,6 +139,44 @@ def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pi
         ptrs = tl.where(ok, b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn, b_ptr)
         tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
                                   dtype=tl.int32, is_pure=False, pack=1)
+
+
+# Note [The next product's weights]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Between two products of a decode step run latency-bound kernels (a norm; the rotary embedding,
+# the attention and its combine; the SwiGLU): ~10 us a Llama-1B layer with HBM idle, while the
+# products themselves stream the layer's weights. Note [Weights ahead of the wait] overlaps only
+# the kernel right before a product. So a GEMV launch also asks the L2, after its own work, for the
+# first AHEAD_BYTES of the weights of the next product the graph runs (trident/passes/
+# prefetch_ahead.py: the next GEMV launch, with no other matrix product between): the kernels in
+# between then run while HBM streams, and that product finds those lines in L2. Each program asks
+# for NEXT_PER 128-byte lines of each weight (`_prefetch_lines`: program p the lines [p * NEXT_PER,
+# (p + 1) * NEXT_PER) below next_lines<i>); a weight is a dense tensor read from its first element's
+# address. A prefetch changes no value (the L2 is the point of coherence), whatever those weights
+# alias. CUDA only (inline PTX); NEXT_PER 0 (the default) compiles none.
+
+AHEAD_BYTES = 16 << 20
+
+
+@triton.jit
+def _prefetch_lines(ptr, lines, program, PER: tl.constexpr):
+    """Note [The next product's weights]: program `program`'s share of the first `lines` 128-byte
+    lines from `ptr`."""
+    i = program * PER + tl.arange(0, PER)
+    at = tl.where(i < lines, ptr.to(tl.pointer_type(tl.int8)) + i.to(tl.int64) * 128, ptr.to(tl.pointer_type(tl.int8)))
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [at],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_next(next0_ptr, next1_ptr, next2_ptr, next_lines0, next_lines1, next_lines2, NEXT_PER: tl.constexpr):
+    """Note [The next product's weights]: this program's lines of up to three weights."""
+    program = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    _prefetch_lines(next0_ptr, next_lines0, program, NEXT_PER)
+    if next1_ptr is not None:
+        _prefetch_lines(next1_ptr, next_lines1, program, NEXT_PER)
+    if next2_ptr is not None:
+        _prefetch_lines(next2_ptr, next_lines2, program, NEXT_PER)
 
 
 @triton.jit
@@ -215,6 +270,8 @@ def gemv_kernel(
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
     PREFETCH: tl.constexpr = 0,
+    next0_ptr=None, next1_ptr=None, next2_ptr=None, next_lines0=0, next_lines1=0, next_lines2=0,
+    NEXT_PER: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     if PREFETCH > 0:  # Note [Weights ahead of the wait]
@@ -226,6 +283,8 @@ def gemv_kernel(
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
                   count_offset + pid_n, pid_n, tl.program_id(1),
                   HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
+    if NEXT_PER > 0:  # Note [The next product's weights]
+        _prefetch_next(next0_ptr, next1_ptr, next2_ptr, next_lines0, next_lines1, next_lines2, NEXT_PER)
 
 
 @triton.jit(do_not_specialize=["count_offset"])
@@ -246,6 +305,8 @@ def gemv_group_kernel(
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
     PREFETCH: tl.constexpr = 0,
+    next0_ptr=None, next1_ptr=None, next2_ptr=None, next_lines0=0, next_lines1=0, next_lines2=0,
+    NEXT_PER: tl.constexpr = 0,
 ):
     """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
     launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
@@ -283,6 +344,8 @@ def gemv_group_kernel(
                           stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N2, 1, count_offset + pid,
                           pid - NB0 - NB1, pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
                           LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
+    if NEXT_PER > 0:  # Note [The next product's weights]
+        _prefetch_next(next0_ptr, next1_ptr, next2_ptr, next_lines0, next_lines1, next_lines2, NEXT_PER)
 
 
 @triton.jit
