@@ -55,21 +55,17 @@ def test_each_gemv_carries_the_next_ones_weights(monkeypatch):
     ws = [torch.randn(256, 512, generator=g), torch.randn(512, 256, generator=g), torch.randn(128, 512, generator=g)]
     opt = _plan(monkeypatch, _mlp, [x, *ws])
     first, second, third = _gemv_steps(opt)
-    lines = [w.numel() * 4 // 128 for w in ws]
-    for step, n in ((first, lines[1]), (second, lines[2])):
-        programs = G.grid(*(256, 512) if step is first else (512, 256), _CONFIG)[0]
-        assert step.args["next_lines0"] == n and step.args["NEXT_PER"] == triton_next_pow2(-(-n // programs))
-        assert "next1_ptr" not in step.args
-    assert "NEXT_PER" not in third.args  # the last product: nothing after it
+    for step, w, (n, k) in ((first, ws[1], (256, 512)), (second, ws[2], (512, 256))):
+        programs = G.grid(n, k, _CONFIG)[0]
+        assert step.args["next_bytes0"] == w.numel() * 4 and step.args["NEXT"] is True
+        assert step.args["next_chunk"] % 16 == 0 and step.args["next_chunk"] * programs >= w.numel() * 4
+        assert (step.args["next_chunk"] - 16) * programs < w.numel() * 4 and "next1_ptr" not in step.args
+    assert "NEXT" not in third.args  # the last product: nothing after it
     with knobs.scope(prefetch_ahead="0"):
         CM.set_timer(_favor_gemv)
         with knobs.scope(decode_matmuls="all"):
             off = trident.optimize(trident.capture(_mlp, x, *ws))
-    assert all("NEXT_PER" not in s.args for s in _gemv_steps(off))
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+    assert all("NEXT" not in s.args for s in _gemv_steps(off))
 
 
 def test_not_across_another_product_nor_on_the_cpu(monkeypatch):
@@ -85,50 +81,82 @@ def test_not_across_another_product_nor_on_the_cpu(monkeypatch):
         return h @ w2.t()[:64]
 
     opt = _plan(monkeypatch, with_operator_between, [x, w1, w2, w3])
-    assert all("NEXT_PER" not in s.args for s in _gemv_steps(opt))
+    assert all("NEXT" not in s.args for s in _gemv_steps(opt))
     monkeypatch.undo()
     CM.set_timer(_favor_gemv)
     with knobs.scope(decode_matmuls="all"):
         opt = trident.optimize(trident.capture(_mlp, x, w1, w2, w1))
     steps = _gemv_steps(opt)
-    assert len(steps) == 3 and all("NEXT_PER" not in s.args for s in steps)
+    assert len(steps) == 3 and all("NEXT" not in s.args for s in steps)
 
 
 def test_next_args_split_the_budget_over_the_members():
-    """The first AHEAD_BYTES of the members in order, in 128-byte lines, as few per program as cover
-    the largest; a member past the budget is not asked for."""
+    """The first AHEAD_BYTES of the members in order (multiples of 16 bytes), each program's span the
+    least multiple of 16 that covers the largest; a member past the budget is not asked for."""
     mb = 1 << 20
     args = G.next_args(128, [("w0", 10 * mb), ("w1", 10 * mb), ("w2", 10 * mb)])
-    assert args == {"NEXT_PER": 1 << (10 * mb // 128 // 128 - 1).bit_length(), "next0_ptr": "w0",
-                    "next_lines0": 10 * mb // 128, "next1_ptr": "w1", "next_lines1": 6 * mb // 128}
-    assert G.next_args(4, [("w", 200)]) == {"NEXT_PER": 1, "next0_ptr": "w", "next_lines0": 2}
+    assert args == {"NEXT": True, "next_chunk": 10 * mb // 128, "next0_ptr": "w0", "next_bytes0": 10 * mb,
+                    "next1_ptr": "w1", "next_bytes1": 6 * mb}
+    assert G.next_args(4, [("w", 200)]) == {"NEXT": True, "next_chunk": 48, "next0_ptr": "w", "next_bytes0": 192}
 
 
 @pytest.mark.parametrize("kernel", [G.gemv_kernel, G.gemv_group_kernel], ids=lambda k: k.__name__)
 def test_the_kernels_prefetch_after_their_wait(kernel):
-    """sm_90 PTX (compiled without a GPU): with NEXT_PER the kernel holds the prefetches, after its
-    wait (the launch stays provably programmatic); without, none beyond its own PREFETCH."""
+    """sm_90 code (compiled without a GPU, through ptxas): with NEXT the kernel holds one bulk
+    prefetch per weight, after its wait (the launch stays provably programmatic); without, none."""
     from tests.test_pdl import _warmup
 
     w = torch.empty(4096, dtype=torch.bfloat16)
-    ptx = _warmup(kernel, True, next0_ptr=w, next1_ptr=w, next_lines0=32, next_lines1=16, NEXT_PER=4).asm["ptx"]
-    plain = _warmup(kernel, True).asm["ptx"]
-    assert ptx.count("prefetch.global.L2") > plain.count("prefetch.global.L2")
-    assert ptx.index("griddepcontrol.wait") < ptx.rindex("prefetch.global.L2")
+    ptx = _warmup(kernel, True, next0_ptr=w, next1_ptr=w, next_bytes0=4096, next_bytes1=2048, next_chunk=64,
+                  NEXT=True).asm["ptx"]
+    assert "cp.async.bulk.prefetch.L2" not in _warmup(kernel, True).asm["ptx"]
+    assert ptx.count("cp.async.bulk.prefetch.L2.global") == 3  # _warmup gives next2_ptr a tensor too
+    assert ptx.index("griddepcontrol.wait") < ptx.index("cp.async.bulk.prefetch.L2")
     assert pdl.waits_before_memory(ptx)
 
 
+def test_weights_read_as_module_attributes_move_before_the_carrier(monkeypatch):
+    """make_fx reads a closed-over weight (a module's parameter) where it is first used: after the
+    GEMV that is to prefetch it. The read moves before that launch, which then carries it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 512, generator=g)
+    w1, w2 = torch.randn(256, 512, generator=g), torch.randn(512, 256, generator=g)
+
+    def closed_over(x):
+        h = K.axpy(x, x) @ w1.t()
+        return K.axpy(h, h) @ w2.t()
+
+    opt = _plan(monkeypatch, closed_over, [x])
+    first, second = _gemv_steps(opt)
+    assert first.args["next_bytes0"] == w2.numel() * 4 and "NEXT" not in second.args
+
+
 @_CUDA
-def test_carried_prefetch_on_cuda_equals_eager():
-    """On the GPU the pass runs by default: the products equal eager's, call after call, and every
-    GEMV but the last carries the next one's weights."""
+def test_carried_prefetch_on_cuda_changes_no_bit():
+    """On the GPU the pass runs by default: every GEMV but the last carries the next one's weights,
+    and the results are those without the prefetch bit for bit (and eager's within bf16), call
+    after call; the weights closed over (module attributes) as a model's are."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn(1, 2048, generator=g).cuda().bfloat16()
-    ws = [torch.randn(n, k, generator=g).cuda().bfloat16() for n, k in ((4096, 2048), (2048, 4096), (1024, 2048))]
-    CM.set_timer(_favor_gemv)
-    with knobs.scope(decode_matmuls="cuda"):
-        opt = trident.optimize(trident.capture(_mlp, x, *ws))
+    ws = [(torch.randn(n, k, generator=g) / k ** 0.5).cuda().bfloat16() for n, k in ((4096, 2048), (2048, 4096),
+                                                                                       (1024, 2048))]
+
+    def model(x):
+        return _mlp(x, *ws)
+
+    def build():
+        CM.set_timer(_favor_gemv)
+        with knobs.scope(decode_matmuls="cuda"):
+            return trident.optimize(trident.capture(model, x))
+
+    opt = build()
     steps = _gemv_steps(opt)
-    assert len(steps) == 3 and all("NEXT_PER" in s.args for s in steps[:2]), [s.args for s in steps]
+    assert len(steps) == 3 and all("NEXT" in s.args for s in steps[:2]), [s.args for s in steps]
+    with knobs.scope(prefetch_ahead="0"):
+        plain = build()
+    assert all("NEXT" not in s.args for s in _gemv_steps(plain))
+    want = plain(x)
     for _ in range(3):
-        torch.testing.assert_close(opt(x, *ws), _mlp(x, *ws), rtol=2e-2, atol=2e-2)
+        got = opt(x)
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got.float(), model(x).float(), rtol=3e-2, atol=3e-2)

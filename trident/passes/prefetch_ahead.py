@@ -3,13 +3,14 @@ product's weights], trident/kernels/gemv.py), so that the latency-bound kernels 
 products of a decode step run while HBM streams the second one's weights.
 
 For each launch G of gemv_kernel / gemv_group_kernel (choose_matmuls) on a CUDA device, the GEMV
-launch P before it in the graph carries G's weights (`next<i>_ptr`, `next_lines<i>`, NEXT_PER:
-gemv.next_args) where
+launch P before it in the graph carries G's weights (`next<i>_ptr`, `next_bytes<i>`, `next_chunk`,
+NEXT: gemv.next_args) where
   * no other matrix product runs between P and G (an operator's product would stream its own
     weights and evict the prefetched lines);
   * each weight of G is defined before P, itself or as a view of a tensor that is (the weight
-    read through `.t()` of a parameter), and is dense with nonnegative strides, so that its bytes
-    are the ones from its first element's address on.
+    read through `.t()` of a parameter) or of a module attribute (make_fx reads one where it is
+    first used: that read moves before P), and is dense with nonnegative strides, so that its
+    bytes are the ones from its first element's address on.
 TRIDENT_PREFETCH_AHEAD='' leaves the launches as they are."""
 
 from __future__ import annotations
@@ -48,12 +49,12 @@ def _weights(node: torch.fx.Node) -> list:
 
 
 def _readable_at(weight, order: dict, before: int):
-    """(node, bytes) of `weight` as a node defined before position `before`: itself, or what a
-    chain of views of it starts from, with the same first element; None where there is none or
-    the bytes are not one dense span from that element."""
+    """(node, bytes) of `weight` as a node defined before position `before` or a module attribute
+    read (which may move there): itself, or what a chain of views of it starts from, with the same
+    first element; None where there is none or the bytes are not one dense span from that element."""
     want = node_val(weight)
     x = weight
-    while isinstance(x, torch.fx.Node) and order[x] >= before:
+    while isinstance(x, torch.fx.Node) and order[x] >= before and x.op != "get_attr":
         if not (x.op == "call_function" and x.target in _VIEWS and isinstance(x.args[0], torch.fx.Node)):
             return None
         x = x.args[0]
@@ -83,10 +84,14 @@ def prefetch_ahead(gm: torch.fx.GraphModule, device_types=("cuda",)) -> int:
             continue
         if not _gemv(node):
             continue
-        if previous is not None and "NEXT_PER" not in previous.kwargs["kwargs"]:
+        if previous is not None and "NEXT" not in previous.kwargs["kwargs"]:
             weights = [_readable_at(w, order, order[previous]) for w in _weights(node)]
             devices = {node_val(w).device for w in _weights(node) + _weights(previous)}
             if all(weights) and len(devices) == 1 and next(iter(devices)).type in device_types:
+                for x, _ in weights:
+                    if order[x] > order[previous]:  # an attribute read, read before P now
+                        previous.prepend(x)
+                        order[x] = order[previous] - 0.5
                 programs = math.prod(previous.kwargs["grid"][0])
                 args = G.next_args(programs, weights)
                 previous.kwargs = {**previous.kwargs, "kwargs": {**previous.kwargs["kwargs"], **args}}
