@@ -39,7 +39,6 @@ FALSE = [
 BOOLS = {
     "cache_attention": (knobs.cache_attention, True),
     "pdl_user_kernels": (knobs.pdl_user_kernels, True),
-    "prefetch_ahead": (knobs.prefetch_ahead, True),
     "compile_cubin_on_cpu": (knobs.compile_cubin_on_cpu, True),
     "dynamo_symbolic": (knobs.dynamo_symbolic, True),
     "graph_lend": (knobs.graph_lend, True),

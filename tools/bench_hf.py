@@ -16,9 +16,6 @@ random weights, bf16, batch 1, StaticCache), plain and with Liger-Kernel's Trito
   trident_pdl_own           trident_compile with TRIDENT_PDL_USER_KERNELS=0: only Trident's and Inductor's
                             kernels programmatic, user kernels in ordinary order (the gain of their waiting
                             twins, Note [A user kernel made to wait], is trident_pdl_own / trident_compile)
-  trident_no_ahead          trident_compile with TRIDENT_PREFETCH_AHEAD=0: each GEMV prefetches only its own
-                            first tiles, not the next product's weights (Note [The next product's weights]):
-                            the gain of that prefetch is trident_no_ahead / trident_compile
   trident_cache_apart       trident_compile with TRIDENT_CACHE_ATTENTION=0 (the cache write its own
                             launch): the gain of the write inside the attention is
                             trident_cache_apart / trident_compile
@@ -67,7 +64,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tools.device_time import hbm_bytes_per_s, profile_device  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_no_pdl", "trident_pdl_own",
-            "trident_no_ahead", "trident_cache_apart",
+            "trident_cache_apart",
             "trident_backend", "compile_default", "compile_reduce_overhead")
 # issue 25: the knobs each trident.compile variant runs with (on the CPU those of _TUNED become
 # 'all', so that the passes run there too; trident_untuned's are e3252af's defaults, literally)
@@ -75,7 +72,6 @@ _TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "me
 KNOBS = {"trident_compile": _TUNED,
          "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda", "pdl": ""},
          "trident_no_pdl": {**_TUNED, "pdl": ""}, "trident_pdl_own": {**_TUNED, "pdl_user_kernels": "0"},
-         "trident_no_ahead": {**_TUNED, "prefetch_ahead": "0"},
          "trident_cache_apart": {**_TUNED, "cache_attention": "0"}}
 _LITERAL = {"trident_untuned"}
 _PER_DEVICE = set(_TUNED)  # knobs whose 'cuda' becomes 'all' on the CPU

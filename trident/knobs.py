@@ -356,15 +356,6 @@ _KNOBS = {
         "around it is programmatic; off: it keeps ordinary ordering",
         Bool(),
     ),
-    "prefetch_ahead": _Knob(
-        "TRIDENT_PREFETCH_AHEAD",
-        "1",
-        "each GEMV launch of Trident's (TRIDENT_DECODE_MATMULS) on a CUDA device asks the L2, after its own work, "
-        "for the first 16 MB of the weights of the next GEMV launch, where no other matrix product runs between "
-        "them (Note [The next product's weights]): the latency-bound kernels between two products then run while "
-        "HBM streams; off: each GEMV prefetches only its own first tiles",
-        Bool(),
-    ),
     "graphs": _Knob(
         "TRIDENT_GRAPHS",
         "cuda",
@@ -523,11 +514,6 @@ def pdl_user_kernels() -> bool:
     """Whether, with TRIDENT_PDL on, user kernels are launched as their waiting twins (Note [A user
     kernel made to wait])."""
     return _KNOBS["pdl_user_kernels"].value()
-
-
-def prefetch_ahead() -> bool:
-    """Whether GEMV launches prefetch the next GEMV's weights (Note [The next product's weights])."""
-    return _KNOBS["prefetch_ahead"].value()
 
 
 def cache_attention() -> bool:

@@ -35,7 +35,6 @@ from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .passes.outline_regions import read_sizes_from_inputs
 from .passes.partition_regions import split_symbolic_regions
-from .passes.prefetch_ahead import prefetch_ahead
 from .runtime import SCMRuntime, native
 from .runtime.native import C
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, TracedValue, first_failure
@@ -338,7 +337,6 @@ def _optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             fuse_copy_launches(new)
         choose_matmuls(new)  # Note [Decode matmuls by measurement]: after residual adds folded into them
         fuse_glue(new)  # Note [Fused glue]: the glue left between launches (static-sized values only)
-        prefetch_ahead(new)  # Note [The next product's weights]: once the launches are the ones that run
         sink_allocations(new)
         pieces = symbolic and _graphs_may_record(new)  # Note [Pieces of a symbolic region]
         if pieces:

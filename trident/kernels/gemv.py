@@ -108,23 +108,6 @@ def prefetch_tiles(programs: int, k: int, block_n: int, block_k: int, split_k: i
     return max(1, min(iterations, fit))
 
 
-def next_args(programs: int, weights) -> dict:
-    """gemv_kernel's / gemv_group_kernel's arguments asking, from a launch of `programs` programs,
-    for the first AHEAD_BYTES of `weights` ([(tensor or FX node, bytes)], 1 to 3, in the order the
-    next product reads them; Note [The next product's weights]): each weight's bytes (a multiple
-    of 16) and each program's span of them (a multiple of 16, covering the largest)."""
-    left, spans = AHEAD_BYTES, []
-    for _, nbytes in weights[:3]:
-        take = min(nbytes, left) // 16 * 16
-        left -= take
-        spans.append(take)
-    args = {"NEXT": True, "next_chunk": -(-max(spans) // (16 * programs)) * 16}
-    for i, ((ptr, _), n) in enumerate(zip(weights, spans)):
-        if n:
-            args[f"next{i}_ptr"], args[f"next_bytes{i}"] = ptr, n
-    return args
-
-
 @triton.jit
 def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pid_k,
                       SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
@@ -139,59 +122,6 @@ def _prefetch_weights(b_ptr, stride_bk, stride_bn, N, K: tl.constexpr, pid_n, pi
         ptrs = tl.where(ok, b_ptr + rk[None, :] * stride_bk + rn[:, None] * stride_bn, b_ptr)
         tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
                                   dtype=tl.int32, is_pure=False, pack=1)
-
-
-# Note [The next product's weights]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Between two products of a decode step run latency-bound kernels (a norm; the rotary embedding,
-# the attention and its combine; the SwiGLU): ~10 us a Llama-1B layer with HBM idle, while the
-# products themselves stream the layer's weights. Note [Weights ahead of the wait] overlaps only
-# the kernel right before a product. So a GEMV launch also asks the L2, after its own work, for the
-# first AHEAD_BYTES of the weights of the next product the graph runs (trident/passes/
-# prefetch_ahead.py: the next GEMV launch, with no other matrix product between): the kernels in
-# between then run while HBM streams, and that product finds those bytes in L2. Each program
-# issues one bulk prefetch (`cp.async.bulk.prefetch.L2`, sm_90: the copy engine fetches a span of
-# bytes, no register written) of its `next_chunk` bytes of each weight: program p the span
-# [p * next_chunk, (p + 1) * next_chunk) below next_bytes<i> (`_prefetch_span`; from one thread,
-# only where the span's address is 16-byte aligned, as the instruction requires). A weight is a
-# dense tensor read from its first element's address. A prefetch changes no value (the L2 is the
-# point of coherence), whatever those weights alias. CUDA only (inline PTX); NEXT 0 (the default)
-# compiles none.
-
-AHEAD_BYTES = 16 << 20
-
-
-@triton.jit
-def _prefetch_span(ptr, nbytes, chunk, program):
-    """Note [The next product's weights]: program `program`'s span of the first `nbytes` bytes
-    from `ptr` (nbytes and chunk multiples of 16)."""
-    start = program.to(tl.int64) * chunk
-    size = tl.minimum(nbytes - start, chunk).to(tl.int32)
-    base = ptr.to(tl.pointer_type(tl.int8)) + start
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        .reg .b64 low;
-        .reg .b32 t;
-        mov.u32 t, %tid.x;
-        and.b64 low, $1, 15;
-        setp.eq.u64 p, low, 0;
-        setp.eq.and.u32 p, t, 0, p;
-        setp.gt.and.s32 p, $2, 0, p;
-        @p cp.async.bulk.prefetch.L2.global [$1], $2;
-        mov.u32 $0, 0;
-        }""", "=r,l,r", [base, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_next(next0_ptr, next1_ptr, next2_ptr, next_bytes0, next_bytes1, next_bytes2, next_chunk):
-    """Note [The next product's weights]: this program's spans of up to three weights."""
-    program = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    _prefetch_span(next0_ptr, next_bytes0, next_chunk, program)
-    if next1_ptr is not None:
-        _prefetch_span(next1_ptr, next_bytes1, next_chunk, program)
-    if next2_ptr is not None:
-        _prefetch_span(next2_ptr, next_bytes2, next_chunk, program)
 
 
 @triton.jit
@@ -285,8 +215,6 @@ def gemv_kernel(
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
     PREFETCH: tl.constexpr = 0,
-    next0_ptr=None, next1_ptr=None, next2_ptr=None, next_bytes0=0, next_bytes1=0, next_bytes2=0, next_chunk=0,
-    NEXT: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     if PREFETCH > 0:  # Note [Weights ahead of the wait]
@@ -298,8 +226,6 @@ def gemv_kernel(
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_om, stride_on,
                   count_offset + pid_n, pid_n, tl.program_id(1),
                   HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
-    if NEXT:  # Note [The next product's weights]
-        _prefetch_next(next0_ptr, next1_ptr, next2_ptr, next_bytes0, next_bytes1, next_bytes2, next_chunk)
 
 
 @triton.jit(do_not_specialize=["count_offset"])
@@ -320,8 +246,6 @@ def gemv_group_kernel(
     STAGES: tl.constexpr = 0,
     UNROLL: tl.constexpr = 1,
     PREFETCH: tl.constexpr = 0,
-    next0_ptr=None, next1_ptr=None, next2_ptr=None, next_bytes0=0, next_bytes1=0, next_bytes2=0, next_chunk=0,
-    NEXT: tl.constexpr = False,
 ):
     """Note [Products sharing a row block]: 2 or 3 products of one `a` (q/k/v, gate/up) in one
     launch; column block pid < NB0 is member 0's, then member 1's, then member 2's. Each member's
@@ -359,8 +283,6 @@ def gemv_group_kernel(
                           stride_am, stride_ak, stride_bk, stride_bn, 0, stride_cn, N2, 1, count_offset + pid,
                           pid - NB0 - NB1, pid_k, HAS_C, SPLIT_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
                           LAST_REDUCES, PDL, ACC2D, STAGES, UNROLL)
-    if NEXT:  # Note [The next product's weights]
-        _prefetch_next(next0_ptr, next1_ptr, next2_ptr, next_bytes0, next_bytes1, next_bytes2, next_chunk)
 
 
 @triton.jit
