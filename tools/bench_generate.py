@@ -90,7 +90,7 @@ from transformers.cache_utils import Cache, StaticCache
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor, hbm_floor_ms  # noqa: E402
-from tools.device_time import device_split, hbm_bytes_per_s  # noqa: E402
+from tools.device_time import device_split, hbm_bytes_per_s, timeline  # noqa: E402
 
 PROMPT = 16
 NEW = 64
@@ -303,8 +303,9 @@ def _profile(run, dev) -> dict:
     """Where one call of `run` (a generate() of NEW tokens, or NEW replays of a floor's graph)
     spends its time: device time and kernels per token, the device
     time split by part of the step (matmuls, attention, user kernels, Trident's, fused glue,
-    ATen glue, copies) and the idle time between kernels, the top device kernels, and the top
-    host operators by self time."""
+    ATen glue, copies), the idle time between kernels and what each part adds to the span of the
+    kernels (tools/device_time.timeline), the top device kernels, and the top host operators by
+    self time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -329,9 +330,10 @@ def _profile(run, dev) -> dict:
     return {
         "device_us_per_token": round(busy, 1),
         "kernels_per_token": round(sum(r[1] for r in dev_rows), 1),
-        # wall time of the profiled call (the profiler's own overhead included) less device time
-        "idle_us_per_token": round(max(wall / NEW * 1e6 - busy, 0.0), 1),
+        "wall_us_per_token": round(wall / NEW * 1e6, 1),  # the profiler's own overhead included
         "device_split_per_token": device_split(dev_rows),
+        # the device's idle time between kernels, the span, what each part adds to it (under PDL kernels overlap)
+        **{f"{k}_per_token" if k != "exposed_top" else k: v for k, v in timeline(prof, NEW).items()},
         "top_device": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in dev_rows[:10]],
         "top_host_self": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in host_rows[:15]],
     }

@@ -105,13 +105,29 @@ def critical_path(kernels) -> tuple:
     return exposed, gaps, (last - first) if last is not None else 0.0
 
 
+def timeline(prof, per: int) -> dict:
+    """From a torch.profiler run of `per` steps (or tokens) on CUDA, per unit: the device's idle
+    time between the run's first and last kernel (`critical_path`'s gaps), that span, and what each
+    part and kernel adds to it (`exposed_split`, `exposed_top`): under programmatic dependent launch
+    kernels overlap and a kernel's own duration includes its wait."""
+    from torch.autograd import DeviceType
+
+    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+               if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    exposed, gaps, span = critical_path(kernels)
+    counts: dict = {}
+    for _, _, name in kernels:
+        counts[name] = counts.get(name, 0) + 1
+    rows = sorted(((us / per, counts[name] / per, name) for name, us in exposed.items()), reverse=True)
+    return {"idle_us": round(gaps / per, 1), "span_us": round(span / per, 1), "exposed_split": device_split(rows),
+            "exposed_top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in rows[:16]]}
+
+
 def profile_device(run, per: int) -> dict:
     """Device time of one call of `run` (on CUDA), per unit (`per` steps or tokens in the call):
-    device microseconds (every kernel's own duration) and kernels, the split by part, the idle
-    time (device idle between the call's first and last kernel: `critical_path`'s gaps) and the
-    top kernels; and, since under programmatic dependent launch kernels overlap and a kernel's
-    duration includes its wait, the time each part and kernel adds to the span
-    (`exposed_split`, `exposed_top`: `critical_path`)."""
+    device microseconds (every kernel's own duration) and kernels, the split by part, the top
+    kernels, the call's wall time (profiler included) and `timeline`'s idle time, span and what
+    each part and kernel adds to the span."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -128,15 +144,7 @@ def profile_device(run, per: int) -> dict:
             rows.append((us / per, e.count / per, e.key))
     rows.sort(reverse=True)
     busy = sum(r[0] for r in rows)
-    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-               if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
-    exposed, gaps, span = critical_path(kernels)
-    counts = {}
-    for _, _, name in kernels:
-        counts[name] = counts.get(name, 0) + 1
-    exposed_rows = sorted(((us / per, counts[name] / per, name) for name, us in exposed.items()), reverse=True)
     return {"device_us": round(busy, 1), "kernels": round(sum(r[1] for r in rows), 1),
-            "idle_us": round(gaps / per, 1), "span_us": round(span / per, 1), "wall_us": round(wall / per * 1e6, 1),
-            "device_split": device_split(rows), "exposed_split": device_split(exposed_rows),
+            "wall_us": round(wall / per * 1e6, 1), "device_split": device_split(rows),
             "top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in rows[:12]],
-            "exposed_top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in exposed_rows[:16]]}
+            **timeline(prof, per)}
