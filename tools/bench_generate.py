@@ -318,7 +318,7 @@ def _profile(run, dev) -> dict:
         wall = time.perf_counter() - t
     dev_rows, host_rows = [], []
     for e in prof.key_averages():
-        if e.device_type == DeviceType.CUDA:
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             us = getattr(e, "self_device_time_total", 0) or 0
             if us > 0:
                 dev_rows.append((us / NEW, e.count / NEW, e.key))

@@ -105,19 +105,33 @@ def critical_path(kernels) -> tuple:
     return exposed, gaps, (last - first) if last is not None else 0.0
 
 
+def _kernel_event(e, device_type) -> bool:
+    """A profiler event (or average) of device work: on CUDA and no user annotation (a
+    `record_function` range torch lists on the device too, spanning the kernels inside it)."""
+    return e.device_type == device_type.CUDA and not getattr(e, "is_user_annotation", False)
+
+
 def timeline(prof, per: int) -> dict:
     """From a torch.profiler run of `per` steps (or tokens) on CUDA, per unit: the device's idle
     time between the run's first and last kernel (`critical_path`'s gaps), that span, and what each
     part and kernel adds to it (`exposed_split`, `exposed_top`): under programmatic dependent launch
-    kernels overlap and a kernel's own duration includes its wait."""
+    kernels overlap and a kernel's own duration includes its wait. Each GPU's kernels are one
+    timeline (summed over GPUs); `record_function` ranges the profiler lists as device events are
+    no kernels."""
     from torch.autograd import DeviceType
 
-    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-               if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
-    exposed, gaps, span = critical_path(kernels)
-    counts: dict = {}
-    for _, _, name in kernels:
-        counts[name] = counts.get(name, 0) + 1
+    per_device: dict = {}  # a timeline per GPU (every stream of one GPU on one timeline)
+    for e in prof.events():
+        if _kernel_event(e, DeviceType) and e.time_range.end > e.time_range.start:
+            per_device.setdefault(e.device_index, []).append((e.time_range.start, e.time_range.end, e.name))
+    exposed, gaps, span, counts = {}, 0.0, 0.0, {}
+    for kernels in per_device.values():
+        one, one_gaps, one_span = critical_path(kernels)
+        for name, us in one.items():
+            exposed[name] = exposed.get(name, 0.0) + us
+        gaps, span = gaps + one_gaps, span + one_span
+        for _, _, name in kernels:
+            counts[name] = counts.get(name, 0) + 1
     rows = sorted(((us / per, counts[name] / per, name) for name, us in exposed.items()), reverse=True)
     return {"idle_us": round(gaps / per, 1), "span_us": round(span / per, 1), "exposed_split": device_split(rows),
             "exposed_top": [{"us": round(u, 1), "n": round(c, 2), "name": k[:100]} for u, c, k in rows[:16]]}
@@ -140,7 +154,7 @@ def profile_device(run, per: int) -> dict:
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", 0) or 0
-        if e.device_type == DeviceType.CUDA and us > 0:
+        if _kernel_event(e, DeviceType) and us > 0:
             rows.append((us / per, e.count / per, e.key))
     rows.sort(reverse=True)
     busy = sum(r[0] for r in rows)

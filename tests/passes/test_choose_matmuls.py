@@ -568,47 +568,61 @@ def test_measured_choice_on_cuda():
 
 def test_candidates_are_timed_as_launched_under_pdl():
     """Note [Measured after a kernel]: under PDL a candidate is timed with the region's own launch
-    arguments (PDL, emit_launch's PREFETCH) and programmatic serialization, a single product and a
-    group alike; products are timed after a kernel only on a CUDA device that wants PDL."""
+    arguments (PDL, the PREFETCH emit_launch gives the launch: gemv.prefetch_for) and programmatic
+    serialization, a single product and a group alike; timed after a kernel only on a CUDA device that
+    wants PDL for user kernels too."""
     a, b = torch.randn(1, 2048), torch.randn(512, 2048).t()
     configs = [c for c in G.CONFIGS if G.useful(512, 2048, c)]
     assert configs
+    prefetches = set()
     for config in configs:
-        plain = CM._launch_args(a, b, None, config, 1, 512, 2048)
-        made = CM._launch_args(a, b, None, config, 1, 512, 2048, programmatic=True)
-        prefetch = G.prefetch_for(G.grid(512, 2048, config), {**plain, "b_ptr": b})
-        assert made == {**plain, "PDL": True, "PREFETCH": prefetch, "launch_pdl": True}
-        plain = CM._group_args(a, b, [512, 512], False, config)
-        made = CM._group_args(a, b, [512, 512], False, config, programmatic=True)
-        prefetch = G.prefetch_for(G.group_grid([512, 512], config), {**plain, "b0_ptr": b})
-        assert made == {**plain, "PDL": True, "PREFETCH": prefetch, "launch_pdl": True}
+        single = [CM._launch_args(a, b, None, config, 1, 512, 2048, programmatic=p) for p in (False, True)]
+        group = [CM._group_args(a, b, [512, 512], False, config, programmatic=p) for p in (False, True)]
+        for (plain, made), grid, weight in ((single, G.grid(512, 2048, config), "b_ptr"),
+                                            (group, G.group_grid([512, 512], config), "b0_ptr")):
+            assert "PDL" not in plain and "PREFETCH" not in plain and "launch_pdl" not in plain
+            assert made == {**plain, "PDL": True, "PREFETCH": made["PREFETCH"], "launch_pdl": True}
+            assert made["PREFETCH"] == G.prefetch_for(grid, {**plain, weight: b})  # what emit_launch sets
+            prefetches.add(made["PREFETCH"])
+    assert len(prefetches) > 1  # the configs' K loops differ: not one constant
     for setting in ("", "cuda", "all"):
         with knobs.scope(pdl=setting):
             assert not CM._chained(torch.device("cpu"))
 
 
-def test_timed_after_a_kernel_on_cuda():
-    """On a GPU that wants PDL a candidate's time is what it adds after `after_kernel` (that kernel's own
-    time, chained, subtracted): positive and below the two together; without PDL the product alone."""
+@_CUDA
+def test_timed_after_a_kernel_on_cuda(monkeypatch):
+    """On a GPU that wants PDL the measurement launches every candidate programmatically after
+    `after_kernel`, and a time is what the candidate adds after it (that kernel's own time, chained,
+    subtracted): below the two together; without PDL, or with user kernels in order, the product
+    alone."""
     if not pdl.wanted(torch.device("cuda")):
         pytest.skip("PDL is not wanted on this GPU (compute capability < 9.0 or CUDA < 12.3)")
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16).t()
     out = torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16)
+    config = (64, 128, 4, 4, 1)
+    counts = torch.zeros(G.counters(2048, config), dtype=torch.int32, device="cuda")
     timer = CM._Timer(x, chained=True)
     assert timer.after is not None and 0 < timer.base < 100
 
     def gemv():
-        CM._run_gemv(x, w, None, out, (64, 128, 4, 4, 1), programmatic=True)
+        CM._run_gemv(x, w, None, out, config, counts, programmatic=True)
 
     gemv()
+    torch.testing.assert_close(out, x @ w, rtol=2e-2, atol=2e-2)
     added = timer(gemv)
     alone = CM._Timer(x, chained=False)(gemv)
-    assert 0 < added < alone + timer.base, (added, alone, timer.base)
-    torch.testing.assert_close(out, x @ w, rtol=2e-2, atol=2e-2)
-    with knobs.scope(pdl=""):
-        assert not CM._chained(x.device)
+    assert 0.001 < added < alone + timer.base, (added, alone, timer.base)
+    seen = []
+    run_gemv = CM._run_gemv
+    monkeypatch.setattr(CM, "_run_gemv", lambda *a, **k: (seen.append(k.get("programmatic")), run_gemv(*a, **k))[1])
+    times = CM._measure_cuda(torch.ops.aten.mm.default, x, w, None, [config, (32, 256, 1, 4, 0)], rounds=False)
+    assert set(times) == {"aten", CM._name(config), CM._name((32, 256, 1, 4, 0))} and set(seen) == {True}
     assert CM._chained(x.device)
+    for scope in ({"pdl": ""}, {"pdl_user_kernels": "0"}):
+        with knobs.scope(**scope):
+            assert not CM._chained(x.device)
 
 
 def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):

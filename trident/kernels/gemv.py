@@ -314,14 +314,15 @@ def gemv_reduce_kernel(
 @triton.jit
 def after_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     """The kernel a product is timed after where PDL is on (Note [Measured after a kernel],
-    choose_matmuls): one program that waits for the kernel before it and releases its dependents
-    at once, as a user kernel's waiting twin does (Note [A user kernel made to wait]), then copies n
-    elements -- latency-bound, as the norm before a projection is. CUDA only."""
+    choose_matmuls): one program per row of n elements, which waits for the kernel before it and
+    releases its dependents at once, as a user kernel's waiting twin does (Note [A user kernel made
+    to wait]), then copies its row -- latency-bound, as the norm before a projection is. CUDA only."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64) * n
     for start in tl.range(0, n, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+        tl.store(dst_ptr + row + i, tl.load(src_ptr + row + i, mask=i < n), mask=i < n)
 
 
 class Config(NamedTuple):

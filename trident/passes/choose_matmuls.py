@@ -65,7 +65,7 @@ _MARGIN = 0.95  # a kernel is chosen when it takes at most this fraction of the 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _REDUCE_BLOCK = 256
 
-# (op name, rows, cols, inner, dtype, layouts) -> the choice: {"config": [..] or None, "us": {...}}
+# (op name, rows, cols, inner, dtype, layouts, device, chained) -> the choice: {"config": [..] or None, "us": {...}}
 _CHOICES: dict = {}
 _timer: Optional[Callable[[str, dict, Any], float]] = None
 
@@ -148,16 +148,16 @@ def _launch_args(va, vb, vc, config, m: int, n: int, k: int, count_offset: int =
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
         "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
         "STAGES": stages, "UNROLL": unroll, "num_warps": warps,
-        **(_programmatic_args(G.grid(n, k, config), k, config, vb.element_size()) if programmatic else {}),
-    }
+    } | (_programmatic_args(G.grid(n, k, config), vb, config, k) if programmatic else {})
 
 
-def _programmatic_args(grid, k: int, config, itemsize: int) -> dict:
+def _programmatic_args(grid, vb, config, k: int) -> dict:
     """A GEMV launch's arguments as the region makes it under PDL: PDL and PREFETCH as emit_launch
-    sets them (Note [Weights ahead of the wait]), launched with programmatic serialization."""
+    sets them (`gemv.prefetch_for`, Note [Weights ahead of the wait]), launched with programmatic
+    serialization."""
     block_n, block_k, split_k = G.Config(*config)[:3]
-    return {"PDL": True, "PREFETCH": G.prefetch_tiles(math.prod(grid), k, block_n, block_k, split_k, itemsize),
-            "launch_pdl": True}
+    shape = {"b_ptr": vb, "K": k, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k}
+    return {"PDL": True, "PREFETCH": G.prefetch_for(grid, shape), "launch_pdl": True}
 
 
 def _run_gemv(a, b, c, out, config, counts=None, compile_only=False, programmatic=False):
@@ -270,18 +270,22 @@ def precompile(compiles) -> None:
 # to back, neither shows: on an H100 (e62c382) Llama-1B's o projection measured 6.01 us as a GEMV
 # against cuBLAS's 6.22 and stayed on cuBLAS (_MARGIN), and with it two boundaries a layer kept
 # ordinary order. So under PDL every candidate is timed as a step runs it: each repetition is
-# `after_kernel` (one program that waits, releases its dependents at once, then copies a row block
-# of the product's input size: latency-bound, as the norm before a projection or a user kernel's
-# waiting twin is) then the candidate, each launched as the region launches it (the GEMV with PDL,
+# `after_kernel` (a program per row of the product's input, each waiting, releasing its dependents
+# at once and copying its row: latency-bound, as the norm before a projection, a user kernel's
+# waiting twin, is) then the candidate, each launched as the region launches it (the GEMV with PDL,
 # PREFETCH and programmatic serialization; the operator in order; after_kernel programmatic); the
 # time of after_kernel alone, chained the same way, is subtracted. A time is then what the product
-# adds to a step after such a kernel (`_Timer`); without PDL it is the product alone, as before.
-# Whether the times are of this kind is part of every key a choice is kept under.
+# adds to a step after such a kernel (`_Timer`; explain() lists these times); without PDL, or with
+# user kernels in ordinary order (TRIDENT_PDL_USER_KERNELS=0: the norm before a projection is then
+# no twin that releases it early), it is the product alone, as before. Whether the times are of this
+# kind is part of every key a choice is kept under. The GEMV timed is compiled with launch_pdl (an
+# option of Triton's cache key, the code the same), the region's without: the chosen config is
+# compiled once more for the region.
 
 
 def _chained(device: torch.device) -> bool:
     """Whether products on `device` are timed after a kernel (Note [Measured after a kernel])."""
-    return device.type == "cuda" and pdl.wanted(device)
+    return device.type == "cuda" and pdl.wanted(device) and knobs.pdl_user_kernels()
 
 
 class _Timer:
@@ -292,10 +296,11 @@ class _Timer:
     def __init__(self, a: torch.Tensor, chained: bool):
         self.after = None
         self.base = 0.0
-        if chained:
-            src = torch.rand(a.numel(), device=a.device).to(a.dtype)
+        if chained:  # zeros: no draw from the device's random generator, which is the user's
+            src = torch.zeros(a.shape, dtype=a.dtype, device=a.device)
             dst = torch.empty_like(src)
-            self.after = lambda: G.after_kernel[(1,)](src, dst, src.numel(), BLOCK=1024, launch_pdl=True)
+            rows, n = (a.shape[0], a.shape[1]) if a.dim() == 2 else (1, a.numel())
+            self.after = lambda: G.after_kernel[(rows,)](src, dst, n, BLOCK=1024, launch_pdl=True)
             self.base = self._bench(self.after)
 
     @staticmethod
@@ -553,8 +558,7 @@ def _group_args(va, vb, ns, has_c: bool, config, count_offset: int = 0, programm
         "PRECISION": "ieee" if va.dtype == torch.float32 else "tf32",
         "BLOCK_M": G.block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k, "LAST_REDUCES": bool(last),
         "STAGES": stages, "UNROLL": unroll, "num_warps": warps,
-        **(_programmatic_args(G.group_grid(ns, config), k, config, vb.element_size()) if programmatic else {}),
-    }
+    } | (_programmatic_args(G.group_grid(ns, config), vb, config, k) if programmatic else {})
 
 
 def _three(xs, fill) -> list:
