@@ -415,3 +415,58 @@ def test_lowerings_are_kept_in_the_cache_dir_and_restored_without_inductor(tmp_p
         assert calls and _launches(third) == _launches(first)
         for got, ref in zip(third(*args), _rms(*args)):
             torch.testing.assert_close(got, ref)
+
+
+def _rotary(x, y, inv_freq, pos, batched=True):
+    """A launch, a rotary embedding's angles as HF computes them (an outer product of the inverse
+    frequencies and the positions, then cat, cos, sin, scaled), a launch."""
+    a = K.axpy(x, y)
+    if batched:  # [1, D/2, 1] @ [1, 1, L]: aten.bmm
+        freqs = (inv_freq[None, :, None].float() @ pos[:, None, :].float()).transpose(1, 2)
+    else:  # [L, 1] @ [1, D/2]: aten.mm
+        freqs = (pos[0][:, None].float() @ inv_freq[None, :].float())[None]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos() * 0.5, emb.sin() * 0.5
+    return K.axpy(a, a), emb, cos, sin
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["bmm", "mm"])
+def test_an_outer_product_is_glue_bit_for_bit(batched):
+    """Note [Outer products are glue]: a product with inner size 1 becomes aten.mul and fuses with
+    the glue around it: no product is left, the angles are one generated kernel between the two
+    launches; the angles are eager's bit for bit (their cos and sin, Triton's, within fp32 rounding),
+    with positions the capture never saw."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(256, generator=g), torch.randn(256, generator=g)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+    pos = torch.tensor([[7, 8, 9]])
+    args = (x, y, inv_freq, pos, batched)
+    with knobs.scope(fuse_glue="all"):
+        gm = trident.capture(_rotary, *args)
+        assert fuse_glue(gm) >= 1
+        assert not [n for n in gm.graph.nodes if n.target in (aten.mm.default, aten.bmm.default)]
+        opt = trident.optimize(trident.capture(_rotary, *args))
+    names = _launches(opt)
+    assert names[0] == names[-1] == "axpy_kernel" and len(names) == 3, names
+    for p in (pos, torch.tensor([[100, 2000, 30000]])):
+        got, want = opt(x, y, inv_freq, p, batched), _rotary(x, y, inv_freq, p, batched)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        for g_, w_ in zip(got[2:], want[2:]):
+            torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
+
+
+def test_an_outer_product_under_tf32_stays_a_product():
+    """With float32 matmul precision below "highest" cuBLAS may round fp32 inputs to TF32: the
+    product is then not a multiply of the values, and stays."""
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(256, generator=g), torch.randn(256, generator=g),
+            1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)), torch.tensor([[7, 8, 9]]), True)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        with knobs.scope(fuse_glue="all"):
+            gm = trident.capture(_rotary, *args)
+            fuse_glue(gm)
+        assert [n for n in gm.graph.nodes if n.target is aten.bmm.default]
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -189,6 +189,8 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
     if not mode:
         return 0
     fused = 0
+    if _outer_products_as_muls(gm, mode):
+        gm.graph.lint()
     for group in _groups(gm, mode):
         if _computes(group) < 2:
             continue
@@ -201,6 +203,46 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return fused
+
+
+# Note [Outer products are glue]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A rotary embedding computes its angles as `inv_freq[None, :, None] @ position_ids[:, None, :]`
+# (HF's Llama, Qwen2, Mistral, ...): a matrix product with an inner size of 1, i.e. an outer
+# product -- one multiply per element, no sum. As an ATen bmm it is a cuBLAS kernel of its own in
+# the middle of the angles' glue (cutlass's sgemm, ~3 us of an H100 a decode step, e62c382), which
+# cuts that glue in two fused kernels and keeps two ordinary boundaries under PDL. With one term
+# the product is x * y rounded once, in fp32 for fp32 and in the output dtype otherwise -- what
+# aten.mul computes -- so `mm`/`bmm` of static sizes with inner size 1 becomes the broadcasting
+# `aten.mul` and joins the glue, bit for bit the same where cuBLAS computes fp32 products in fp32
+# (float32 matmul precision "highest", torch's default: TF32 would round the inputs first, and an
+# fp32 product then stays a product).
+
+
+def _outer_products_as_muls(gm: torch.fx.GraphModule, mode: str) -> int:
+    """Note [Outer products are glue]: each static mm/bmm with inner size 1 on a device `mode`
+    fuses glue on becomes aten.mul of the same operands (unsqueezed where mm's are 2-d is the
+    same: [M, 1] * [1, N]); returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.mm.default, aten.bmm.default):
+            continue
+        x, y = node.args[:2]
+        vx, vy, out = x.meta.get("val"), y.meta.get("val"), node.meta.get("val")
+        if not all(_tensor_ok(t, mode) for t in (vx, vy, out)) or vx.shape[-1] != 1 or vx.dtype != vy.dtype:
+            continue
+        if vx.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+            continue
+        product = vx * vy
+        if tuple(product.shape) != tuple(out.shape) or product.stride() != out.stride() or product.dtype != out.dtype:
+            continue
+        with gm.graph.inserting_before(node):
+            mul = gm.graph.call_function(aten.mul.Tensor, (x, y))
+        mul.meta["val"] = product
+        node.replace_all_uses_with(mul)
+        gm.graph.erase_node(node)
+        count += 1
+    return count
 
 
 def _outer_views(group: list) -> list:
