@@ -470,3 +470,17 @@ def test_an_outer_product_under_tf32_stays_a_product():
         assert [n for n in gm.graph.nodes if n.target is aten.bmm.default]
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_an_outer_product_alone_is_rewritten_and_the_module_runs_it():
+    """A product with inner size 1 and no glue to fuse with: the pass alone (outside optimize's one
+    recompile) still leaves a module whose code runs the multiply, equal to the product."""
+    def outer(a, b):
+        return K.axpy(a, a)[:, None] @ b[None, :]
+
+    a, b = torch.randn(8), torch.randn(5)
+    with knobs.scope(fuse_glue="all"):
+        gm = trident.capture(outer, a, b)
+        assert fuse_glue(gm) == 0
+    assert "aten.mul.Tensor" in gm.code and "aten.mm" not in gm.code
+    assert torch.equal(gm(a, b), outer(a, b))

@@ -189,8 +189,7 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
     if not mode:
         return 0
     fused = 0
-    if _outer_products_as_muls(gm, mode):
-        gm.graph.lint()
+    rewritten = _outer_products_as_muls(gm, mode)
     for group in _groups(gm, mode):
         if _computes(group) < 2:
             continue
@@ -199,7 +198,7 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
                 fused += 1
         except GlueLoweringError as e:
             logs.lowering.debug("glue of %d ops left unfused (%s): %s", len(group), group[0].name, e)
-    if fused:
+    if fused or rewritten:
         gm.graph.lint()
         gm.recompile()
     return fused
@@ -221,8 +220,9 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
 
 def _outer_products_as_muls(gm: torch.fx.GraphModule, mode: str) -> int:
     """Note [Outer products are glue]: each static mm/bmm with inner size 1 on a device `mode`
-    fuses glue on becomes aten.mul of the same operands (unsqueezed where mm's are 2-d is the
-    same: [M, 1] * [1, N]); returns how many."""
+    fuses glue on becomes aten.mul of the same operands ([M, 1] * [1, N] broadcasts to mm's
+    [M, N], [B, M, 1] * [B, 1, N] to bmm's [B, M, N]) where its result has the product's layout;
+    returns how many."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in (aten.mm.default, aten.bmm.default):
