@@ -562,8 +562,16 @@ def test_measured_choice_on_cuda():
         opt = trident.optimize(trident.capture(_linear, x, w))
     text = trident.explain(opt)
     assert "decode matmuls:" in text and "[measured: " in text and "aten " in text, text
+    assert ("; each as added after a kernel, under programmatic dependent launch]" in text) == CM._chained(x.device)
     for _ in range(3):
         torch.testing.assert_close(opt(x, w), _linear(x, w), rtol=2e-2, atol=2e-2)
+
+
+def test_explain_says_when_times_are_as_added_after_a_kernel():
+    choice = {"config": [32, 256, 1, 4, 0], "us": {"aten": 6.2, CM._name((32, 256, 1, 4, 0)): 5.5}}
+    plain, chained = CM.describe(choice, "mm 1x2048"), CM.describe(choice, "mm 1x2048", chained=True)
+    assert plain.endswith("[measured: gemv(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4) 5.50 us, aten 6.20 us]")
+    assert chained == plain[:-1] + "; each as added after a kernel, under programmatic dependent launch]"
 
 
 def test_candidates_are_timed_as_launched_under_pdl():

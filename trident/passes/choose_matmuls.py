@@ -720,13 +720,15 @@ def _rewrite_group(gm, members, config, counts: Optional[torch.fx.Node], count_o
         gm.graph.erase_node(node)
 
 
-def describe(choice: dict, shape, group: bool = False) -> str:
-    """One line of explain(): the product (or group of products), what runs it, and the times measured."""
+def describe(choice: dict, shape, group: bool = False, chained: bool = False) -> str:
+    """One line of explain(): the product (or group of products), what runs it, and the times
+    measured (`chained`: as added after a kernel, Note [Measured after a kernel])."""
     alone = "the members as listed alone" if group else "the operator (cuBLAS on CUDA)"
     what = _name(tuple(choice["config"])) if choice["config"] else alone
     us = ", ".join(f"{k} {v:.2f} us" for k, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
     where = f", from {choice['source']}" if choice.get("source") else ""
-    return f"{shape}: {what}" + (f" [measured{where}: {us}]" if us else " [not measured: no GPU and no timer]")
+    after = "; each as added after a kernel, under programmatic dependent launch" if chained else ""
+    return f"{shape}: {what}" + (f" [measured{where}: {us}{after}]" if us else " [not measured: no GPU and no timer]")
 
 
 def choose_matmuls(gm: torch.fx.GraphModule) -> int:
@@ -748,14 +750,15 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
         va, vb = node_val(a), node_val(b)
         vc = node_val(c) if c is not None else None
         choice = _choose(node, va, vb, vc)
-        notes.append(describe(choice, _label(node, va, vb)))
+        notes.append(describe(choice, _label(node, va, vb), chained=_chained(va.device)))
         products.append((node, a, b, c, choice))
     units = []  # each launch to emit: (members [(node, a, b, c)], config)
     grouped = set()
     for members, moves in _groups(gm, products):
         choice = _choose_group(members)
         notes.append(describe(choice, "group of " + ", ".join(_label(m[0], node_val(m[1]), node_val(m[2]))
-                                                             for m in members), group=True))
+                                                             for m in members), group=True,
+                              chained=_chained(node_val(members[0][1]).device)))
         if choice["config"] is not None:
             now = {n: i for i, n in enumerate(gm.graph.nodes)}  # an earlier group may have moved some
             for x in moves:  # the weights' views and attribute reads, ahead of the first member
