@@ -455,21 +455,78 @@ def test_an_outer_product_is_glue_bit_for_bit(batched):
             torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
 
 
-def test_an_outer_product_under_tf32_stays_a_product():
-    """With float32 matmul precision below "highest" cuBLAS may round fp32 inputs to TF32: the
-    product is then not a multiply of the values, and stays."""
+def _products_left(fn, args, **scope) -> list:
+    with knobs.scope(**{"fuse_glue": "all", **scope}):
+        gm = trident.capture(fn, *args)
+        fuse_glue(gm)
+    return [n for n in gm.graph.nodes if n.target in (aten.mm.default, aten.bmm.default)]
+
+
+@pytest.mark.parametrize("setting", ["global", "cpu", "legacy"])
+def test_an_fp32_outer_product_with_rounded_inputs_stays_a_product(setting):
+    """Where torch rounds fp32 products' inputs (TF32, bf16) the product is no multiply of the values
+    and stays: set through torch's per-backend settings or the legacy global one, read without the
+    error torch raises on a mix of the two; a setting for CUDA alone leaves the CPU's products alone."""
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(256, generator=g), torch.randn(256, generator=g),
             1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)), torch.tensor([[7, 8, 9]]), True)
-    before = torch.get_float32_matmul_precision()
+    names = ("fp32_precision", "cuda.matmul.fp32_precision", "mkldnn.matmul.fp32_precision")
+
+    def backend(name):
+        obj = torch.backends
+        for part in name.split(".")[:-1]:
+            obj = getattr(obj, part)
+        return obj
+
+    saved = [getattr(backend(n), n.split(".")[-1]) for n in names]
     try:
-        torch.set_float32_matmul_precision("high")
-        with knobs.scope(fuse_glue="all"):
-            gm = trident.capture(_rotary, *args)
-            fuse_glue(gm)
-        assert [n for n in gm.graph.nodes if n.target is aten.bmm.default]
+        if setting == "global":
+            torch.backends.fp32_precision = "tf32"
+        elif setting == "cpu":
+            torch.backends.cuda.matmul.fp32_precision = "tf32"  # the CPU's products are unaffected
+            assert not _products_left(_rotary, args)
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        else:
+            torch.set_float32_matmul_precision("high")
+        assert _products_left(_rotary, args)
+        assert not _products_left(_typed_outer(torch.bfloat16), args[:2])  # no fp32 product: no rounding of it
     finally:
-        torch.set_float32_matmul_precision(before)
+        for n, v in zip(names, saved):
+            setattr(backend(n), n.split(".")[-1], v)
+
+
+def _typed_outer(dtype):
+    def outer(a, b):
+        return K.axpy(a, a)[:, None].to(dtype) @ b[None, :].to(dtype)
+
+    return outer
+
+
+def test_outer_products_of_other_kinds_stay():
+    """Integer products stay (eager has none on CUDA: a multiply would run what eager refuses), and
+    so do products of tensors on a device the mode leaves (TRIDENT_FUSE_GLUE 'cuda': CPU tensors);
+    fp16 and bf16 ones become multiplies."""
+    a, b = torch.randn(8), torch.randn(5)
+    assert _products_left(_typed_outer(torch.float32), (a, b), fuse_glue="cuda")
+    assert _products_left(_typed_outer(torch.int64), (a, b))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert not _products_left(_typed_outer(dtype), (a, b))
+
+
+def test_an_outer_product_differs_only_in_the_sign_of_a_zero():
+    """Note [Outer products are glue]: equal values, including infinities and NaNs; a GEMM adds onto
+    +0.0, so where the multiply gives -0.0 the product gives +0.0."""
+    def outer(a, b):
+        return K.axpy(a, a)[:, None] @ b[None, :]
+
+    a = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), float("nan"), 3e-39])
+    b = torch.tensor([0.0, -1.0, 2.0, float("-inf"), 1e-3])
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(outer, a, b))
+    got, want = opt(a, b), outer(a, b)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    differ = got.view(torch.int32) != want.view(torch.int32)
+    assert (got[differ] == 0).all() and (want[differ] == 0).all()
 
 
 def test_an_outer_product_alone_is_rewritten_and_the_module_runs_it():

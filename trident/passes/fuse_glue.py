@@ -14,7 +14,8 @@ Which ops are glue: ATen ops tagged pointwise, the reductions of `_REDUCTIONS`, 
 op's result (a view of anything else stays where it is: it is an input of the group). Every
 tensor of the op on one device the mode allows (`TRIDENT_FUSE_GLUE`: 'cuda', or 'all' for the
 CPU tests, where the kernels run through Triton's interpreter), one tensor result, static
-sizes, no complex dtype, nothing empty. Not glue: matrix products, attention, launches, data
+sizes, no complex dtype, nothing empty. Not glue: matrix products (but a product with inner size 1
+is an elementwise one: Note [Outer products are glue]), attention, launches, data
 movement Trident lowers itself (lower_copies, fuse_cache_writes run first), random ops,
 anything that writes.
 
@@ -211,11 +212,32 @@ def fuse_glue(gm: torch.fx.GraphModule) -> int:
 # product -- one multiply per element, no sum. As an ATen bmm it is a cuBLAS kernel of its own in
 # the middle of the angles' glue (cutlass's sgemm, ~3 us of an H100 a decode step, e62c382), which
 # cuts that glue in two fused kernels and keeps two ordinary boundaries under PDL. With one term
-# the product is x * y rounded once, in fp32 for fp32 and in the output dtype otherwise -- what
-# aten.mul computes -- so `mm`/`bmm` of static sizes with inner size 1 becomes the broadcasting
-# `aten.mul` and joins the glue, bit for bit the same where cuBLAS computes fp32 products in fp32
-# (float32 matmul precision "highest", torch's default: TF32 would round the inputs first, and an
-# fp32 product then stays a product).
+# the product is x * y rounded once -- what aten.mul computes -- so a floating-point `mm`/`bmm` of
+# static sizes with inner size 1 becomes the broadcasting `aten.mul` and joins the glue: the same
+# values, where the product computes fp32 in fp32 (`_fp32_products_exact`: torch's default; with
+# TF32 or bf16 for fp32 products the inputs are rounded first, and such a product stays). One
+# difference: a GEMM adds the product onto +0.0, so where x * y is -0.0 (a zero times a negative)
+# it gives +0.0 and the multiply -0.0 -- equal values (a rotary's angles are never -0.0: positive
+# frequencies, positions >= 0). Integer and bool products stay (eager has none on CUDA).
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _fp32_products_exact(device: torch.device) -> bool:
+    """Whether torch computes fp32 matrix products on `device` from unrounded fp32 inputs (no
+    TF32, no bf16): the per-backend setting since torch 2.9 ('ieee', or 'none': the default,
+    inheritance resolved), else the legacy global one; False where torch cannot say (a mix of the
+    two APIs makes the legacy getter raise)."""
+    try:
+        backend = torch.backends.cuda if device.type == "cuda" else torch.backends.mkldnn
+        return backend.matmul.fp32_precision in ("ieee", "none")
+    except (AttributeError, RuntimeError):
+        pass
+    try:
+        return torch.get_float32_matmul_precision() == "highest"
+    except RuntimeError:
+        return False
 
 
 def _outer_products_as_muls(gm: torch.fx.GraphModule, mode: str) -> int:
@@ -229,15 +251,19 @@ def _outer_products_as_muls(gm: torch.fx.GraphModule, mode: str) -> int:
             continue
         x, y = node.args[:2]
         vx, vy, out = x.meta.get("val"), y.meta.get("val"), node.meta.get("val")
-        if not all(_tensor_ok(t, mode) for t in (vx, vy, out)) or vx.shape[-1] != 1 or vx.dtype != vy.dtype:
+        if not all(_tensor_ok(t, mode) for t in (vx, vy, out)) or vx.shape[-1] != 1 or vx.dtype not in _FLOATS:
             continue
-        if vx.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        if vx.dtype == torch.float32 and not _fp32_products_exact(vx.device):
             continue
-        product = vx * vy
+        try:
+            product = vx * vy
+        except Exception:  # noqa: BLE001 - a value fake propagation cannot multiply: the product stays
+            continue
         if tuple(product.shape) != tuple(out.shape) or product.stride() != out.stride() or product.dtype != out.dtype:
             continue
         with gm.graph.inserting_before(node):
             mul = gm.graph.call_function(aten.mul.Tensor, (x, y))
+        mul.meta.update(node.meta)
         mul.meta["val"] = product
         node.replace_all_uses_with(mul)
         gm.graph.erase_node(node)
