@@ -479,6 +479,7 @@ def test_an_fp32_outer_product_with_rounded_inputs_stays_a_product(setting):
         return obj
 
     saved = [getattr(backend(n), n.split(".")[-1]) for n in names]
+    legacy, tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
     try:
         if setting == "global":
             torch.backends.fp32_precision = "tf32"
@@ -490,9 +491,11 @@ def test_an_fp32_outer_product_with_rounded_inputs_stays_a_product(setting):
             torch.set_float32_matmul_precision("high")
         assert _products_left(_rotary, args)
         assert not _products_left(_typed_outer(torch.bfloat16), args[:2])  # no fp32 product: no rounding of it
-    finally:
+    finally:  # the legacy setter first: new settings over legacy ones leave a mix torch's getters refuse
+        torch.set_float32_matmul_precision(legacy)
         for n, v in zip(names, saved):
             setattr(backend(n), n.split(".")[-1], v)
+    assert torch.get_float32_matmul_precision() == legacy and torch.backends.cuda.matmul.allow_tf32 == tf32
 
 
 def _typed_outer(dtype):
