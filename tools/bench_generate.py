@@ -90,7 +90,7 @@ from transformers.cache_utils import Cache, StaticCache
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor, hbm_floor_ms  # noqa: E402
-from tools.device_time import device_split, hbm_bytes_per_s, timeline  # noqa: E402
+from tools.device_time import device_split, hbm_bytes_per_s, kernel_event, timeline  # noqa: E402
 
 PROMPT = 16
 NEW = 64
@@ -306,7 +306,6 @@ def _profile(run, dev) -> dict:
     ATen glue, copies), the idle time between kernels and what each part adds to the span of the
     kernels (tools/device_time.timeline), the top device kernels, and the top host operators by
     self time."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
@@ -318,7 +317,7 @@ def _profile(run, dev) -> dict:
         wall = time.perf_counter() - t
     dev_rows, host_rows = [], []
     for e in prof.key_averages():
-        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+        if kernel_event(e):
             us = getattr(e, "self_device_time_total", 0) or 0
             if us > 0:
                 dev_rows.append((us / NEW, e.count / NEW, e.key))

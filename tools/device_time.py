@@ -12,6 +12,7 @@ import pkgutil
 import time
 
 import torch
+from torch.autograd import DeviceType
 
 # Peak memory bandwidth by the device's name (NVIDIA's data sheets), first match; the H200's
 # (issue 25's targets are set on it) for any other device and on the CPU
@@ -105,10 +106,10 @@ def critical_path(kernels) -> tuple:
     return exposed, gaps, (last - first) if last is not None else 0.0
 
 
-def _kernel_event(e, device_type) -> bool:
+def kernel_event(e) -> bool:
     """A profiler event (or average) of device work: on CUDA and no user annotation (a
     `record_function` range torch lists on the device too, spanning the kernels inside it)."""
-    return e.device_type == device_type.CUDA and not getattr(e, "is_user_annotation", False)
+    return e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
 
 
 def timeline(prof, per: int) -> dict:
@@ -118,11 +119,10 @@ def timeline(prof, per: int) -> dict:
     kernels overlap and a kernel's own duration includes its wait. Each GPU's kernels are one
     timeline (summed over GPUs); `record_function` ranges the profiler lists as device events are
     no kernels."""
-    from torch.autograd import DeviceType
 
     per_device: dict = {}  # a timeline per GPU (every stream of one GPU on one timeline)
     for e in prof.events():
-        if _kernel_event(e, DeviceType) and e.time_range.end > e.time_range.start:
+        if kernel_event(e) and e.time_range.end > e.time_range.start:
             per_device.setdefault(e.device_index, []).append((e.time_range.start, e.time_range.end, e.name))
     exposed, gaps, span, counts = {}, 0.0, 0.0, {}
     for kernels in per_device.values():
@@ -142,7 +142,6 @@ def profile_device(run, per: int) -> dict:
     device microseconds (every kernel's own duration) and kernels, the split by part, the top
     kernels, the call's wall time (profiler included) and `timeline`'s idle time, span and what
     each part and kernel adds to the span."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -154,7 +153,7 @@ def profile_device(run, per: int) -> dict:
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", 0) or 0
-        if _kernel_event(e, DeviceType) and us > 0:
+        if kernel_event(e) and us > 0:
             rows.append((us / per, e.count / per, e.key))
     rows.sort(reverse=True)
     busy = sum(r[0] for r in rows)
