@@ -633,6 +633,52 @@ def test_timed_after_a_kernel_on_cuda(monkeypatch):
             assert not CM._chained(x.device)
 
 
+def _stand_in_cases(device):
+    base = torch.empty(64, 48, dtype=torch.bfloat16, device=device)
+    return [base.t(), base[3:, 5:40], torch.empty(2, 3, 5, device=device).transpose(0, 2),
+            torch.empty(7, dtype=torch.float16, device=device), torch.empty(2, 9, dtype=torch.int64, device=device),
+            torch.empty(1, 1, 4, 16, dtype=torch.bool, device=device)[..., ::2]]
+
+
+def _check_stand_in(v, s):
+    assert (s.shape, s.stride(), s.storage_offset(), s.dtype, s.device) == \
+        (v.shape, v.stride(), v.storage_offset(), v.dtype, v.device)
+    if v.dtype == torch.bool:
+        assert bool(s.all())
+    elif v.is_floating_point():
+        assert bool(((s >= -1) & (s <= 1)).all()) and s.float().std() > 0.3  # spread over [-1, 1)
+    else:
+        assert not bool(s.any())
+
+
+def test_stand_ins_keep_the_layout_and_draw_from_the_callers_generator():
+    """A measurement's stand-in has its value's sizes, strides, offset, dtype and device; floating
+    values spread over [-1, 1) from the caller's generator (the same seed, the same values; the
+    program's random stream untouched), integers 0, a mask all true."""
+    from trident.passes.common import stand_in
+
+    state = torch.get_rng_state()
+    for v in _stand_in_cases("cpu"):
+        s = stand_in(v, torch.Generator().manual_seed(0))
+        _check_stand_in(v, s)
+        assert torch.equal(s, stand_in(v, torch.Generator().manual_seed(0)))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@_CUDA
+def test_stand_ins_are_drawn_on_the_device_cuda():
+    """With a generator of the device the stand-ins are drawn there (no host copy of a weight):
+    same layout, spread and determinism; the program's CUDA random stream is left alone."""
+    from trident.passes.common import stand_in
+
+    state = torch.cuda.get_rng_state()
+    for v in _stand_in_cases("cuda"):
+        s = stand_in(v, torch.Generator(device="cuda").manual_seed(0))
+        _check_stand_in(v, s)
+        assert torch.equal(s, stand_in(v, torch.Generator(device="cuda").manual_seed(0)))
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+
+
 def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
     """With TRIDENT_CACHE_DIR a measured choice is written beside the plans and a later process
     (here: the process's memo cleared) takes it from there without measuring again; an entry

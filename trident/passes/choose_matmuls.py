@@ -332,7 +332,7 @@ def _measure_cuda(target, va, vb, vc, configs, rounds: bool = True) -> dict:
     chained = _chained(va.device)
     try:
         with torch.cuda.device(va.device):
-            g = torch.Generator().manual_seed(0)
+            g = torch.Generator(device=va.device).manual_seed(0)  # stand-ins drawn on the device
             a = stand_in(va, g)
             timer = _Timer(a, chained)
             copies = max(1, min(32, -(-2 * _L2_BYTES // max(1, vb.numel() * vb.element_size()))))
@@ -590,7 +590,7 @@ def _measure_group_cuda(va, vbs, vcs, configs, rounds: bool = True) -> dict:
     chained = _chained(va.device)
     try:
         with torch.cuda.device(va.device):
-            g = torch.Generator().manual_seed(0)
+            g = torch.Generator(device=va.device).manual_seed(0)  # stand-ins drawn on the device
             a = stand_in(va, g)
             timer = _Timer(a, chained)
             size = sum(vb.numel() * vb.element_size() for vb in vbs)

@@ -494,7 +494,7 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
     q = node_val(q_node)
     try:
         with torch.cuda.device(q.device):
-            g = torch.Generator().manual_seed(0)
+            g = torch.Generator(device=q.device).manual_seed(0)  # stand-ins drawn on the device
             members = set(chain) | {node}
             order = [n for n in gm.graph.nodes if n in members]
             sub = torch.fx.Graph()
