@@ -65,6 +65,94 @@ def test_rmsnorm_between_launches_is_one_generated_kernel_equal_to_eager():
         torch.testing.assert_close(got, ref)
 
 
+def _rope(x, y, cos, sin):
+    """HF's rotary embedding between two launches: `q * cos` and `rotate_half(q) * sin` start
+    from views of a launch's output (no group) and meet at their add."""
+    q = K.axpy(x, y).view(1, 4, 1, 64)
+    rot = torch.cat((-q[..., 32:], q[..., :32]), -1)
+    out = q * cos + rot * sin
+    return K.axpy(out.reshape(-1), x), out
+
+
+def _rope_args(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(256, generator=g), torch.randn(256, generator=g), torch.randn(1, 1, 1, 64, generator=g),
+            torch.randn(1, 1, 1, 64, generator=g)]
+
+
+def test_chains_that_meet_become_one_kernel_equal_to_eager():
+    """Note [Groups joined where they meet]: the two chains of a rotary embedding, started apart
+    and met at their add, are one group and one generated kernel (they were two), eager's values
+    for the capture's inputs and fresh ones."""
+    args = _rope_args()
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(_rope, *args))
+    names = _launches(opt)
+    assert len(names) == 3 and names[0] == names[-1] == "axpy_kernel", names
+    assert "5 ops (add, cat, mul, neg) at " in trident.explain(opt), trident.explain(opt)
+    for a in (args, _rope_args(seed=1)):
+        for got, ref in zip(opt(*a), _rope(*a)):
+            torch.testing.assert_close(got, ref)
+
+
+def _met_through_a_broadcast(x, y, pos):
+    """Two groups (positions: one element; key indices: 64) that meet at a compare broadcasting
+    the first over the second, as HF's causal mask does."""
+    a = K.axpy(x, y)
+    p = (pos + 1).view(1, 1)  # group 1 (with the view)
+    k = (a[:64] * 2 + 1).view(1, 64)  # group 2
+    mask = k <= p
+    return K.axpy(x, y), mask, p * 3 - 1
+
+
+def test_groups_met_through_a_broadcast_stay_apart():
+    """Groups a node reads over different iteration spaces are not merged (Inductor would make as
+    many kernels of the merged group, or more); the program equals eager."""
+    from trident.passes import fuse_glue as FG
+
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(256, generator=g), torch.randn(256, generator=g), torch.tensor([5.0])]
+    gm = trident.capture(_met_through_a_broadcast, *args)
+    groups = FG._groups(gm, "all")
+    computing = [[n.target for n in grp if n.target not in FG._VIEWS] for grp in groups]
+    assert aten.le.Tensor not in [op for grp in computing for op in grp if len(grp) == 1], computing
+    assert not any(aten.le.Tensor in grp and aten.mul.Tensor in grp and len(grp) > 3 for grp in computing), computing
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(gm)
+    for got, ref in zip(opt(*args), _met_through_a_broadcast(*args)):
+        torch.testing.assert_close(got, ref)
+
+
+def _met_around_a_product(x, y, w):
+    """Group 1's value goes through a matrix product (no glue, no write) into group 2, and a node
+    reads both; a later node reads group 2's value and the product."""
+    a = K.axpy(x, y).view(4, 64)
+    g1 = torch.sigmoid(a) * 2  # group 1
+    m = g1 @ w  # outside both
+    g2 = torch.tanh(m) + 1  # group 2
+    out = g1 * g2  # reads both over one iteration space: joins group 2
+    last = out * 3 + m  # reads group 2 and the product (which depends on group 1 only)
+    return K.axpy(last.reshape(-1), x), last
+
+
+def test_groups_a_path_leaves_are_not_merged():
+    """Note [Groups joined where they meet]: where a path from one group to the other passes
+    through an outside node (here a product), they are not merged -- merged, the product would
+    depend on the merged group, and a later node reading the product could no longer join it
+    (`_trim` then splits the merged group at the product, and the later node stays apart). The
+    program equals eager."""
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(256, generator=g), torch.randn(256, generator=g), torch.randn(64, 64, generator=g)]
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(_met_around_a_product, *args))
+    names = _launches(opt)
+    assert len(names) == 4 and names[0] == names[-1] == "axpy_kernel", names
+    text = trident.explain(opt)
+    assert "2 ops (mul, sigmoid) at " in text and "5 ops (add, mul, tanh) at " in text, text
+    for got, ref in zip(opt(*args), _met_around_a_product(*args)):
+        torch.testing.assert_close(got, ref)
+
+
 def test_off_by_default_and_off_leaves_the_glue():
     args = _args()
     opt = trident.optimize(trident.capture(_rms, *args))

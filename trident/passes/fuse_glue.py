@@ -26,7 +26,8 @@ dependency and every read of a value that something writes:
   node moves none past a write;
 - a glue node joins the group of one of its glue inputs when no other input of it depends on
   that group (else the group would feed itself through an outside node: a cycle); else it
-  starts a group;
+  starts a group; the other groups of its inputs join that group too where no path between
+  them leaves both (Note [Groups joined where they meet]);
 - the block is inserted at the group's last node; a group member after the first outside
   reader of any member's value is dropped from the group (so every reader follows the block);
 - views at a group's end that only outside nodes read (a slice with an offset, a select, an
@@ -126,6 +127,50 @@ def _may_write(node: torch.fx.Node) -> bool:
     return node.target._schema.is_mutable
 
 
+# Note [Groups joined where they meet]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A node joins one group, the first of its inputs' groups it can join; groups grow from their
+# first node, so two chains that start apart and meet at a node stay two kernels. HF's rotary
+# embedding is such a pair: `q * cos` starts one group, `rotate_half(q) * sin` (slices of q, a
+# neg, a cat, a mul) another -- their inputs are views of a launch's output, in no group -- and
+# their add joins the first: two kernels for q and two for k in every layer of a plain Llama or
+# Qwen2 (tools/bench_hf.py's profiles: 82 pointwise glue launches a Llama-1B step). Where a node
+# reads several groups of its window, the others merge into the one it joins when
+# - the node reads them over one iteration space (its inputs from each have the numel of its
+#   input from the group it joins): Inductor then makes one kernel of them. Groups met through a
+#   broadcast stay apart: HF's causal mask compares the positions (one element) with the key
+#   indices (the cache length), and merged with the rotary angles' group, which reads the same
+#   positions, Inductor made three kernels of what were two;
+# - no path between them passes through a node outside both: no member of one has an outside
+#   input that depends on the other (`deps` holds, per node, every group it depends on, through
+#   any nodes).
+# The merged group is one block at its last node, as any group; `_trim` splits it where an
+# outside node reads a member before that.
+
+
+def _elements(node: torch.fx.Node) -> int:
+    return node.meta["val"].numel()
+
+
+def _merge(groups: list, group_of: dict, deps: dict, into: int, other: int) -> bool:
+    """Group `other` into group `into` (Note [Groups joined where they meet]) unless a path
+    between them leaves both; returns whether it did."""
+    both = set(groups[into]) | set(groups[other])
+    for a, b in ((into, other), (other, into)):
+        for member in groups[b]:
+            if any(p not in both and (deps.get(p, 0) >> a) & 1 for p in member.all_input_nodes):
+                return False
+    for member in groups[other]:
+        group_of[member] = into
+    groups[into].extend(groups[other])
+    groups[other] = []
+    bit, to = 1 << other, 1 << into
+    for n, bits in deps.items():
+        if bits & bit:
+            deps[n] = (bits & ~bit) | to
+    return True
+
+
 def _groups(gm: torch.fx.GraphModule, mode: str) -> list[list[torch.fx.Node]]:
     nodes = list(gm.graph.nodes)
     group_of: dict = {}
@@ -150,6 +195,11 @@ def _groups(gm: torch.fx.GraphModule, mode: str) -> list[list[torch.fx.Node]]:
                 if all(group_of.get(p) == g or not (deps.get(p, 0) >> g) & 1 for p in ins):
                     chosen = g
                     break
+            if chosen is not None:  # Note [Groups joined where they meet]
+                size = _elements(next(p for p in ins if group_of.get(p) == chosen))
+                for g in candidates:
+                    if g != chosen and groups[g] and all(_elements(p) == size for p in ins if group_of.get(p) == g):
+                        _merge(groups, group_of, deps, chosen, g)
             if chosen is None and kind == "compute":
                 chosen = len(groups)
                 groups.append([])
@@ -163,7 +213,7 @@ def _groups(gm: torch.fx.GraphModule, mode: str) -> list[list[torch.fx.Node]]:
         if bits:
             deps[node] = bits
     position = {n: i for i, n in enumerate(nodes)}
-    return [part for g in groups for part in _trim(g, position)]
+    return [part for g in groups if g for part in _trim(sorted(g, key=position.__getitem__), position)]
 
 
 def _trim(group: list, position: dict) -> list[list]:
