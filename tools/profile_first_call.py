@@ -41,31 +41,61 @@ def main() -> None:
     prof = cProfile.Profile()
     began = time.perf_counter()
     done = []
+    printed = _Tee(sys.stdout)  # the child's result line (its first_call_s) goes into the file too
 
-    def write(*_):
+    def write():
         if done:
             return
         done.append(True)
         prof.disable()
         text = io.StringIO()
         text.write(f"{args.one} on {args.device}: {time.perf_counter() - began:.1f} s in all\n")
+        text.write(f"the variant's result: {printed.last or '(none: stopped before it finished)'}\n")
+        text.write("(cProfile sees the main thread only; cumulative times of frames that enclose waits on other\n"
+                   " threads can be missing or low: read the tottime listing for where the main thread spent it)\n")
         for key, pattern in (("cumulative", INTEREST), ("cumulative", ""), ("tottime", "")):
             stats = pstats.Stats(prof, stream=text)
             stats.sort_stats(key).print_stats(*([pattern] if pattern else []), args.lines)
         with open(args.out, "w") as f:
             f.write(text.getvalue())
         print(f"wrote {args.out}", file=sys.stderr)
+
+    def stopped(*_):  # a device call's time limit: what was profiled so far
+        write()
         os._exit(0)
 
-    signal.signal(signal.SIGTERM, write)
-    signal.signal(signal.SIGINT, write)
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
     sys.argv = [os.path.join(here, "bench_generate.py"), "--one", args.one, "--device", args.device,
                 "--calls", str(args.calls)] + (["--tiny"] if args.tiny else [])
+    sys.stdout = printed
     prof.enable()
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
     finally:
-        write()
+        sys.stdout = printed.stream
+        write()  # also after a failure, whose traceback then follows
+
+
+class _Tee:
+    """Writes through to `stream`, keeping the last non-empty line."""
+
+    def __init__(self, stream):
+        self.stream, self.last, self._line = stream, "", ""
+
+    def write(self, text: str) -> int:
+        self._line += text
+        *lines, self._line = self._line.split("\n")
+        for line in lines:
+            if line.strip():
+                self.last = line.strip()[:2000]
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 if __name__ == "__main__":

@@ -662,7 +662,12 @@ def test_stand_ins_keep_the_layout_and_draw_from_the_callers_generator():
         s = stand_in(v, torch.Generator().manual_seed(0))
         _check_stand_in(v, s)
         assert torch.equal(s, stand_in(v, torch.Generator().manual_seed(0)))
+        if v.is_floating_point():
+            assert not torch.equal(s, stand_in(v, torch.Generator().manual_seed(1)))
     assert torch.equal(torch.get_rng_state(), state)
+    if torch.cuda.is_available():  # a generator of another device type: drawn on the host from its seed
+        v = _stand_in_cases("cpu")[0]
+        _check_stand_in(v, stand_in(v, torch.Generator(device="cuda").manual_seed(0)))
 
 
 @_CUDA

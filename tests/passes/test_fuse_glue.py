@@ -153,6 +153,28 @@ def test_groups_a_path_leaves_are_not_merged():
         torch.testing.assert_close(got, ref)
 
 
+def _met_beside_a_product(x, y, w):
+    """A node reads group 1, group 2 and a product of group 2's value (outside both)."""
+    a = K.axpy(x, y).view(4, 64)
+    g1 = torch.sigmoid(a) * 2  # group 1
+    g2 = torch.tanh(a) + 1  # group 2
+    out = torch.addcmul(g1, g2, g2 @ w)  # joins group 1; group 2 reaches it through the product too
+    return K.axpy(out.reshape(-1), x), out
+
+
+def test_groups_the_joining_node_reaches_through_an_outside_node_are_not_merged():
+    """Note [Groups joined where they meet]: the node's own outside inputs count -- group 2 feeds
+    it through a product too, so group 2 stays apart and group 1 stays whole."""
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(256, generator=g), torch.randn(256, generator=g), torch.randn(64, 64, generator=g)]
+    with knobs.scope(fuse_glue="all"):
+        opt = trident.optimize(trident.capture(_met_beside_a_product, *args))
+    text = trident.explain(opt)
+    assert "3 ops (addcmul, mul, sigmoid) at " in text and "2 ops (add, tanh) at " in text, text
+    for got, ref in zip(opt(*args), _met_beside_a_product(*args)):
+        torch.testing.assert_close(got, ref)
+
+
 def test_off_by_default_and_off_leaves_the_glue():
     args = _args()
     opt = trident.optimize(trident.capture(_rms, *args))

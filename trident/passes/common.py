@@ -260,17 +260,18 @@ def stand_in(v, g: torch.Generator) -> torch.Tensor:
     implementation on it: floating values in [-1, 1) from `g`, integers 0, a boolean mask all
     true. Drawn where v lives when `g` is a generator of v's device type (a measurement's weights
     and their copies are up to ~0.5 GB each: drawn on the host in fp32, converted and copied,
-    they took ~10 s of a Llama-1B first call on an H100 host), else on the host and copied.
-    `g` is the caller's own generator: the program's random streams are left alone."""
+    they took ~12 s of a Llama-1B first call on an H100 host), else on the host from a generator
+    of `g`'s seed, and copied. `g` is the caller's own: the program's random streams are left
+    alone."""
     span = v.storage_offset() + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1
-    where = v.device if g.device.type == v.device.type else torch.device("cpu")
+    here = g.device.type == v.device.type
+    where = v.device if here else torch.device("cpu")
     if v.dtype == torch.bool:
         base = torch.ones(span, dtype=torch.bool, device=where)
     elif not (v.is_floating_point() or v.is_complex()):
         base = torch.zeros(span, dtype=v.dtype, device=where)
-    elif where.type == "cpu":
-        base = (torch.rand(span, generator=g) * 2 - 1).to(v.dtype)
     else:  # drawn in the dtype where uniform_ has one (no fp32 copy of a bf16 weight), else in fp32
         drawn = v.dtype if v.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else torch.float32
-        base = torch.empty(span, dtype=drawn, device=where).uniform_(-1, 1, generator=g).to(v.dtype)
+        gen = g if here else torch.Generator().manual_seed(g.initial_seed())
+        base = torch.empty(span, dtype=drawn, device=where).uniform_(-1, 1, generator=gen).to(v.dtype)
     return base.to(v.device).as_strided(tuple(v.shape), tuple(v.stride()), v.storage_offset())

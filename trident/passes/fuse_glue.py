@@ -137,18 +137,26 @@ def _may_write(node: torch.fx.Node) -> bool:
 # Qwen2 (tools/bench_hf.py's profiles: 82 pointwise glue launches a Llama-1B step). Where a node
 # reads several groups of its window, the others merge into the one it joins when
 # - the node reads them over one iteration space (its inputs from each have the numel of its
-#   input from the group it joins): Inductor then makes one kernel of them. Groups met through a
-#   broadcast stay apart: HF's causal mask compares the positions (one element) with the key
-#   indices (the cache length), and merged with the rotary angles' group, which reads the same
-#   positions, Inductor made three kernels of what were two;
-# - no path between them passes through a node outside both: no member of one has an outside
-#   input that depends on the other (`deps` holds, per node, every group it depends on, through
-#   any nodes).
+#   input from the group it joins, each seen through its group's views to the op computing it):
+#   Inductor then makes one kernel of them. Groups met through a broadcast stay apart: HF's
+#   causal mask compares the positions (one element) with the key indices (the cache length),
+#   and merged with the rotary angles' group, which reads the same positions, Inductor made
+#   three kernels of what were two;
+# - no path between them passes through a node outside both: no member of one, nor the node,
+#   has an outside input that depends on the other (`deps` holds, per node, every group it
+#   depends on, through any nodes). `_trim` would keep a merge across such a path correct (it
+#   splits a group where an outside node reads a member before its last), but cut the groups
+#   where they were whole.
 # The merged group is one block at its last node, as any group; `_trim` splits it where an
 # outside node reads a member before that.
 
 
-def _elements(node: torch.fx.Node) -> int:
+def _elements(node: torch.fx.Node, group_of: dict) -> int:
+    """The numel of the computing member behind `node` (through the views of its group that lead
+    to it: an expand of one element reads one element, whatever it shows)."""
+    while node.target in _VIEWS and isinstance(node.args[0], torch.fx.Node) and \
+            group_of.get(node.args[0]) == group_of.get(node):
+        node = node.args[0]
     return node.meta["val"].numel()
 
 
@@ -196,9 +204,12 @@ def _groups(gm: torch.fx.GraphModule, mode: str) -> list[list[torch.fx.Node]]:
                     chosen = g
                     break
             if chosen is not None:  # Note [Groups joined where they meet]
-                size = _elements(next(p for p in ins if group_of.get(p) == chosen))
+                size = _elements(next(p for p in ins if group_of.get(p) == chosen), group_of)
                 for g in candidates:
-                    if g != chosen and groups[g] and all(_elements(p) == size for p in ins if group_of.get(p) == g):
+                    if g == chosen or not groups[g]:
+                        continue
+                    if all(_elements(p, group_of) == size for p in ins if group_of.get(p) == g) and all(
+                            group_of.get(p) in (chosen, g) or not (deps.get(p, 0) >> g) & 1 for p in ins):
                         _merge(groups, group_of, deps, chosen, g)
             if chosen is None and kind == "compute":
                 chosen = len(groups)
