@@ -147,8 +147,7 @@ def _may_write(node: torch.fx.Node) -> bool:
 #   depends on, through any nodes). `_trim` would keep a merge across such a path correct (it
 #   splits a group where an outside node reads a member before its last), but cut the groups
 #   where they were whole.
-# The merged group is one block at its last node, as any group; `_trim` splits it where an
-# outside node reads a member before that.
+# The merged group is one block at its last node, as any group.
 
 
 def _elements(node: torch.fx.Node, group_of: dict) -> int:
