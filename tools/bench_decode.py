@@ -4,7 +4,8 @@ views): eager, torch.compile (default, cpp_wrapper, reduce-overhead), a manual C
 replay at a fixed position (the device floor), and Trident -- all in ONE run. Trident runs in
 its default configuration (graph replay on: Note [Graph replay]); A/B variants run the same region
 with one knob changed (trident_no_graphs: every call runs the native host program; the other
-trident_* variants turn off one native path each, graphs off too so the path's cost shows).
+trident_* variants turn off one native path each, graphs off too so the path's cost shows;
+trident_untuned runs without issue 25's passes, as bench_hf's variant of that name).
 
     python tools/bench_decode.py --out results/bench_decode.json [--models llama,qwen] [--batches 1,8]
 
@@ -37,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import trident  # noqa: E402
 from tests.decode_model import Config, decode_step, decode_step_reference, make_caches, make_weights  # noqa: E402
+from tools.bench_hf import KNOBS  # noqa: E402
 from tools.device_time import hbm_floor_us, profile_device  # noqa: E402
 from trident.runtime.native import C  # noqa: E402
 
@@ -238,6 +240,9 @@ def run_case(
 
         return build
 
+    # without issue 25's passes (bench_hf's knobs of that name: no fused glue, no GEMV, Trident's
+    # attention unmeasured, no PDL): what those passes change in this step
+    variant("trident_untuned", trident_with(**KNOBS["trident_untuned"]))
     # the same region without graph replay (Note [Graph replay]): every call runs the host program
     describe("trident_no_graphs", variant("trident_no_graphs", trident_with(graphs="")))
     # every operator call boxed through the dispatcher (no views, constants, typed or gemm paths)
@@ -298,7 +303,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--variants", default="", help="comma list to run (default all)")
-    ap.add_argument("--profile", default="trident,graph_floor",
+    ap.add_argument("--profile", default="trident,trident_untuned,graph_floor",
                     help="comma list of variants whose device time is profiled (CUDA)")
     ap.add_argument("--inputs", default="feedback", choices=("feedback", "embedding"),
                     help="how the loop makes the hidden state: the previous output, or an embedding lookup")

@@ -7,7 +7,9 @@ mode="reduce-overhead" (which re-records a CUDA graph per shape), all in one run
 Two passes over the same 32 lengths: the first (cold) counts everything a user waits for --
 captures, compiles, re-recordings, Trident's new specializations; the second (warm) is the
 per-call cost once every length has been seen. Reported: total seconds of the cold pass, the
-median ms per prefill of the warm pass, and ratios against eager.
+median ms per prefill of the warm pass, and ratios against eager. trident_untuned is
+trident.compile without issue 25's passes (bench_hf's knobs of that name): trident_compile
+against it is what those passes change here.
 
     python tools/bench_dynamic.py --out results/bench_dynamic.json [--kernels liger] [--device cuda]
     python tools/bench_dynamic.py --tiny --device cpu        # a smoke run on the CPU
@@ -16,6 +18,7 @@ median ms per prefill of the warm pass, and ratios against eager.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,9 +30,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.bench_hf import _sync, build_model  # noqa: E402
+from tools.bench_hf import KNOBS, _sync, build_model  # noqa: E402
 
-VARIANTS = ("eager", "trident_compile", "compile_dynamic", "compile_reduce_overhead")
+VARIANTS = ("eager", "trident_compile", "trident_untuned", "compile_dynamic", "compile_reduce_overhead")
 
 
 def lengths(n: int, top: int, seed: int = 0) -> list[int]:
@@ -42,7 +45,7 @@ def lengths(n: int, top: int, seed: int = 0) -> list[int]:
 def make_forward(variant: str, model):
     if variant == "eager":
         return model.forward
-    if variant == "trident_compile":
+    if variant in ("trident_compile", "trident_untuned"):
         import trident
 
         return trident.compile(model.forward)
@@ -64,7 +67,12 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
     out = {"cold_ms": [], "warm_ms": []}
     start = time.perf_counter()
     last = None
-    with torch.no_grad():
+    knob_scope = contextlib.nullcontext()
+    if variant == "trident_untuned":  # knobs are read as the calls capture and plan
+        import trident
+
+        knob_scope = trident.knobs.scope(**KNOBS[variant])
+    with torch.no_grad(), knob_scope:
         for phase in ("cold_ms", "warm_ms"):
             for ids_cpu in prompts:
                 if time.perf_counter() - start > budget_s:
@@ -86,7 +94,7 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
     if reference is not None and last is not None and len(out["warm_ms"]) == len(sizes):
         ref = reference.to(last.device)
         out["last_logits_rel_diff"] = float((last - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
-    if variant == "trident_compile":
+    if variant in ("trident_compile", "trident_untuned"):
         import trident
 
         out["trident"] = {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls,
