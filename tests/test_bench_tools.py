@@ -138,3 +138,17 @@ def test_generate_own_is_generates_time_outside_the_forward():
         _, secs = _timed(model, ids, "static", "cpu")
     assert len(inside.per_call) == CALLS + 1 and inside.per_call[0] == 0.0  # one slot per timed call
     assert all(0 < spent < wall for spent, wall in zip(inside.per_call[1:], secs))
+
+
+def test_batches_floor_reads_the_live_sequences_filled_positions():
+    """bench_batches' HBM floor (issue 25 item 4): K and V of positions 0..pos of each live
+    sequence, every layer, besides the weights."""
+    from tests.decode_model import Config
+    from tools.bench_batches import kv_bytes, schedule
+
+    cfg = Config(layers=3, hidden=64, heads=4, kv_heads=2)
+    assert kv_bytes(cfg, 5, 9, 2) == 2 * 3 * 5 * 2 * 10 * 16 * 2
+    assert kv_bytes(cfg, 1, 0, 4) == 2 * 3 * 1 * 2 * 1 * 16 * 4
+    batches = schedule(12)
+    assert len(batches) == 12 and all(1 <= b <= 8 for b in batches)
+    assert all(batches[i] == batches[i - i % 4] for i in range(12))  # a batch size holds for 4 steps
