@@ -340,8 +340,11 @@ class Config(NamedTuple):
 
 
 # The configurations a decode product is measured over (choose_matmuls). Small N (k/v
-# projections: 256-1024 columns) needs K split to fill 132 SMs; large N (MLP, lm_head) has enough
-# column blocks alone. A split config's last program sums the pieces: measured on the H200
+# projections: 256-1024 columns) needs K split to fill 132 SMs, or narrow tiles: 8 or 16 rows a
+# program with all of K in one or a few tiles (Qwen2-0.5B's o projection, 896 x 896: 112 programs
+# of one 8 x 1024 tile, where 32-row tiles give 28 programs and a split pays the reduction's
+# round trip -- its products of 1.6 MB took 3.7 us on the H200, 9 % of the bandwidth,
+# results/bench_gemv_b5cf397.json); large N (MLP, lm_head) has enough column blocks alone. A split config's last program sums the pieces: measured on the H200
 # against the two-launch form for every Llama-1B decode product at M = 1 and 16, the one-launch
 # form was faster wherever a split config won (results/bench_generate_llama_dynamic_c73d461.json);
 # the two-launch form (gemv_reduce_kernel) stays the reference it is tested against bit for bit,
@@ -353,6 +356,7 @@ class Config(NamedTuple):
 _SPLIT = ((32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2))
 _TILES = (
     Config(32, 256, 1, 4, 0), Config(64, 128, 1, 4, 0), Config(64, 256, 1, 8, 0), Config(128, 128, 1, 8, 0),
+    Config(8, 1024, 1, 4, 0), Config(16, 512, 1, 4, 0),
     *(Config(*c, 1) for c in _SPLIT),
 )
 CONFIGS = (*_TILES, *(c._replace(stages=3) for c in _TILES), *(c._replace(unroll=2) for c in _TILES))
@@ -410,5 +414,7 @@ def useful(n: int, k: int, config, m: int = 1, itemsize: int = 2, shared_bytes: 
     block_n, block_k, split_k, _, _, stages, unroll = Config(*config)
     tiles = triton.cdiv(k, block_k * split_k)
     if (stages and (m > 1 or tiles < stages)) or tiles < unroll or pipelined_bytes(config, itemsize, m) > shared_bytes:
+        return False
+    if m > 1 and block_n < 16:  # tl.dot's least N
         return False
     return (split_k == 1 or k >= block_k * split_k) and block_n <= max(32, 2 * triton.next_power_of_2(n))
