@@ -75,3 +75,28 @@ def test_a_rewrite_made_without_the_rule_is_not_reused():
     out = torch.zeros(1, dtype=torch.int64)
     _count_kernel[(1,)](out, 5)  # on the CPU: through Trident's host-only driver
     assert out.item() == 10
+
+
+@triton.jit
+def _tiled_copy_kernel(x_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
+    """Liger-Kernel's MoE gather indexes its tiles so: a static tile index times a constexpr plus
+    an arange, then `.to(...)` -- a tensor only where BLOCK is the bare value Triton's executor
+    passes (a tl.constexpr wrapper makes the sum a constexpr holding a tensor, with no `.to`)."""
+    for t in tl.static_range(triton.cdiv(N, BLOCK)):
+        idx = (t * BLOCK + tl.arange(0, BLOCK)).to(tl.uint32)
+        tl.store(out_ptr + idx, tl.load(x_ptr + idx, mask=idx < N) * 2.0, mask=idx < N)
+
+
+def _tiled_copy(x):
+    out = torch.empty_like(x)
+    _tiled_copy_kernel[(1,)](x, out, N=x.numel(), BLOCK=16)
+    return out
+
+
+def test_constexpr_arguments_are_bare_values_as_tritons_executor_passes(device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, generator=g).to(device)
+    torch.testing.assert_close(_tiled_copy(x), x * 2)  # the user's own launch
+    opt = trident.optimize(trident.capture(_tiled_copy, x))  # the region's launch (interpreted on the CPU)
+    y = torch.randn(40, generator=g).to(device)
+    torch.testing.assert_close(opt(y), y * 2)

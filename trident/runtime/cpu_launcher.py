@@ -387,7 +387,10 @@ def make_cpu_runner(
     _warn_bfloat16(jit_fn, param_types)
     interpreted = interp.InterpretedFunction(jit_fn.fn)
     declared = {p.name for p in jit_fn.params if p.is_constexpr}
-    const_args = {k: (tl.constexpr(v) if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
+    # a declared constexpr as the bare value, as Triton's GridExecutor passes it (a tl.constexpr
+    # wrapper turns `i * BLOCK + tl.arange(0, BLOCK)` into a constexpr holding a tensor, whose
+    # `.to(...)` fails: Liger-Kernel's MoE gather kernel)
+    const_args = {k: (v if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
 
     def run(grid: tuple[int, int, int], values: list) -> None:
         args = dict(const_args)

@@ -1,0 +1,59 @@
+"""`generate()` of more Hugging Face architectures through `trident.compile`, as the README shows
+it: tiny configs (random weights, no hub, fp32 on the CPU), plain and with Liger-Kernel's Triton
+kernels applied as its README applies them (`apply_liger_kernel_to_<arch>(model=model)`). Each
+architecture brings something Llama and Qwen2 do not: sliding-window and global layers with
+logit soft-capping (Gemma2), fused q/k/v and gate/up projections (Phi-3), q/k norms (Qwen3),
+norms after attention and MLP (OLMo2), residual, embedding and logit multipliers (Granite).
+Greedy tokens equal eager's, and the second `generate()` runs no call eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")  # pinned in requirements-ci.txt
+
+import trident  # noqa: E402
+
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+ARCHS = {
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "gemma2", dict(head_dim=16, sliding_window=8)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "phi3", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "qwen3", dict(head_dim=16)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", "olmo2", {}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", "granite", {}),
+}
+
+
+def _model(arch: str, kernels: str, monkeypatch):
+    config_name, model_name, module, extra = ARCHS[arch]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**COMMON, **extra)).eval()
+    if kernels == "liger":
+        monkey_patch = pytest.importorskip("liger_kernel.transformers.monkey_patch")  # pinned in requirements-ci.txt
+        modeling = __import__(f"transformers.models.{module}.modeling_{module}", fromlist=["_"])
+        for name, value in list(vars(modeling).items()):  # Liger assigns the modeling file's globals: put back after
+            monkeypatch.setattr(modeling, name, value)
+        getattr(monkey_patch, f"apply_liger_kernel_to_{arch}")(model=model)
+    return model
+
+
+def _generate(model):
+    prompt = torch.tensor([[5, 7, 9, 11, 13, 2, 4]])
+    return model.generate(prompt, max_new_tokens=8, do_sample=False, cache_implementation="static")
+
+
+@pytest.mark.parametrize("kernels", ["plain", "liger"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_generate_equals_eager(arch, kernels, monkeypatch):
+    model = _model(arch, kernels, monkeypatch)
+    with torch.no_grad():
+        want = _generate(model)
+        model.forward = trident.compile(model.forward)
+        first = _generate(model)
+        eager_calls = model.forward.eager_calls
+        second = _generate(model)
+    assert torch.equal(first, want) and torch.equal(second, want), (want.tolist(), first.tolist(), second.tolist())
+    assert model.forward.captures
+    assert model.forward.eager_calls == eager_calls, trident.explain(model.forward)
