@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.decode_model import Config
+from tools.bench_batches import kv_bytes, schedule, step_bytes
 from tools.bench_generate import CALLS, NEW, PROMPT, _build, _Inside, _timed, use_graph_step
 from tools.bench_hf import hbm_floor_ms
 from tools.device_time import critical_path, device_category, device_split, trident_kernel_names
@@ -141,14 +143,14 @@ def test_generate_own_is_generates_time_outside_the_forward():
 
 
 def test_batches_floor_reads_the_live_sequences_filled_positions():
-    """bench_batches' HBM floor (issue 25 item 4): K and V of positions 0..pos of each live
-    sequence, every layer, besides the weights."""
-    from tests.decode_model import Config
-    from tools.bench_batches import kv_bytes, schedule
-
-    cfg = Config(layers=3, hidden=64, heads=4, kv_heads=2)
+    """bench_batches' HBM floor (issue 25 item 4): each step reads every weight and K and V of
+    positions 0..t (mod the cache length) of each live sequence, every layer."""
+    cfg = Config(layers=3, hidden=64, heads=4, kv_heads=2, max_seq=4)
     assert kv_bytes(cfg, 5, 9, 2) == 2 * 3 * 5 * 2 * 10 * 16 * 2
-    assert kv_bytes(cfg, 1, 0, 4) == 2 * 3 * 1 * 2 * 1 * 16 * 4
+    per_position = 2 * 3 * 2 * 16 * 4  # K and V, 3 layers, 2 kv heads, head_dim 16, fp32
+    got = step_bytes(cfg, 1000, [1, 1, 3, 3, 2, 2], 4)
+    assert got == [1000 + per_position * b * (t % 4 + 1) for t, b in enumerate([1, 1, 3, 3, 2, 2])]
+    assert got[4] == 1000 + per_position * 2 * 1  # step 4 wrote position 0 again: one position read
     batches = schedule(12)
     assert len(batches) == 12 and all(1 <= b <= 8 for b in batches)
     assert all(batches[i] == batches[i - i % 4] for i in range(12))  # a batch size holds for 4 steps

@@ -5,7 +5,7 @@ first b are live, b changing among 1..8 every 4 steps -- a fresh hidden state pe
 embedding lookup makes it, and a new position tensor -- against eager, torch.compile(dynamic=True)
 and mode="reduce-overhead" (which re-records per shape), all in one run. Two passes over the same
 schedule: cold (every capture, compile and re-recording counted) and warm (µs per step).
-trident_untuned is trident.compile without issue 25's passes (bench_hf's knobs of that name: no
+trident_untuned is trident.compile without issue 25's passes (tools/knob_sets.py: no
 fused glue, no GEMV, Trident's attention unmeasured, no PDL): trident_compile against it is what
 those passes change here. Issue 25 item 4: the warm pass's HBM floor (each step's weights and
 filled KV positions of its live sequences read once at peak bandwidth) and the fraction of it
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.decode_model import Config, decode_step, make_caches, make_weights  # noqa: E402
-from tools.bench_hf import KNOBS  # noqa: E402
+from tools.knob_sets import KNOBS  # noqa: E402
 from tools.device_time import hbm_floor_us, profile_device  # noqa: E402
 
 VARIANTS = ("eager", "trident_compile", "trident_untuned", "compile_dynamic", "compile_reduce_overhead")
@@ -43,6 +43,13 @@ PROFILED = 8  # steps of the schedule a profile covers
 def kv_bytes(cfg, batch: int, pos: int, itemsize: int) -> int:
     """Bytes of the K and V positions 0..pos of `batch` sequences, every layer."""
     return 2 * cfg.layers * batch * cfg.kv_heads * (pos + 1) * cfg.head_dim * itemsize
+
+
+def step_bytes(cfg, weight_bytes: int, batches: list, itemsize: int) -> list:
+    """What each step of the schedule must read at least (its HBM floor's bytes): every weight,
+    and the K and V of the positions written so far of its live sequences (step t writes
+    position t mod max_seq, as the benchmark's loop does)."""
+    return [weight_bytes + kv_bytes(cfg, b, t % cfg.max_seq, itemsize) for t, b in enumerate(batches)]
 
 
 def schedule(steps: int, seed: int = 0) -> list[int]:
@@ -77,8 +84,7 @@ def main() -> None:
     batches = schedule(args.steps)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     itemsize = torch.empty((), dtype=dt).element_size()
-    floors = [hbm_floor_us(weight_bytes + kv_bytes(cfg, b, t % cfg.max_seq, itemsize)) if dev == "cuda" else None
-              for t, b in enumerate(batches)]
+    floors = [hbm_floor_us(n) for n in step_bytes(cfg, weight_bytes, batches, itemsize)] if dev == "cuda" else []
     result = {"commit": os.environ.get("TRIDENT_COMMIT", "unknown"), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
               "method": "decode_model step at Llama-3.2-1B shapes, batch among 1..8 every 4 steps, caches of 8 "
@@ -128,13 +134,17 @@ def main() -> None:
                     if "cut" in entry:
                         break
                 entry["last_sum"] = float(out.float().sum())
-                if dev == "cuda" and variant in args.profile.split(",") and "cut" not in entry:
-                    xs = [torch.randn(b, cfg.hidden, generator=g).to(device=dev, dtype=dt) for b in batches[:PROFILED]]
-                    entry["profile"] = profile_device(
-                        lambda fn=fn, xs=xs, caches=caches: [step(fn, t, b, x, caches)
-                                                             for t, (b, x) in enumerate(zip(batches, xs))], PROFILED)
         except Exception as e:  # a mode that fails is its result
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        if dev == "cuda" and variant in args.profile.split(",") and not {"cut", "error"} & set(entry):
+            xs = [torch.randn(b, cfg.hidden, generator=g).to(device=dev, dtype=dt) for b in batches[:PROFILED]]
+            try:
+                with torch.no_grad(), knob_scope:
+                    entry["profile"] = profile_device(
+                        lambda fn=fn, xs=xs, caches=caches: [step(fn, t, b, x, caches)
+                                                             for t, (b, x) in enumerate(zip(batches, xs))], len(xs))
+            except Exception as e:  # the timings stand
+                entry["profile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         entry["cold_total_s"] = sum(entry["cold_us"]) / 1e6
         if entry["warm_us"]:
             entry["warm_median_us"] = statistics.median(entry["warm_us"])

@@ -8,7 +8,7 @@ Two passes over the same 32 lengths: the first (cold) counts everything a user w
 captures, compiles, re-recordings, Trident's new specializations; the second (warm) is the
 per-call cost once every length has been seen. Reported: total seconds of the cold pass, the
 median ms per prefill of the warm pass, and ratios against eager. trident_untuned is
-trident.compile without issue 25's passes (bench_hf's knobs of that name): trident_compile
+trident.compile without issue 25's passes (tools/knob_sets.py): trident_compile
 against it is what those passes change here.
 
     python tools/bench_dynamic.py --out results/bench_dynamic.json [--kernels liger] [--device cuda]
@@ -30,7 +30,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tools.bench_hf import KNOBS, _sync, build_model  # noqa: E402
+import trident  # noqa: E402  (on a machine without a GPU its host-only driver runs the eager kernels too)
+from tools.bench_hf import _sync, build_model  # noqa: E402
+from tools.knob_sets import KNOBS  # noqa: E402
 
 VARIANTS = ("eager", "trident_compile", "trident_untuned", "compile_dynamic", "compile_reduce_overhead")
 
@@ -46,8 +48,6 @@ def make_forward(variant: str, model):
     if variant == "eager":
         return model.forward
     if variant in ("trident_compile", "trident_untuned"):
-        import trident
-
         return trident.compile(model.forward)
     if variant == "compile_dynamic":
         return torch.compile(model.forward, dynamic=True)
@@ -69,8 +69,6 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
     last = None
     knob_scope = contextlib.nullcontext()
     if variant == "trident_untuned":  # knobs are read as the calls capture and plan
-        import trident
-
         knob_scope = trident.knobs.scope(**KNOBS[variant])
     with torch.no_grad(), knob_scope:
         for phase in ("cold_ms", "warm_ms"):
@@ -95,8 +93,6 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
         ref = reference.to(last.device)
         out["last_logits_rel_diff"] = float((last - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
     if variant in ("trident_compile", "trident_untuned"):
-        import trident
-
         out["trident"] = {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls,
                           "cache_info": trident.cache_info(fwd)}
         text = trident.explain(fwd)

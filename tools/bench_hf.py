@@ -62,19 +62,11 @@ import transformers.utils.import_utils as hf_imports
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.device_time import hbm_bytes_per_s, profile_device  # noqa: E402
+from tools.knob_sets import KNOBS, LITERAL, PER_DEVICE  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_no_pdl", "trident_pdl_own",
             "trident_cache_apart",
             "trident_backend", "compile_default", "compile_reduce_overhead")
-# issue 25: the knobs each trident.compile variant runs with (on the CPU those of _TUNED become
-# 'all', so that the passes run there too; trident_untuned's are e3252af's defaults, literally)
-_TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured", "pdl": "cuda"}
-KNOBS = {"trident_compile": _TUNED,
-         "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda", "pdl": ""},
-         "trident_no_pdl": {**_TUNED, "pdl": ""}, "trident_pdl_own": {**_TUNED, "pdl_user_kernels": "0"},
-         "trident_cache_apart": {**_TUNED, "cache_attention": "0"}}
-_LITERAL = {"trident_untuned"}
-_PER_DEVICE = set(_TUNED)  # knobs whose 'cuda' becomes 'all' on the CPU
 
 PROMPT = 64  # prompt tokens (prefilled eagerly)
 CHECK = 64  # greedy tokens compared with eager's (also the warm-up)
@@ -338,7 +330,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 continue
             torch._dynamo.reset()
             n_graphs = len(compiled_graphs())
-            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v or key in _LITERAL or k not in _PER_DEVICE
+            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v or key in LITERAL or k not in PER_DEVICE
                                                else "all")
                                            for k, v in KNOBS.get(key, {}).items()})
             scope.__enter__()  # read when the variant's captures are optimized (its first steps)

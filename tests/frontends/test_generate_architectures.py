@@ -8,6 +8,8 @@ Greedy tokens equal eager's, and the second `generate()` runs no call eagerly.""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -32,9 +34,12 @@ def _model(arch: str, kernels: str, monkeypatch):
     model = getattr(transformers, model_name)(getattr(transformers, config_name)(**COMMON, **extra)).eval()
     if kernels == "liger":
         monkey_patch = pytest.importorskip("liger_kernel.transformers.monkey_patch")  # pinned in requirements-ci.txt
-        modeling = __import__(f"transformers.models.{module}.modeling_{module}", fromlist=["_"])
-        for name, value in list(vars(modeling).items()):  # Liger assigns the modeling file's globals: put back after
+        # Liger assigns the modeling file's globals (norm, MLP classes, the rotary function) and,
+        # for Granite by default, torch.nn.functional.cross_entropy: all put back after the test
+        modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+        for name, value in list(vars(modeling).items()):
             monkeypatch.setattr(modeling, name, value)
+        monkeypatch.setattr(torch.nn.functional, "cross_entropy", torch.nn.functional.cross_entropy)
         getattr(monkey_patch, f"apply_liger_kernel_to_{arch}")(model=model)
     return model
 

@@ -919,3 +919,12 @@ def test_weights_are_prefetched_before_the_wait():
     assert "prefetch.global.L2" in gptx and gptx.index("prefetch.global.L2") < gptx.index("griddepcontrol.wait")
     assert pdl.waits_before_memory(gptx)
     assert not pdl.waits_before_memory(gptx.replace("prefetch.global.L2", "prefetch.global.L1"))  # L1: not coherent
+
+
+def test_narrow_tiles_only_for_one_row():
+    """The 8-column tile (one-row products' narrow tiles, no split) is measured for one row only:
+    tl.dot, which products of more rows use, takes tiles of at least 16 columns."""
+    narrow = G.Config(8, 1024, 1, 4, 0)
+    assert narrow in G.CONFIGS and G.useful(896, 896, narrow)
+    assert not G.useful(896, 896, narrow, m=4)
+    assert G.useful(896, 896, G.Config(16, 512, 1, 4, 0), m=4)

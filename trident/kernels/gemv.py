@@ -343,11 +343,12 @@ class Config(NamedTuple):
 # projections: 256-1024 columns) needs K split to fill 132 SMs, or narrow tiles: 8 or 16 rows a
 # program with all of K in one or a few tiles (Qwen2-0.5B's o projection, 896 x 896: 112 programs
 # of one 8 x 1024 tile, where 32-row tiles give 28 programs and a split pays the reduction's
-# round trip -- its products of 1.6 MB took 3.7 us on the H200, 9 % of the bandwidth,
-# results/bench_gemv_b5cf397.json); large N (MLP, lm_head) has enough column blocks alone. A split config's last program sums the pieces: measured on the H200
-# against the two-launch form for every Llama-1B decode product at M = 1 and 16, the one-launch
-# form was faster wherever a split config won (results/bench_generate_llama_dynamic_c73d461.json);
-# the two-launch form (gemv_reduce_kernel) stays the reference it is tested against bit for bit,
+# round trip; with the tiles before these its 1.6 MB took 3.7 us on the H200, 9 % of the
+# bandwidth, results/bench_gemv_b5cf397.json; the narrow tiles are not yet timed on a GPU);
+# large N (MLP, lm_head) has enough column blocks alone. A split config's last program sums the
+# pieces: measured on the H200 against the two-launch form for every Llama-1B decode product at
+# M = 1 and 16, the one-launch form was faster wherever a split config won
+# (results/bench_generate_llama_dynamic_c73d461.json); the two-launch form (gemv_reduce_kernel) stays the reference it is tested against bit for bit,
 # and is no longer measured. Each tile is measured as compiled by default; the two fastest also
 # with their loads pipelined in 3 stages and with their loop unrolled twice (Note [Bytes in
 # flight]): each config measured is one more compile (~0.15 s of an sm_90 compile, in parallel
@@ -410,7 +411,8 @@ def useful(n: int, k: int, config, m: int = 1, itemsize: int = 2, shared_bytes: 
     of more rows is pipelined in Triton's default 3 stages already): else it is the same kernel
     as the config without them, compiled and timed again for nothing. Only where its loop's
     buffers of `itemsize`-byte elements (`pipelined_bytes`) fit in `shared_bytes` of shared memory
-    (else it cannot launch)."""
+    (else it cannot launch); for more than one row only tiles of at least 16 columns (tl.dot's
+    least N)."""
     block_n, block_k, split_k, _, _, stages, unroll = Config(*config)
     tiles = triton.cdiv(k, block_k * split_k)
     if (stages and (m > 1 or tiles < stages)) or tiles < unroll or pipelined_bytes(config, itemsize, m) > shared_bytes:

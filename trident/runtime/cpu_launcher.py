@@ -4,7 +4,7 @@ The native runtime hands over exactly what cuLaunchKernel would get: the grid an
 parameter values (pointers as addresses, scalars decoded from their slots). Triton's own
 GridExecutor wants torch tensors; here pointers are raw host addresses, so this mirrors its loop
 with raw-pointer arguments. Constexprs are passed the way GridExecutor passes them: declared
-`tl.constexpr` parameters as tl.constexpr values, parameters the specializer folded (None, the
+`tl.constexpr` parameters as their bare values, parameters the specializer folded (None, the
 integer 1) through the interpreter's own implicit conversion.
 
 Triton's interpreter is process-global state (Note [Triton's interpreter state] in

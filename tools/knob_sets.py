@@ -1,0 +1,12 @@
+"""The knobs each benchmarked trident.compile variant runs with (issue 25), shared by
+tools/bench_hf.py, bench_decode.py, bench_batches.py and bench_dynamic.py: `trident_untuned` is
+issue 25's passes off (e3252af's defaults, literally), so that a benchmark can show in one run
+what those passes change."""
+
+TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured", "pdl": "cuda"}
+KNOBS = {"trident_compile": TUNED,
+         "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda", "pdl": ""},
+         "trident_no_pdl": {**TUNED, "pdl": ""}, "trident_pdl_own": {**TUNED, "pdl_user_kernels": "0"},
+         "trident_cache_apart": {**TUNED, "cache_attention": "0"}}
+LITERAL = {"trident_untuned"}  # variants whose knobs hold on the CPU as written
+PER_DEVICE = set(TUNED)  # knobs whose 'cuda' becomes 'all' on the CPU (bench_hf), so that the passes run there too
