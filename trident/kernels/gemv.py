@@ -339,21 +339,21 @@ class Config(NamedTuple):
     unroll: int = 1
 
 
-# The configurations a decode product is measured over (choose_matmuls). Small N (k/v
-# projections: 256-1024 columns) needs K split to fill 132 SMs, or narrow tiles: 8 or 16 rows a
-# program with all of K in one or a few tiles (Qwen2-0.5B's o projection, 896 x 896: 112 programs
-# of one 8 x 1024 tile, where 32-row tiles give 28 programs and a split pays the reduction's
-# round trip; with the tiles before these its 1.6 MB took 3.7 us on the H200, 9 % of the
-# bandwidth, results/bench_gemv_b5cf397.json; the narrow tiles are not yet timed on a GPU);
-# large N (MLP, lm_head) has enough column blocks alone. A split config's last program sums the
-# pieces: measured on the H200 against the two-launch form for every Llama-1B decode product at
-# M = 1 and 16, the one-launch form was faster wherever a split config won
-# (results/bench_generate_llama_dynamic_c73d461.json); the two-launch form (gemv_reduce_kernel) stays the reference it is tested against bit for bit,
-# and is no longer measured. Each tile is measured as compiled by default; the two fastest also
-# with their loads pipelined in 3 stages and with their loop unrolled twice (Note [Bytes in
-# flight]): each config measured is one more compile (~0.15 s of an sm_90 compile, in parallel
-# threads) and one timing on a capture's first call, where the choice is not already in
-# TRIDENT_CACHE_DIR.
+# The configurations a decode product is measured over (choose_matmuls). Small N (k/v projections:
+# 256-1024 columns) needs K split to fill 132 SMs, or narrow tiles: 8 or 16 rows a program with all
+# of K in one or a few tiles (Qwen2-0.5B's o projection, 896 x 896: 112 programs of one 8 x 1024
+# tile, where 32-row tiles give 28 programs and a split pays the reduction's round trip; with the
+# tiles before these its 1.6 MB took 3.7 us on the H200, 9 % of the bandwidth,
+# results/bench_gemv_b5cf397.json; the narrow tiles are not yet timed on a GPU); large N (MLP,
+# lm_head) has enough column blocks alone. A split config's last program sums the pieces: measured
+# on the H200 against the two-launch form for every Llama-1B decode product at M = 1 and 16, the
+# one-launch form was faster wherever a split config won
+# (results/bench_generate_llama_dynamic_c73d461.json); the two-launch form (gemv_reduce_kernel)
+# stays the reference it is tested against bit for bit, and is no longer measured. Each tile is
+# measured as compiled by default; the two fastest also with their loads pipelined in 3 stages and
+# with their loop unrolled twice (Note [Bytes in flight]): each config measured is one more compile
+# (~0.15 s of an sm_90 compile, in parallel threads) and one timing on a capture's first call, where
+# the choice is not already in TRIDENT_CACHE_DIR.
 _SPLIT = ((32, 256, 2, 4), (32, 256, 4, 4), (64, 128, 4, 4), (32, 256, 8, 4), (64, 128, 16, 4), (16, 256, 8, 2))
 _TILES = (
     Config(32, 256, 1, 4, 0), Config(64, 128, 1, 4, 0), Config(64, 256, 1, 8, 0), Config(128, 128, 1, 8, 0),
