@@ -91,6 +91,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.bench_hf import Loop, build_model, capture_eager_step, choices, graph_floor, hbm_floor_ms  # noqa: E402
 from tools.device_time import device_split, hbm_bytes_per_s, kernel_event, timeline  # noqa: E402
+from tools.knob_sets import KNOBS, for_device  # noqa: E402
 
 PROMPT = 16
 NEW = 64
@@ -101,19 +102,6 @@ DYNAMIC = ("eager", "eager_reordered", "inductor_forward", "trident_compile", "t
 OPT_IN = ("eager_reordered",)  # run only when --variants names them (a diagnosis, not a baseline)
 # The variants of the eager forward: they run without HF's automatic compile (run_variant)
 EAGER_FORWARD = ("eager", "eager_reordered", "generate_own", "generate_own_stub", "graph_generate")
-# The trident.compile variants and the knobs each sets in its own process ({mode}: 'cuda' on the
-# GPU, 'all' on the CPU); knobs are read per capture. On the CPU trident_compile runs the device
-# knobs with 'all' too, so that the tuned passes run there as they do on the GPU.
-_TUNED = {"TRIDENT_FUSE_GLUE": "{mode}", "TRIDENT_DECODE_MATMULS": "{mode}", "TRIDENT_DECODE_ATTENTION": "{measured}",
-          "TRIDENT_PDL": "{mode}"}
-COMPILE_VARIANTS = {
-    "trident_compile": _TUNED,
-    # e3252af's defaults, literally (on the CPU too: 'cuda' leaves CPU tensors alone)
-    "trident_untuned": {"TRIDENT_FUSE_GLUE": "", "TRIDENT_DECODE_MATMULS": "", "TRIDENT_DECODE_ATTENTION": "cuda",
-                        "TRIDENT_PDL": ""},
-    "trident_no_pdl": {**_TUNED, "TRIDENT_PDL": ""},
-    "trident_cache_apart": {**_TUNED, "TRIDENT_CACHE_ATTENTION": "0"},
-}
 
 
 def _sync(dev):
@@ -430,10 +418,8 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         model.generation_config.disable_compile = name in EAGER_FORWARD
         start = len(compiled_graphs())
         forward = model.forward
-        if name in COMPILE_VARIANTS:
-            for env, value in COMPILE_VARIANTS[name].items():  # this variant's own process
-                os.environ[env] = value.format(mode="cuda" if dev == "cuda" else "all",
-                                               measured="measured" if dev == "cuda" else "all")
+        if name in KNOBS:  # a trident.compile variant: its knobs (tools/knob_sets.py) for this process's rest
+            trident.knobs.scope(**for_device(name, dev)).__enter__()
             model.forward = trident.compile(model.forward)
         elif name == "trident_backend":
             model.forward = torch.compile(model.forward, backend="trident")
@@ -486,11 +472,11 @@ def run_variant(kind, kernels, cache, name, args) -> dict:
         r["profile"] = prof
     if host is not None:
         r["host"] = host
-    if name in COMPILE_VARIANTS or name in ("trident_backend", "trident_config"):
-        opts = list(model.forward.captures.values()) if name in COMPILE_VARIANTS else [
+    if name in KNOBS or name in ("trident_backend", "trident_config"):
+        opts = list(model.forward.captures.values()) if name in KNOBS else [
             opt for gr in compiled_graphs()[start:] for opt in gr.captures.values()]
         r["regions"] = [_regions_summary(opt) for opt in opts]
-    if name in COMPILE_VARIANTS:
+    if name in KNOBS:
         r["captures"], r["eager_calls"] = len(model.forward.captures), model.forward.eager_calls
         r["eager_log"] = list(model.forward.eager_log)[-4:]
         # Note [Data-dependent calls through Dynamo]: the calls trident.compile sent through Dynamo

@@ -62,7 +62,7 @@ import transformers.utils.import_utils as hf_imports
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tools.device_time import hbm_bytes_per_s, profile_device  # noqa: E402
-from tools.knob_sets import KNOBS, LITERAL, PER_DEVICE  # noqa: E402
+from tools.knob_sets import KNOBS, for_device  # noqa: E402
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_untuned", "trident_no_pdl", "trident_pdl_own",
             "trident_cache_apart",
@@ -330,9 +330,7 @@ def run_case(kind: str, kernels: str, args) -> dict:
                 continue
             torch._dynamo.reset()
             n_graphs = len(compiled_graphs())
-            scope = trident.knobs.scope(**{k: (v if dev == "cuda" or not v or key in LITERAL or k not in PER_DEVICE
-                                               else "all")
-                                           for k, v in KNOBS.get(key, {}).items()})
+            scope = trident.knobs.scope(**for_device(key, dev))
             scope.__enter__()  # read when the variant's captures are optimized (its first steps)
             try:
                 t0 = time.time()

@@ -1,5 +1,5 @@
 """The knobs each benchmarked trident.compile variant runs with (issue 25), shared by
-tools/bench_hf.py, bench_decode.py, bench_batches.py and bench_dynamic.py: `trident_untuned` is
+tools/bench_hf.py, bench_generate.py, bench_decode.py, bench_batches.py and bench_dynamic.py: `trident_untuned` is
 issue 25's passes off (e3252af's defaults, literally), so that a benchmark can show in one run
 what those passes change."""
 
@@ -10,3 +10,11 @@ KNOBS = {"trident_compile": TUNED,
          "trident_cache_apart": {**TUNED, "cache_attention": "0"}}
 LITERAL = {"trident_untuned"}  # variants whose knobs hold on the CPU as written
 PER_DEVICE = set(TUNED)  # knobs whose 'cuda' becomes 'all' on the CPU (bench_hf), so that the passes run there too
+
+
+def for_device(variant: str, device: str) -> dict:
+    """`variant`'s knobs (none for a variant not listed) as run on `device`: on the CPU the tuned
+    knobs' 'cuda' and 'measured' become 'all', so that the passes run there as on the GPU, except
+    in LITERAL variants."""
+    return {k: (v if device == "cuda" or not v or variant in LITERAL or k not in PER_DEVICE else "all")
+            for k, v in KNOBS.get(variant, {}).items()}
