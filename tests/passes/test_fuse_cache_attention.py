@@ -7,6 +7,8 @@ cannot prove stays two launches."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 import trident
 from tests.passes.test_decode_attention import _repeat_kv
 from trident import knobs
+from trident.kernels import attention as A
 from trident.kernels.attention import decode_attention
 from trident.passes.fuse_cache_attention import APART
 from trident.runtime import SCMRuntime
@@ -264,3 +267,28 @@ def test_caches_overlapping_at_call_time_are_refused_not_wrong():
                                             r"and the two overlap in memory.*TRIDENT_CACHE_ATTENTION=0"):
         opt(*got)
 
+
+
+def test_one_round_of_loads_before_the_first_product_on_sm90():
+    """Note [One round of loads] in the sm_90 PTX of a decode step's split kernel (Llama-1B's
+    heads, a StaticCache of 512, a boolean mask, one new row written, PDL): every plain global
+    load -- q, the position, the new row, the mask's row -- is issued after the wait and before
+    the first tensor-core product, and the keys' and values' copies before the first wait on them."""
+    import re
+    b, h, hkv, s, d = 1, 32, 8, 512, 64
+    q, nk, nv = (torch.empty(b, x, 1, d, dtype=torch.bfloat16) for x in (h, hkv, hkv))
+    k, v = torch.empty(b, hkv, s, d, dtype=torch.bfloat16), torch.empty(b, hkv, s, d, dtype=torch.bfloat16)
+    mask, index = torch.ones(1, 1, 1, s, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+    ws = torch.empty(A.workspace_elements(b, hkv, h // hkv, d))
+    compiled = A.decode_attention_split_kernel.warmup(
+        q, k, v, mask, ws, s, 0.125, *q.stride()[:3], 0, 0, mask.stride(2),
+        KV_HEADS=hkv, G=h // hkv, LQ=1, D=d, BLOCK_M=16, BLOCK_D=64, BLOCK_N=A.BLOCK_N, HAS_MASK=True,
+        MASK_BOOL=True, SPLITS=A.SPLITS, PRECISION="tf32", PDL=True, new_k_ptr=nk, new_v_ptr=nv, index_ptr=index,
+        snk_b=0, snk_h=d, snk_l=d, snk_d=1, snv_b=0, snv_h=d, snv_l=d, snv_d=1, index_stride=1, NEW=1, NEW_BLOCK=2,
+        grid=(b * hkv, A.SPLITS, 1))
+    ptx = compiled.asm["ptx"]
+    wait, first = ptx.find("griddepcontrol.wait"), ptx.find("mma.sync")
+    loads = [m.start() for m in re.finditer(r"ld\.global", ptx)]
+    assert 0 <= wait < first and len(loads) >= 4, (wait, first, loads)
+    assert all(wait < at < first for at in loads), (wait, first, loads)
+    assert wait < ptx.find("cp.async.cg.shared.global") < ptx.find("cp.async.wait_group") < first

@@ -42,6 +42,19 @@ in the same launch. The counter's bump (counter += increment) moves to the combi
 which runs after every split program has read the counter. Positions outside [0, S) are
 written nowhere, as cache_write_kernel does.
 
+Note [One round of loads]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+A decode step's attention is latency-bound: a program reads a few KB, so each load that waits for
+another before it can be issued adds a memory round trip (~0.5-1 us) to the step. After the
+wait for the kernel before it (PDL) the split kernel issues every load of a key block at once:
+q, the keys and values (cp.async, Triton's pipelined loop), the mask's row, and in a single-row
+write (NEW == 1, decode) the new row and its position -- the cache's rows are read unmasked and
+the fresh one replaced in registers (`tl.where`), so no key load waits for the position. Before,
+the mask's loads were issued after the scores' product and the key loads after the position's
+(four round trips; the sm_90 code is checked in tests/passes/test_fuse_cache_attention.py). More
+new rows (speculative verification) keep the position-dependent loads: which row a key takes
+needs the positions first.
+
 Layouts: q [B, H, Lq, D] and out [B, H, Lq, D] with any strides; k and v [B, Hkv, S, D]
 contiguous (a DynamicCache's concatenation, a StaticCache's buffers); new_k and new_v
 [B, Hkv, NEW, D] with any strides; the mask, when given,
@@ -134,7 +147,14 @@ def decode_attention_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     chunk = tl.cdiv(S, SPLITS)
     start = split * chunk
-    if NEW > 0:  # Note [The cache write inside the attention]
+    if NEW == 1:  # Note [One round of loads]: the new row and its position, neither waiting for the other
+        new_pos1 = tl.load(index_ptr).to(tl.int64)
+        if WRAP_NEGATIVE:
+            new_pos1 = tl.where(new_pos1 < 0, new_pos1 + S, new_pos1)
+        new_pos1 = tl.where((new_pos1 >= 0) & (new_pos1 < S), new_pos1, -1)  # -1: written nowhere, read nowhere
+        kn1 = tl.load(new_k_ptr + b * snk_b + kvh * snk_h + d * snk_d, mask=d_ok, other=0.0)
+        vn1 = tl.load(new_v_ptr + b * snv_b + kvh * snv_h + d * snv_d, mask=d_ok, other=0.0)
+    elif NEW > 0:  # Note [The cache write inside the attention]
         j = tl.arange(0, NEW_BLOCK)
         j_ok = j < NEW
         if INDEX_OFFSET:
@@ -148,7 +168,14 @@ def decode_attention_split_kernel(
         n = start + i + tl.arange(0, BLOCK_N)
         n_ok = (n < start + chunk) & (n < S)
         kv_off = kv_base + n[:, None].to(tl.int64) * D + d[None, :]
-        if NEW > 0:
+        if HAS_MASK:  # issued with the key loads, not after their product (Note [One round of loads])
+            m_off = b * sm_b + head[:, None] * sm_h + pos[:, None] * sm_l + n[None, :]
+            mv = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & n_ok[None, :], other=0)
+        if NEW == 1:
+            fresh1 = (n.to(tl.int64) == new_pos1) & n_ok
+            k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            k = tl.where(fresh1[:, None], kn1[None, :], k)
+        elif NEW > 0:
             # the row j a key takes from new_k / new_v (the last j of its position), -1: the cache's
             sel = tl.max(tl.where(n[:, None].to(tl.int64) == new_pos[None, :], j[None, :], -1), 1)
             fresh = (sel >= 0) & n_ok
@@ -160,8 +187,6 @@ def decode_attention_split_kernel(
             k = tl.load(k_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         if HAS_MASK:
-            m_off = b * sm_b + head[:, None] * sm_h + pos[:, None] * sm_l + n[None, :]
-            mv = tl.load(mask_ptr + m_off, mask=row_ok[:, None] & n_ok[None, :], other=0)
             if MASK_BOOL:  # what adding SDPA's 0 / -inf gives, also for a score of +inf or NaN
                 s = tl.where(mv != 0, s, s + float("-inf"))
             else:
@@ -173,14 +198,22 @@ def decode_attention_split_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if NEW > 0:
+        if NEW == 1:
+            v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            v = tl.where(fresh1[:, None], vn1[None, :], v)
+        elif NEW > 0:
             v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :] & ~fresh[:, None], other=0.0)
             v = tl.where(fresh[:, None], tl.load(new_v_ptr + vn_off, mask=fresh[:, None] & d_ok[None, :], other=0.0), v)
         else:
             v = tl.load(v_ptr + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
-    if NEW > 0:
+    if NEW == 1:  # the row this program's key range holds, from the registers it was read into
+        w_ok = (new_pos1 >= start) & (new_pos1 < start + chunk) & d_ok
+        w_off = kv_base + tl.where(new_pos1 >= 0, new_pos1, 0) * D + d
+        tl.store(k_ptr + w_off, kn1, mask=w_ok)
+        tl.store(v_ptr + w_off, vn1, mask=w_ok)
+    elif NEW > 0:
         # this program's positions get their rows; of rows with one position only the last
         later = (new_pos[:, None] == new_pos[None, :]) & (j[None, :] > j[:, None])
         mine = (new_pos >= start) & (new_pos < start + chunk) & (tl.max(later.to(tl.int32), 1) == 0)
