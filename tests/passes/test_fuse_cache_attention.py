@@ -274,7 +274,6 @@ def test_one_round_of_loads_before_the_first_product_on_sm90():
     heads, a StaticCache of 512, a boolean mask, one new row written, PDL): every plain global
     load -- q, the position, the new row, the mask's row -- is issued after the wait and before
     the first tensor-core product, and the keys' and values' copies before the first wait on them."""
-    import re
     b, h, hkv, s, d = 1, 32, 8, 512, 64
     q, nk, nv = (torch.empty(b, x, 1, d, dtype=torch.bfloat16) for x in (h, hkv, hkv))
     k, v = torch.empty(b, hkv, s, d, dtype=torch.bfloat16), torch.empty(b, hkv, s, d, dtype=torch.bfloat16)
