@@ -64,13 +64,15 @@ def test_kernel_equals_sdpa_over_random_decode_shapes(seed, device):
         want = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, g).float(), _repeat_kv(v, g).float(),
                                               attn_mask=None if mask is None else mask if mask.dtype == torch.bool
                                               else mask.float())
-        got = decode_attention(q, k, v, mask)
-        torch.testing.assert_close(got.float(), want, rtol=_TOL[dtype], atol=_TOL[dtype] * 4)
+        for one_pass in (False, True):  # the split and combine kernels; Note [One pass]
+            got = decode_attention(q, k, v, mask, one_pass=one_pass)
+            torch.testing.assert_close(got.float(), want, rtol=_TOL[dtype], atol=_TOL[dtype] * 4)
 
 
-def test_fully_masked_rows_give_zeros_not_nans():
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_fully_masked_rows_give_zeros_not_nans(one_pass):
     q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
-    out = decode_attention(q, k, v, torch.zeros(1, 1, 1, 9, dtype=torch.bool))
+    out = decode_attention(q, k, v, torch.zeros(1, 1, 1, 9, dtype=torch.bool), one_pass=one_pass)
     assert torch.equal(out, torch.zeros_like(out))
 
 
@@ -87,15 +89,15 @@ def _optimize(fn, *example, dynamic=False, mode="all"):
         return trident.optimize(trident.capture(fn, *example, dynamic=dynamic))
 
 
-@pytest.mark.parametrize("lq,fused_faster", [(1, True), (1, False), (3, True)])
-def test_repeat_kv_and_sdpa_become_kernels(device, lq, fused_faster):
+@pytest.mark.parametrize("lq,faster", [(1, "last"), (1, "two"), (1, "one"), (3, "last"), (3, "one")])
+def test_repeat_kv_and_sdpa_become_kernels(device, lq, faster):
     """GQA decode as HF writes it: the clones of the repeat and the SDPA call are gone, the
-    kernels read the cache in place; results equal eager's. One launch where the split kernel's
-    last program combines (4 query rows per kv head: Note [The last split combines]) and that
-    form measured faster (a timer stands for the GPU), the combine kernel after it where the two
-    launches measured faster or for more rows (12, where the combining form is not timed). On
-    the GPU both forms are timed for real: whichever is kept, explain() names it and the result
-    is eager's."""
+    kernels read the cache in place; results equal eager's. The form measured fastest is kept (a
+    timer stands for the GPU): one launch where the split kernel's last program combines (4 query
+    rows per kv head: Note [The last split combines]; for 12 rows that form is not timed), one
+    launch of a program per kv head (Note [One pass]), or the split and combine kernels. On the
+    GPU every form is timed for real: whichever is kept, explain() names it and the result is
+    eager's."""
     from trident.passes import decode_attention as DA
 
     g = torch.Generator().manual_seed(0)
@@ -103,27 +105,29 @@ def test_repeat_kv_and_sdpa_become_kernels(device, lq, fused_faster):
     k, v = (torch.randn(1, 2, 37, 64, generator=g).to(device) for _ in range(2))
     mask = (torch.rand(1, 1, lq, 37, generator=g) > 0.2).to(device)
     timed = []
+    named = {"last": DA._FUSED, "two": "kernel", "one": DA._ONE_PASS}
+    us = {"sdpa": 10.0, "kernel": 2.0, DA._FUSED: 3.0, DA._ONE_PASS: 3.0, named[faster]: 1.0}
 
     def timer(name, shape):
         timed.append(name)
-        return {"sdpa": 10.0, "kernel": 2.0, DA._FUSED: 1.0 if fused_faster else 3.0}[name]
+        return us[name]
 
     DA.set_timer(timer)
     try:
         opt = _optimize(_hf_attention, q, k, v, mask, mode="measured" if device == "cuda" else "all")
     finally:
         DA.set_timer(None)
+    text = trident.explain(opt)
     if device == "cuda":
-        fused = "(the last split combines)" in trident.explain(opt)
-        assert not fused or lq == 1
+        form = next(f for f, how in DA._HOW.items() if f"Trident's flash-decoding kernel{how}" in text)
+        assert form != DA._FUSED or lq == 1
     else:
-        assert (DA._FUSED in timed) == (lq == 1), timed
-        fused = lq == 1 and fused_faster
+        assert (DA._FUSED in timed) == (lq == 1) and DA._ONE_PASS in timed, timed
+        form = "kernel" if faster == "last" and lq > 1 else named[faster]
     names = _launches(opt)
     assert names.count("decode_attention_split_kernel") == 1
-    assert names.count("decode_attention_combine_kernel") == (0 if fused else 1), names
-    how = "(the last split combines)" if fused else "and its combine kernel"
-    assert f"Trident's flash-decoding kernel {how}" in trident.explain(opt)
+    assert names.count("decode_attention_combine_kernel") == (1 if form == "kernel" else 0), names
+    assert f"Trident's flash-decoding kernel{DA._HOW[form]}" in text, text
     assert not any("attention" in n and n.startswith("aten.") for n in names), names
     assert "aten.clone.default" not in names, names
     for _ in range(3):  # call after call (each call zeroes its counters)

@@ -35,11 +35,13 @@ def _eager_write_then_attend(q, keys, values, new_k, new_v, index, offset, incre
     return F.scaled_dot_product_attention(q, _repeat_kv(keys, g), _repeat_kv(values, g), attn_mask=mask)
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_kernel_writes_the_rows_and_attends_as_index_copy_then_sdpa(seed, device):
+def test_kernel_writes_the_rows_and_attends_as_index_copy_then_sdpa(seed, one_pass, device):
     """Random shapes; rows at the counter (bumped by the combine kernel) or through an index
     tensor with a repeated position (the last row wins, as index_copy_ leaves it); the new
-    rows fall in one program's key range or straddle two."""
+    rows fall in one program's key range or straddle two; also in one pass (Note [One pass]:
+    one program per head reads every key and writes the head's rows)."""
     g = torch.Generator().manual_seed(seed)
     pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=g))]  # noqa: E731
     b, hkv, grp, n = pick([1, 2]), pick([1, 2]), pick([1, 4]), pick([1, 2, 3])
@@ -65,7 +67,7 @@ def test_kernel_writes_the_rows_and_attends_as_index_copy_then_sdpa(seed, device
     want = _eager_write_then_attend(*(t.cpu() for t in (q, want_k, want_v, new_k, new_v, want_i)), offset,
                                     increment, mask.cpu())
     want_k, want_v, want_i, want = (t.to(device) for t in (want_k, want_v, want_i, want))
-    got = decode_attention(q, keys, values, mask, new=(new_k, new_v, index, offset, increment))
+    got = decode_attention(q, keys, values, mask, new=(new_k, new_v, index, offset, increment), one_pass=one_pass)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert torch.equal(keys, want_k) and torch.equal(values, want_v) and torch.equal(index, want_i)
 
@@ -144,6 +146,20 @@ def _layer_at(keys, values, pos, x, wq, wk, wv, mask):
     return F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
 
 
+def _layer_at_after_projections(keys, values, pos, x, wq, wk, wv, mask):
+    """The rows written at a cache_position tensor after the three projections, as Hugging Face's
+    attention does (StaticCache.update: both index_copy_ calls together)."""
+    b, s, _ = x.shape
+    hkv, d = keys.shape[1], keys.shape[3]
+    h = wq.shape[1] // d
+    q = (x @ wq).view(b, s, h, d).transpose(1, 2)
+    k = (x @ wk).view(b, s, hkv, d).transpose(1, 2)
+    v = (x @ wv).view(b, s, hkv, d).transpose(1, 2)
+    keys.index_copy_(2, pos, k)
+    values.index_copy_(2, pos, v)
+    return F.scaled_dot_product_attention(q, _repeat_kv(keys, h // hkv), _repeat_kv(values, h // hkv), attn_mask=mask)
+
+
 def _layer_given(keys, values, counter, x, k_in, v_in, wq, mask):
     """The new keys and values passed in ([B, n, Hkv, D], transposed here): views of graph inputs,
     which may be views of the caches at run time: the write stays apart."""
@@ -214,6 +230,53 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
     assert int(got[2]) == 3 + 6
     with knobs.scope(cache_attention="off"):  # TRIDENT_CACHE_ATTENTION: the write keeps its launch
         assert "cache_write_kernel" in _kernels(_optimize(_layer, args))
+
+
+def _one_pass_fastest():
+    """A timer (standing for the GPU) under which Note [One pass]'s form measures fastest."""
+    from trident.passes import decode_attention as DA
+    DA.set_timer(lambda name, shape: 1.0 if name == DA._ONE_PASS else 2.0)
+    return DA
+
+
+def test_one_pass_attention_writes_the_rows_at_a_cache_position():
+    """Note [One pass] measured fastest: the attention is one launch, and the write of the
+    step's rows at the caller's cache_position moves into it (no cache_write, no combine)."""
+    args = _inputs()
+    args[2] = torch.tensor([3])
+    DA = _one_pass_fastest()
+    try:
+        opt = _optimize(_layer_at_after_projections, args)
+    finally:
+        DA.set_timer(None)
+    names = _kernels(opt)
+    assert names.count("decode_attention_split_kernel") == 1 and "decode_attention_combine_kernel" not in names
+    assert "cache_write_kernel" not in names and "index_copy_kernel" not in names, (opt.meta.get(APART), names)
+    assert "in one pass" in trident.explain(opt)
+    got, want = [a.clone() for a in args], [a.clone() for a in args]
+    g = torch.Generator().manual_seed(2)
+    for p in (3, 4, 9, 4, 0):  # a position written again: its row replaced
+        x = torch.randn(args[3].shape, generator=g)
+        got[3], want[3], got[2], want[2] = x, x.clone(), torch.tensor([p]), torch.tensor([p])
+        got[7] = want[7] = _step_mask(max(p, 9))
+        torch.testing.assert_close(opt(*got), _layer_at_after_projections(*want), rtol=1e-4, atol=1e-4)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_one_pass_attention_keeps_a_counters_write_apart():
+    """A write at a counter bumps it after every program read it: the one-pass form has no
+    second kernel for that, so the write keeps its launch (and the step equals eager's)."""
+    args = _inputs()
+    DA = _one_pass_fastest()
+    try:
+        opt = _optimize(_layer, args)
+    finally:
+        DA.set_timer(None)
+    names = _kernels(opt)
+    assert "cache_write_kernel" in names and "decode_attention_combine_kernel" not in names, names
+    assert "no second kernel to bump the counter" in opt.meta[APART][0], opt.meta[APART]
+    got = _run_steps(_layer, opt, args)
+    assert int(got[2]) == 3 + 6
 
 
 def test_rows_at_a_cache_position_tensor():

@@ -9,6 +9,22 @@ cache split over programs (flash-decoding) and the pieces combined by a second k
                                    pieces of one query row (for up to COMBINE_ROWS rows the split
                                    kernel's last program does this instead: Note [The last split
                                    combines])
+    one pass (DIRECT)              the split kernel on grid (batch * kv_heads, 1): each program reads
+                                   every key of its head and writes the output itself (Note [One pass])
+
+Note [One pass]
+~~~~~~~~~~~~~~~
+Split and combine are two kernels and a kernel boundary per layer; at a short static cache (a
+StaticCache of a few hundred positions) the split kernel's programs read one block of keys each,
+so the step pays the launch chain, not the reading. With DIRECT the split kernel runs SPLITS = 1
+(one program per batch row and key/value head) over ONE_PASS_BLOCK_N keys a step, Triton's
+pipelined loop keeping the next blocks' loads in flight, and normalizes and writes its rows
+itself: one launch, no workspace, no counters. Fewer programs read more keys each, so it wins
+only where the cache is short; Note [Decode attention by measurement] times it beside the two
+launches and the last split combining, per shape, and keeps the fastest. A write of the step's
+rows (NEW) is the program's own (its range is the whole cache); a counter's bump (INCREMENT) has
+no second kernel to run after every program read the counter, so the one-pass form takes no
+bump (trident/passes/fuse_cache_attention.py keeps such a write apart).
 
 Note [The last split combines]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -70,6 +86,7 @@ import triton.language as tl
 
 SPLITS = 16  # programs per kv head over the cache (fixed: the workspace has a static size)
 BLOCK_N = 32  # keys per step
+ONE_PASS_BLOCK_N = 64  # keys per step of the one-pass form (Note [One pass])
 COMBINE_ROWS = 8  # query rows per kv head the split kernel's last program combines at most
 
 
@@ -126,6 +143,7 @@ def decode_attention_split_kernel(
     snk_b=0, snk_h=0, snk_l=0, snk_d=0, snv_b=0, snv_h=0, snv_l=0, snv_d=0, index_stride=0,
     NEW: tl.constexpr = 0, NEW_BLOCK: tl.constexpr = 2, INDEX_OFFSET: tl.constexpr = False,
     WRAP_NEGATIVE: tl.constexpr = False,
+    DIRECT: tl.constexpr = False,
 ):
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
@@ -225,19 +243,24 @@ def decode_attention_split_kernel(
         tl.store(v_ptr + w_off, vn, mask=w_ok)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
-    base = (bh * SPLITS + split) * (BLOCK_M * (BLOCK_D + 2))
-    tl.store(ws_ptr + base + rows, m_i)
-    tl.store(ws_ptr + base + BLOCK_M + rows, l_i)
-    tl.store(ws_ptr + base + 2 * BLOCK_M + rows[:, None] * BLOCK_D + d[None, :], acc)
-    if COMBINE:  # Note [The last split combines]
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + count_offset + bh, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            for row in tl.static_range(G * LQ):
-                _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
-                             KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, ".cg", False)
-            tl.store(count_ptr + count_offset + bh, 0)
+    if DIRECT:  # Note [One pass]: the one piece normalized and written (what combining one split gives)
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_off = b * so_b + head[:, None] * so_h + pos[:, None] * so_l + d[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
+        base = (bh * SPLITS + split) * (BLOCK_M * (BLOCK_D + 2))
+        tl.store(ws_ptr + base + rows, m_i)
+        tl.store(ws_ptr + base + BLOCK_M + rows, l_i)
+        tl.store(ws_ptr + base + 2 * BLOCK_M + rows[:, None] * BLOCK_D + d[None, :], acc)
+        if COMBINE:  # Note [The last split combines]
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + count_offset + bh, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:
+                for row in tl.static_range(G * LQ):
+                    _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
+                                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, ".cg", False)
+                tl.store(count_ptr + count_offset + bh, 0)
 
 
 @triton.jit
@@ -287,7 +310,7 @@ def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> i
     return batch * kv_heads * SPLITS * block_m(rows) * (triton.next_power_of_2(head_dim) + 2)
 
 
-def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, new=None):
+def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, new=None, one_pass=False):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
     k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each; the launches the pass
     emits. `combine`: whether the split kernel's last program combines (Note [The last split
@@ -296,13 +319,15 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
     given; the kernel puts them back to 0, so a caller may reuse them). `new`: (new_k, new_v,
     index, offset, increment) writes the rows of new_k, new_v [B, Hkv, n, D] into k and v at
     positions index[j] (offset: index[0] + j) before attending, and adds `increment` (not None)
-    to index[0] after (Note [The cache write inside the attention]; the two launches)."""
+    to index[0] after (Note [The cache write inside the attention]; the two launches). `one_pass`:
+    one launch on SPLITS = 1 that writes the output itself (Note [One pass]; a bump then runs as
+    a torch op after it)."""
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
     scale = D**-0.5 if scale is None else scale
     out = torch.empty_like(q)
-    ws = torch.empty(workspace_elements(B, HKV, G * LQ, D), dtype=torch.float32, device=q.device)
+    ws = None if one_pass else torch.empty(workspace_elements(B, HKV, G * LQ, D), dtype=torch.float32, device=q.device)
     has_mask = mask is not None
     m = mask if has_mask else q
     ms = [mask.stride(i) if mask.size(i) > 1 else 0 for i in range(3)] if has_mask else [0, 0, 0]
@@ -324,6 +349,16 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
                      NEW_BLOCK=new_block(new_k.shape[2]), INDEX_OFFSET=bool(offset))
         if increment is not None:
             bump = dict(counter_ptr=index, increment=increment, INCREMENT=True)
+    if one_pass:
+        decode_attention_split_kernel[(B * HKV, 1)](
+            q, k, v, m, out, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
+            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=ONE_PASS_BLOCK_N,
+            HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=1,
+            PRECISION=dot_precision(q.dtype), out_ptr=out, so_b=out.stride(0), so_h=out.stride(1),
+            so_l=out.stride(2), DIRECT=True, **write)
+        if bump:
+            index.add_(bump["increment"])
+        return out
     decode_attention_split_kernel[(B * HKV, SPLITS)](
         q, k, v, m, ws, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
         KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=BLOCK_N,

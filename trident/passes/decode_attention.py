@@ -13,7 +13,8 @@ time spent copying a cache that is only read.
 This pass replaces such an attention, when it is a decode shape, by two launches of
 trident/kernels/attention.py: a flash-decoding kernel that reads the unrepeated cache in place
 (each key/value head once for its G query heads, the cache split over SPLITS programs) and a
-kernel combining the pieces; the repeat's clones go with it. Conditions (else nothing changes):
+kernel combining the pieces (or one of its one-launch forms, where measured faster: Note [Decode
+attention by measurement]); the repeat's clones go with it. Conditions (else nothing changes):
 no dropout, not causal (a decode step's mask carries causality), at most MAX_QUERY query tokens,
 static batch, heads and head size (<= 256), q/k/v of one floating dtype, key and value
 [B, Hkv, S, D] contiguous (a DynamicCache's concatenation or a StaticCache's buffer; S may be
@@ -36,10 +37,12 @@ kernel's time, or when nothing could be timed (a capture of the caller's running
 again at the next capture). The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
 (`decode-attention` entries), and `explain()` lists it with the times. A symbolic length (a
 DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
-measurement existed (its clones of the grown cache cost eager more each step). Where the head
-has at most COMBINE_ROWS query rows the kernel is timed in both forms (Note [The last split
-combines]: one launch whose last program combines, or the split and combine kernels) and the
-faster is kept; unmeasured, the two launches are (the faster on the H200 at Llama-1B's decode).
+measurement existed (its clones of the grown cache cost eager more each step). The kernel is
+timed in each of its forms -- the split and combine kernels; one launch of a program per
+key/value head (Note [One pass]); where the head has at most COMBINE_ROWS query rows, one launch
+whose last program combines (Note [The last split combines]) -- and the fastest is kept (the two
+launches on a tie); unmeasured, the two launches are (the faster on the H200 at Llama-1B's decode
+of the first two).
 Without a GPU nothing is timed (tests install a timer with `set_timer`).
 """
 
@@ -58,6 +61,7 @@ from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import attention as attention_module
 from ..kernels.attention import (
     BLOCK_N,
+    ONE_PASS_BLOCK_N,
     SPLITS,
     block_m,
     combine_grid,
@@ -228,8 +232,8 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     if not isinstance(out_val, torch.Tensor) or any(type(s) is not int for s in out_val.stride()):
         return False
     S = k.shape[2]
-    fused = _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, k_chain + v_chain, scale, mode)
-    if fused is None:
+    form = _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, k_chain + v_chain, scale, mode)
+    if form is None:
         return False
     converted = mask_node  # Note [A boolean mask as given]: the kernel reads the boolean mask itself
     cond = _boolean_mask(mask_node, LQ, k.shape[2])
@@ -246,24 +250,28 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             {"dtype": q.dtype, "device": q.device},
         )
         out.meta["val"] = out_val
-        ws_val = torch.empty(workspace_elements(B, hkv, G * LQ, D), dtype=torch.float32, device=q.device)
-        ws = gm.graph.call_function(aten.empty.memory_format, ([ws_val.numel()],),
-                                    {"dtype": torch.float32, "device": q.device})
-        ws.meta["val"] = _fake_like(q, ws_val)
         bm, bd = block_m(G * LQ), 1 << (D - 1).bit_length()
-        consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=SPLITS)
+        splits = 1 if form == _ONE_PASS else SPLITS
+        consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=splits)
         out_strides = {"so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2)}
-        combine = {}
-        if fused:  # Note [The last split combines]
+        if form == _ONE_PASS:  # Note [One pass]: no workspace (the out it writes stands in its place)
+            ws, combine = out, {"out_ptr": out, **out_strides, "DIRECT": True}
+        else:
+            ws_val = torch.empty(workspace_elements(B, hkv, G * LQ, D), dtype=torch.float32, device=q.device)
+            ws = gm.graph.call_function(aten.empty.memory_format, ([ws_val.numel()],),
+                                        {"dtype": torch.float32, "device": q.device})
+            ws.meta["val"] = _fake_like(q, ws_val)
+            combine = {}
+        if form == _FUSED:  # Note [The last split combines]
             counts, offset = _counters(gm, q, B * hkv)
             combine = {"out_ptr": out, "count_ptr": counts, **out_strides, "count_offset": offset, "COMBINE": True}
-        emit_launch(gm, decode_attention_split_kernel, (B * hkv, SPLITS, 1), {
+        emit_launch(gm, decode_attention_split_kernel, (B * hkv, splits, 1), {
             "q_ptr": q_node, "k_ptr": k_node, "v_ptr": v_node,
             "mask_ptr": mask_node if mask_node is not None else q_node, "ws_ptr": ws,
             "S": s_arg, "scale": scale,
             "sq_b": q.stride(0), "sq_h": q.stride(1), "sq_l": q.stride(2),
             "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
-            **consts, "BLOCK_N": BLOCK_N,
+            **consts, "BLOCK_N": ONE_PASS_BLOCK_N if form == _ONE_PASS else BLOCK_N,
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
             "PRECISION": dot_precision(q.dtype), **combine,
         })
@@ -420,16 +428,17 @@ _timer = None
 
 def set_timer(timer) -> None:
     """Install (or remove, with None) the timer used where no GPU is: `timer(name, shape)` gives
-    the microseconds of 'sdpa', 'kernel' (two launches) or `_FUSED` (the last split combines) for
-    `shape` (B, H, Hkv, Lq, S, D, dtype)."""
+    the microseconds of 'sdpa', 'kernel' (two launches), `_FUSED` (the last split combines) or
+    `_ONE_PASS` (Note [One pass]) for `shape` (B, H, Hkv, Lq, S, D, dtype)."""
     global _timer
     _timer = timer
     _CHOICES.clear()
 
 
-def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mode: str) -> Optional[bool]:
-    """Note [Decode attention by measurement]: None where the traced path is kept; else whether
-    the split kernel's last program combines (Note [The last split combines])."""
+def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mode: str) -> Optional[str]:
+    """Note [Decode attention by measurement]: None where the traced path is kept; else the
+    kernel's form: "kernel" (split and combine kernels), `_FUSED` (Note [The last split combines])
+    or `_ONE_PASS` (Note [One pass])."""
     q, k = node_val(q_node), node_val(k_node)
     mask = node_val(mask_node)
     S = k.shape[2]
@@ -437,7 +446,7 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
     can_fuse = combines_in_split(H // k.shape[1] * LQ)
     measured = mode == "measured" if q.device.type == "cuda" else _timer is not None
     if type(S) is not int or not measured:
-        return False  # unmeasured: the two launches (the faster form where it was measured)
+        return "kernel"  # unmeasured: the two launches (a grown cache's length is not known)
     shape = (B, H, k.shape[1], LQ, S, D, str(q.dtype))
     device = torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
     mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape), tuple(mask.stride()))
@@ -448,7 +457,7 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                                      disk_cache.source_digest(sys.modules[__name__], attention_module))
         choice = disk_cache.load("decode-attention", disk_key, lambda v: (
             isinstance(v, dict) and isinstance(v.get("us"), dict) and isinstance(v.get("kernel"), bool)
-            and isinstance(v.get("fused"), bool) and all(isinstance(t, (int, float)) for t in v["us"].values())))
+            and v.get("form") in _FORMS and all(isinstance(t, (int, float)) for t in v["us"].values())))
         if choice is not None:
             choice = {**choice, "source": "TRIDENT_CACHE_DIR"}
         else:
@@ -456,29 +465,34 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                 with triton_state.exclusive():
                     times = _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale)
             else:
-                times = {"sdpa": _timer("sdpa", shape), "kernel": _timer("kernel", shape)}
+                times = {"sdpa": _timer("sdpa", shape), "kernel": _timer("kernel", shape),
+                         _ONE_PASS: _timer(_ONE_PASS, shape)}
                 if can_fuse:
                     times[_FUSED] = _timer(_FUSED, shape)
-            # the faster form of the kernel (Note [The last split combines]), then against SDPA;
+            # the fastest form of the kernel (the two launches on a tie), then against SDPA;
             # nothing measured (another capture running, a failure): what the graph has stays
-            fused = _FUSED in times and ("kernel" not in times or times[_FUSED] < times["kernel"])
-            best = times.get(_FUSED if fused else "kernel")
+            forms = [f for f in _FORMS if f in times]
+            form = min(forms, key=lambda f: (times[f], _FORMS.index(f))) if forms else "kernel"
+            best = times.get(form)
             kernel = best is not None and not ("sdpa" in times and times["sdpa"] <= _MARGIN * best)
-            choice = {"kernel": kernel, "fused": fused, "us": {k2: round(v, 3) for k2, v in times.items()}}
+            choice = {"kernel": kernel, "form": form, "us": {k2: round(v, 3) for k2, v in times.items()}}
             if "sdpa" in times and "kernel" in times:
                 disk_cache.store("decode-attention", disk_key, choice)
         if choice["us"]:  # a measurement that failed (another capture running) is tried again later
             _CHOICES[key] = choice
     us = ", ".join(f"{k2} {v:.2f} us" for k2, v in sorted(choice["us"].items(), key=lambda kv: kv[1]))
     where = f", from {choice['source']}" if choice.get("source") else ""
-    how = " (the last split combines)" if choice["fused"] else " and its combine kernel"
-    what = f"Trident's flash-decoding kernel{how}" if choice["kernel"] else f"{node.target} as traced"
+    what = f"Trident's flash-decoding kernel{_HOW[choice['form']]}" if choice["kernel"] else f"{node.target} as traced"
     gm.meta.setdefault("trident_attention_choices", []).append(
         f"B={B} H={H} Hkv={k.shape[1]} Lq={LQ} S={S} D={D} {q.dtype}: {what} [measured{where}: {us or 'nothing'}]")
-    return choice["fused"] if choice["kernel"] else None
+    return choice["form"] if choice["kernel"] else None
 
 
 _FUSED = "kernel_last_split_combines"  # the measured name of Note [The last split combines]'s form
+_ONE_PASS = "kernel_one_pass"  # the measured name of Note [One pass]'s form
+_FORMS = ("kernel", _FUSED, _ONE_PASS)  # the kernel's forms, the first kept on a tie
+_HOW = {"kernel": " and its combine kernel", _FUSED: " (the last split combines)",
+        _ONE_PASS: " in one pass (a program per key/value head, no combine)"}
 
 
 def _chain_key(chain, node) -> tuple:
@@ -527,6 +541,8 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
                 times[_FUSED] = do_bench_cudagraph(
                     lambda: decode_attention(qs, ks, vs, ms, scale, counts, combine=True), rep=20,
                     return_mode="median") * 1e3
+            times[_ONE_PASS] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale, one_pass=True),
+                                                  rep=20, return_mode="median") * 1e3
             return times
     except Exception as e:  # noqa: BLE001 - not measured: the kernel is taken, as without measurement
         logs.lowering.debug("decode attention not measured: %s: %s", type(e).__name__, e)

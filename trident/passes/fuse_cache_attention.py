@@ -16,7 +16,8 @@ layer. What must hold (else nothing changes):
     attention's keys and values (two distinct nodes), index dim 2 of [B, Hkv, S, D] caches
     (S > 1, D > 1: the dim is then told by its stride and size), sources [B, Hkv, n, D] of the
     cache's dtype with static strides, n <= MAX_NEW; the split kernel is the two-launch form
-    (Note [The last split combines] has no second kernel for the bump);
+    (Note [The last split combines] has no second kernel for the bump), or the one-pass form
+    (Note [One pass]: its programs write their own head's rows) where the write bumps no counter;
   * the keys and values are graph inputs themselves (placeholders or attributes), and the
     sources, the index (or counter), the query and the mask are each either a graph input
     itself or a fresh result of the graph, no view of an input (their alias roots, Note [CSE
@@ -24,8 +25,9 @@ layer. What must hold (else nothing changes):
     then reads what another writes, unless two inputs overlap at run time, which each call
     checks natively (DisjointInputs; trident/kernels/copy.py index_write_checks: the caches
     against each other and every input the kernel reads);
-  * every node between the write and the combine launch (but the split launch) reads no graph
-    input nor what the caches or the bumped counter may be, and writes no graph input nor what
+  * every node between the write and the combine launch (the one-pass launch), the split launch
+    aside, reads no graph input nor what the caches or the bumped counter may be, and writes no
+    graph input nor what
     the write or the attention reads or writes: moving the write to the split launch and the
     bump to the combine launch then reads and writes what the original order did.
 """
@@ -112,8 +114,11 @@ def _fuse(gm, split, order, roots) -> "str | None":
     if a.get("COMBINE") or a.get("NEW"):
         return "the split kernel combines (no combine kernel to bump the counter)"
     keys, values, ws = a["k_ptr"], a["v_ptr"], a["ws_ptr"]
-    combine = next((u for u in ws.users if _kernel(u) is decode_attention_combine_kernel and order[u] > order[split]),
-                   None)
+    if a.get("DIRECT"):  # Note [One pass]: the window ends at the one launch
+        combine = split
+    else:
+        combine = next((u for u in ws.users if _kernel(u) is decode_attention_combine_kernel
+                        and order[u] > order[split]), None)
     if combine is None:
         return "no combine launch after it"
     # the nearest cache write before the split launch that writes these caches
@@ -131,6 +136,8 @@ def _fuse(gm, split, order, roots) -> "str | None":
     k_val = node_val(keys)
     if pairs is None or not _static(k_val) or not _geometry_ok(w, pairs, k_val):
         return f"{write_node.name} writes other tensors or rows than the attention's keys and values"
+    if w["INCREMENT"] and combine is split:
+        return "the one-pass attention has no second kernel to bump the counter after every program read it"
     if not (_is_input(keys) and _is_input(values)):
         return "the keys or values are views made in the graph (only whole inputs are checked apart at run time)"
     index = w["index_ptr"]
