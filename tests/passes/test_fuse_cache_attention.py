@@ -83,17 +83,34 @@ def test_a_masked_key_of_inf_gives_eagers_nan():
     assert _layer(*want).isnan().any() and opt(*got).isnan().any()
 
 
-def test_rows_past_the_cache_are_written_nowhere():
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_rows_past_the_cache_are_written_nowhere(one_pass):
     """A position past the cache end (eager's CPU index_copy_ raises; cache_write_kernel skips
     the row, Note [Out-of-range indices in index_copy_kernel]): the rows in range land, the
-    others are neither written nor read, the counter is bumped."""
+    others are neither written nor read, the counter is bumped; one new row at the end or past
+    it (Note [One round of loads]: its position is -1, matched by no key); also in one pass."""
     q = torch.randn(1, 2, 2, 16)
     keys, values = torch.zeros(1, 1, 8, 16), torch.zeros(1, 1, 8, 16)
     new_k, new_v = torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16)
     counter = torch.tensor([7])
-    out = decode_attention(q, keys, values, None, new=(new_k, new_v, counter, True, 2))
+    out = decode_attention(q, keys, values, None, new=(new_k, new_v, counter, True, 2), one_pass=one_pass)
     assert int(counter) == 9 and torch.equal(keys[0, 0, 7], new_k[0, 0, 0]) and not keys[0, 0, :7].any()
     assert torch.isfinite(out).all()
+    for position, lands in ((7, True), (0, True), (8, False), (-1, False)):  # written nowhere outside [0, S)
+        q1 = torch.randn(1, 2, 1, 16)
+        keys.zero_()
+        values.zero_()
+        row_k, row_v = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+        index = torch.tensor([position])
+        want_keys = keys.clone()
+        if lands:
+            want_keys[0, 0, position] = row_k[0, 0, 0]
+        out = decode_attention(q1, keys, values, None, new=(row_k, row_v, index, False, None), one_pass=one_pass)
+        assert torch.equal(keys, want_keys) and torch.isfinite(out).all(), (position, one_pass)
+        g = q1.shape[1]
+        want = F.scaled_dot_product_attention(q1, _repeat_kv(want_keys, g), _repeat_kv(values, g))
+        if lands:
+            torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
 
 
 def _project_and_write(keys, values, counter, x, wq, wk, wv):
@@ -263,9 +280,11 @@ def test_one_pass_attention_writes_the_rows_at_a_cache_position():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_one_pass_attention_keeps_a_counters_write_apart():
-    """A write at a counter bumps it after every program read it: the one-pass form has no
-    second kernel for that, so the write keeps its launch (and the step equals eager's)."""
+def test_one_pass_attention_takes_a_counters_write_and_bump():
+    """A write at a counter (transformers 5's StaticCache: its cumulative length, bumped in
+    place): in one pass the write moves into the one launch and the last of its programs (one
+    per kv head) to arrive bumps the counter, after every program read it; step after step the
+    outputs, caches and counter equal eager's (the arrival count back at 0 each call)."""
     args = _inputs()
     DA = _one_pass_fastest()
     try:
@@ -273,8 +292,9 @@ def test_one_pass_attention_keeps_a_counters_write_apart():
     finally:
         DA.set_timer(None)
     names = _kernels(opt)
-    assert "cache_write_kernel" in names and "decode_attention_combine_kernel" not in names, names
-    assert "no second kernel to bump the counter" in opt.meta[APART][0], opt.meta[APART]
+    assert names.count("decode_attention_split_kernel") == 1, names
+    assert "cache_write_kernel" not in names and "decode_attention_combine_kernel" not in names, names
+    assert opt.meta[APART] == [None]
     got = _run_steps(_layer, opt, args)
     assert int(got[2]) == 3 + 6
 
@@ -329,7 +349,6 @@ def test_caches_overlapping_at_call_time_are_refused_not_wrong():
     with pytest.raises(RuntimeError, match=r"\(the keys cache\) and reads input 'values' \(the values cache\), "
                                             r"and the two overlap in memory.*TRIDENT_CACHE_ATTENTION=0"):
         opt(*got)
-
 
 
 def test_one_round_of_loads_before_the_first_product_on_sm90():

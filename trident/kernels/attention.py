@@ -22,9 +22,15 @@ pipelined loop keeping the next blocks' loads in flight, and normalizes and writ
 itself: one launch, no workspace, no counters. Fewer programs read more keys each, so it wins
 only where the cache is short; Note [Decode attention by measurement] times it beside the two
 launches and the last split combining, per shape, and keeps the fastest. A write of the step's
-rows (NEW) is the program's own (its range is the whole cache); a counter's bump (INCREMENT) has
-no second kernel to run after every program read the counter, so the one-pass form takes no
-bump (trident/passes/fuse_cache_attention.py keeps such a write apart).
+rows (NEW) is the program's own (its range is the whole cache). A counter's bump (INCREMENT: a
+transformers 5 StaticCache's cumulative length) must follow every program's read of the
+counter, and there is no second kernel: each program counts its arrival after its stores (the
+CTA synchronized first, one acquire-release atomic at GPU scope in `count[count_offset]`, as
+Note [The last split combines] counts), and the last to arrive bumps the counter and puts the
+count back to 0 -- one atomic round trip at the end of each program. The measurement times
+every form with a bump (of 0, on a counter of its own), as a StaticCache step runs them. Large
+heads take the split form's BLOCK_N (`one_pass_block_n`: its pipelined tiles then fit in shared
+memory wherever the split form's do).
 
 Note [The last split combines]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -38,7 +44,8 @@ through L2) and puts the counter back to 0. The counters are int32 zeros allocat
 for every attention of a graph (decode_attention.py `_counters`). Used where the head has at most
 COMBINE_ROWS query rows (G * Lq: decode with grouped heads); more rows (a prefill, speculative
 verification) keep the combine kernel, whose programs share them. Where the pass measures
-(Note [Decode attention by measurement]) it times both forms and keeps the faster: on the H200
+(Note [Decode attention by measurement]) it times this form beside the others and keeps the
+fastest: on the H200
 the combining form was the slower in Llama-1B's decode (7.2 us a layer against 3.3 + 1.5 us for
 the two launches, results/bench_hf_llama_c26d638.json), the one last program's serial combine
 costing more than the kernel boundary it saves.
@@ -52,10 +59,12 @@ Qwen2-0.5B's step). With NEW > 0 the split kernel does the write itself
 (trident/passes/fuse_cache_attention.py makes it so): the new rows' positions are index[j]
 (or base + j, base the counter's value, with INDEX_OFFSET), j < NEW; the program whose key range
 [split * chunk, (split + 1) * chunk) holds a position stores that row of new_k / new_v into the
-cache (of rows with one position the last, as index_copy_ leaves it), and every program reads
-such a key from new_k / new_v, never from the cache, so no program reads a row another writes
-in the same launch. The counter's bump (counter += increment) moves to the combine kernel,
-which runs after every split program has read the counter. Positions outside [0, S) are
+cache (of rows with one position the last, as index_copy_ leaves it), and every program takes
+such a key from new_k / new_v, not from the cache (for one new row the one program whose range
+holds it loads the cache's stale row with its block and replaces it in registers: Note [One
+round of loads]), so no program uses a row another writes in the same launch. The counter's
+bump (counter += increment) moves to the combine kernel, which runs after every split program
+has read the counter (in one pass, to the last program to arrive: Note [One pass]). Positions outside [0, S) are
 written nowhere, as cache_write_kernel does.
 
 Note [One round of loads]
@@ -86,8 +95,14 @@ import triton.language as tl
 
 SPLITS = 16  # programs per kv head over the cache (fixed: the workspace has a static size)
 BLOCK_N = 32  # keys per step
-ONE_PASS_BLOCK_N = 64  # keys per step of the one-pass form (Note [One pass])
+ONE_PASS_BLOCK_N = 64  # keys per step of the one-pass form (Note [One pass]) for heads of at most 256 bytes
 COMBINE_ROWS = 8  # query rows per kv head the split kernel's last program combines at most
+
+
+def one_pass_block_n(head_dim: int, itemsize: int) -> int:
+    """BLOCK_N of the one-pass form (Note [One pass]): ONE_PASS_BLOCK_N keys a step where a key
+    row (padded to a power of two) takes at most 256 bytes, else the split form's BLOCK_N."""
+    return ONE_PASS_BLOCK_N if triton.next_power_of_2(head_dim) * itemsize <= 256 else BLOCK_N
 
 
 def combines_in_split(rows: int) -> bool:
@@ -144,6 +159,7 @@ def decode_attention_split_kernel(
     NEW: tl.constexpr = 0, NEW_BLOCK: tl.constexpr = 2, INDEX_OFFSET: tl.constexpr = False,
     WRAP_NEGATIVE: tl.constexpr = False,
     DIRECT: tl.constexpr = False,
+    counter_ptr=None, increment=0, INCREMENT: tl.constexpr = False,
 ):
     if PDL:  # Note [Programmatic dependent launch]
         tl.extra.cuda.gdc_wait()
@@ -247,6 +263,12 @@ def decode_attention_split_kernel(
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = b * so_b + head[:, None] * so_h + pos[:, None] * so_l + d[None, :]
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        if INCREMENT:  # the counter bumped by the last program to arrive: every program has read it
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + count_offset, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
+                tl.store(counter_ptr, (tl.load(counter_ptr) + increment).to(counter_ptr.dtype.element_ty))
+                tl.store(count_ptr + count_offset, 0)
     else:
         # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
         base = (bh * SPLITS + split) * (BLOCK_M * (BLOCK_D + 2))
@@ -310,7 +332,8 @@ def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> i
     return batch * kv_heads * SPLITS * block_m(rows) * (triton.next_power_of_2(head_dim) + 2)
 
 
-def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, new=None, one_pass=False):
+def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, new=None, one_pass=False,
+                     counter=None):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
     k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each; the launches the pass
     emits. `combine`: whether the split kernel's last program combines (Note [The last split
@@ -319,9 +342,10 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
     given; the kernel puts them back to 0, so a caller may reuse them). `new`: (new_k, new_v,
     index, offset, increment) writes the rows of new_k, new_v [B, Hkv, n, D] into k and v at
     positions index[j] (offset: index[0] + j) before attending, and adds `increment` (not None)
-    to index[0] after (Note [The cache write inside the attention]; the two launches). `one_pass`:
-    one launch on SPLITS = 1 that writes the output itself (Note [One pass]; a bump then runs as
-    a torch op after it)."""
+    to index[0] after (Note [The cache write inside the attention]; the two launches). `counter`:
+    (tensor, increment), a bump without a write (the measurement's). `one_pass`: one launch on
+    SPLITS = 1 that writes the output itself and bumps the counter after every program read it
+    (Note [One pass]; `counts`: one int32 zero for its arrivals, made here when not given)."""
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
@@ -334,7 +358,7 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
     BM, BD = block_m(G * LQ), triton.next_power_of_2(D)
     fused = combines_in_split(G * LQ) if combine is None else bool(combine) and combines_in_split(G * LQ)
     combine = {}
-    if fused and new is None:
+    if fused and new is None and counter is None and not one_pass:  # a bump needs the combine kernel
         if counts is None:
             counts = torch.zeros(B * HKV, dtype=torch.int32, device=q.device)
         combine = dict(out_ptr=out, count_ptr=counts, so_b=out.stride(0), so_h=out.stride(1), so_l=out.stride(2),
@@ -349,15 +373,18 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
                      NEW_BLOCK=new_block(new_k.shape[2]), INDEX_OFFSET=bool(offset))
         if increment is not None:
             bump = dict(counter_ptr=index, increment=increment, INCREMENT=True)
+    if counter is not None:
+        bump = dict(counter_ptr=counter[0], increment=counter[1], INCREMENT=True)
     if one_pass:
+        if bump:
+            counts = torch.zeros(1, dtype=torch.int32, device=q.device) if counts is None else counts
+            bump = dict(bump, count_ptr=counts, count_offset=0)
         decode_attention_split_kernel[(B * HKV, 1)](
             q, k, v, m, out, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
-            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=ONE_PASS_BLOCK_N,
+            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=one_pass_block_n(D, q.element_size()),
             HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=1,
             PRECISION=dot_precision(q.dtype), out_ptr=out, so_b=out.stride(0), so_h=out.stride(1),
-            so_l=out.stride(2), DIRECT=True, **write)
-        if bump:
-            index.add_(bump["increment"])
+            so_l=out.stride(2), DIRECT=True, **write, **bump)
         return out
     decode_attention_split_kernel[(B * HKV, SPLITS)](
         q, k, v, m, ws, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,

@@ -29,7 +29,7 @@ Note [Decode attention by measurement]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 With TRIDENT_DECODE_ATTENTION=measured (the default since the H200 measurement at e3252af), where
 the key length is static (a StaticCache) on CUDA, the rewrite is made only when Trident's
-two launches are not measurably slower than what they replace -- the repeat's clones and the
+kernel (its fastest form, below) is not measurably slower than what it replaces -- the repeat's clones and the
 SDPA backend the trace chose, run as the graph has them -- each timed inside a CUDA graph
 (`triton.testing.do_bench_cudagraph`, median) on stand-ins of the same layouts (a boolean mask
 all true, a float mask of zeros); the SDPA path stays when it takes at most `_MARGIN` of the
@@ -41,8 +41,9 @@ measurement existed (its clones of the grown cache cost eager more each step). T
 timed in each of its forms -- the split and combine kernels; one launch of a program per
 key/value head (Note [One pass]); where the head has at most COMBINE_ROWS query rows, one launch
 whose last program combines (Note [The last split combines]) -- and the fastest is kept (the two
-launches on a tie); unmeasured, the two launches are (the faster on the H200 at Llama-1B's decode
-of the first two).
+launches on a tie); unmeasured, the two launches are. Each form is timed with a counter's bump
+(of 0), as a StaticCache step runs it (the last split combining takes no bump, and so no
+write), and a form that cannot run on the device (its tiles too large) is left out.
 Without a GPU nothing is timed (tests install a timer with `set_timer`).
 """
 
@@ -61,7 +62,6 @@ from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import attention as attention_module
 from ..kernels.attention import (
     BLOCK_N,
-    ONE_PASS_BLOCK_N,
     SPLITS,
     block_m,
     combine_grid,
@@ -70,6 +70,7 @@ from ..kernels.attention import (
     decode_attention_combine_kernel,
     decode_attention_split_kernel,
     dot_precision,
+    one_pass_block_n,
     workspace_elements,
 )
 from .common import bound_args, emit_launch, node_val, stand_in
@@ -255,27 +256,27 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=splits)
         out_strides = {"so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2)}
         if form == _ONE_PASS:  # Note [One pass]: no workspace (the out it writes stands in its place)
-            ws, combine = out, {"out_ptr": out, **out_strides, "DIRECT": True}
+            ws, writes_out = out, {"out_ptr": out, **out_strides, "DIRECT": True}
         else:
             ws_val = torch.empty(workspace_elements(B, hkv, G * LQ, D), dtype=torch.float32, device=q.device)
             ws = gm.graph.call_function(aten.empty.memory_format, ([ws_val.numel()],),
                                         {"dtype": torch.float32, "device": q.device})
             ws.meta["val"] = _fake_like(q, ws_val)
-            combine = {}
+            writes_out = {}
         if form == _FUSED:  # Note [The last split combines]
-            counts, offset = _counters(gm, q, B * hkv)
-            combine = {"out_ptr": out, "count_ptr": counts, **out_strides, "count_offset": offset, "COMBINE": True}
+            counts, offset = attention_counters(gm, q, B * hkv)
+            writes_out = {"out_ptr": out, "count_ptr": counts, **out_strides, "count_offset": offset, "COMBINE": True}
         emit_launch(gm, decode_attention_split_kernel, (B * hkv, splits, 1), {
             "q_ptr": q_node, "k_ptr": k_node, "v_ptr": v_node,
             "mask_ptr": mask_node if mask_node is not None else q_node, "ws_ptr": ws,
             "S": s_arg, "scale": scale,
             "sq_b": q.stride(0), "sq_h": q.stride(1), "sq_l": q.stride(2),
             "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
-            **consts, "BLOCK_N": ONE_PASS_BLOCK_N if form == _ONE_PASS else BLOCK_N,
+            **consts, "BLOCK_N": one_pass_block_n(D, q.element_size()) if form == _ONE_PASS else BLOCK_N,
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
-            "PRECISION": dot_precision(q.dtype), **combine,
+            "PRECISION": dot_precision(q.dtype), **writes_out,
         })
-        if not combine:
+        if not writes_out:  # the combine kernel writes it
             emit_launch(gm, decode_attention_combine_kernel, combine_grid(B, hkv, G * LQ), {
                 "ws_ptr": ws, "out_ptr": out, **out_strides, **consts,
             })
@@ -376,8 +377,9 @@ def _boolean_mask(mask_node, lq: int, length):
 _COUNTERS = "trident_attention_counters"  # gm.meta while the pass runs: {device: [zeros node, used]}
 
 
-def _counters(gm, like: torch.Tensor, n: int):
-    """`n` int32 counters of Note [The last split combines], from ONE zeros allocation per call and
+def attention_counters(gm, like: torch.Tensor, n: int):
+    """`n` int32 counters of Note [The last split combines] (or Note [One pass]'s arrivals), from ONE
+    zeros allocation per call and
     device that every decode attention of the graph shares (one fill kernel per call, not one per
     layer), made at the graph's start and grown as attentions are rewritten; (its node, offset)."""
     per_device = gm.meta.setdefault(_COUNTERS, {})
@@ -534,16 +536,19 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
             ms = by_node.get(mask_node)
             times = {"sdpa": do_bench_cudagraph(lambda: traced(*values), rep=20, return_mode="median") * 1e3}
             counts = torch.zeros(qs.shape[0] * ks.shape[1], dtype=torch.int32, device=qs.device)
+            counter = (torch.zeros(1, dtype=torch.int64, device=qs.device), 0)  # a bump, as a StaticCache step's
+            forms = {"kernel": lambda: decode_attention(qs, ks, vs, ms, scale, combine=False, counter=counter),
+                     _ONE_PASS: lambda: decode_attention(qs, ks, vs, ms, scale, counts, one_pass=True, counter=counter)}
+            if combines_in_split(qs.shape[1] // ks.shape[1] * qs.shape[2]):  # takes no write, no bump
+                forms[_FUSED] = lambda: decode_attention(qs, ks, vs, ms, scale, counts, combine=True)
             torch.cuda.synchronize(qs.device)  # do_bench_cudagraph runs on a stream of its own
-            times["kernel"] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale, combine=False),
-                                                 rep=20, return_mode="median") * 1e3
-            if combines_in_split(qs.shape[1] // ks.shape[1] * qs.shape[2]):
-                times[_FUSED] = do_bench_cudagraph(
-                    lambda: decode_attention(qs, ks, vs, ms, scale, counts, combine=True), rep=20,
-                    return_mode="median") * 1e3
-            times[_ONE_PASS] = do_bench_cudagraph(lambda: decode_attention(qs, ks, vs, ms, scale, one_pass=True),
-                                                  rep=20, return_mode="median") * 1e3
-            return times
     except Exception as e:  # noqa: BLE001 - not measured: the kernel is taken, as without measurement
         logs.lowering.debug("decode attention not measured: %s: %s", type(e).__name__, e)
         return {}
+    for name, run in forms.items():  # a form that cannot run here (its tiles too large) is left out
+        try:
+            with torch.cuda.device(q.device):
+                times[name] = do_bench_cudagraph(run, rep=20, return_mode="median") * 1e3
+        except Exception as e:  # noqa: BLE001
+            logs.lowering.debug("decode attention form %s not measured: %s: %s", name, type(e).__name__, e)
+    return times

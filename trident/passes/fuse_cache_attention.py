@@ -10,14 +10,15 @@ After fuse_cache_writes, a layer of a StaticCache decode step has
     launch decode_attention_combine_kernel(ws, out, ...)
 
 and this pass gives the write to the split kernel (NEW rows) and the counter's bump to the
-combine kernel, and removes the cache_write launch: a launch and a kernel boundary fewer per
-layer. What must hold (else nothing changes):
+combine kernel -- or both to the one launch of Note [One pass], whose last program to arrive
+bumps the counter -- and removes the cache_write launch: a launch and a kernel boundary fewer
+per layer. What must hold (else nothing changes):
   * the write is one cache_write_kernel launch of two pairs whose destinations are the
     attention's keys and values (two distinct nodes), index dim 2 of [B, Hkv, S, D] caches
     (S > 1, D > 1: the dim is then told by its stride and size), sources [B, Hkv, n, D] of the
     cache's dtype with static strides, n <= MAX_NEW; the split kernel is the two-launch form
     (Note [The last split combines] has no second kernel for the bump), or the one-pass form
-    (Note [One pass]: its programs write their own head's rows) where the write bumps no counter;
+    (Note [One pass]: its programs write their own head's rows, the last to arrive bumps);
   * the keys and values are graph inputs themselves (placeholders or attributes), and the
     sources, the index (or counter), the query and the mask are each either a graph input
     itself or a fresh result of the graph, no view of an input (their alias roots, Note [CSE
@@ -27,9 +28,9 @@ layer. What must hold (else nothing changes):
     against each other and every input the kernel reads);
   * every node between the write and the combine launch (the one-pass launch), the split launch
     aside, reads no graph input nor what the caches or the bumped counter may be, and writes no
-    graph input nor what
-    the write or the attention reads or writes: moving the write to the split launch and the
-    bump to the combine launch then reads and writes what the original order did.
+    graph input nor what the write or the attention reads or writes: moving the write to the
+    split launch and the bump to the combine launch then reads and writes what the original
+    order did.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..kernels.attention import decode_attention_combine_kernel, decode_attentio
 from ..kernels.copy import cache_write_kernel
 from .common import is_launch, moves_no_data, node_val
 from .cse import WRITES_ANYTHING, alias_roots, written_nodes
+from .decode_attention import attention_counters
 
 APART = "trident_cache_writes_apart"  # gm.meta: per decode attention, why its cache write stays apart (None: it does not)
 MAX_NEW = 16  # new rows per call the split kernel writes at most (decode; speculative verification)
@@ -136,8 +138,6 @@ def _fuse(gm, split, order, roots) -> "str | None":
     k_val = node_val(keys)
     if pairs is None or not _static(k_val) or not _geometry_ok(w, pairs, k_val):
         return f"{write_node.name} writes other tensors or rows than the attention's keys and values"
-    if w["INCREMENT"] and combine is split:
-        return "the one-pass attention has no second kernel to bump the counter after every program read it"
     if not (_is_input(keys) and _is_input(values)):
         return "the keys or values are views made in the graph (only whole inputs are checked apart at run time)"
     index = w["index_ptr"]
@@ -165,8 +165,12 @@ def _fuse(gm, split, order, roots) -> "str | None":
         NEW=n, NEW_BLOCK=new_block(n), INDEX_OFFSET=bool(w["INDEX_OFFSET"]), WRAP_NEGATIVE=bool(w["WRAP_NEGATIVE"]),
     )
     assert set(fused) <= set(decode_attention_split_kernel.arg_names), set(fused) - set(decode_attention_split_kernel.arg_names)
+    if w["INCREMENT"] and combine is split:  # Note [One pass]: the last program to arrive bumps it
+        counts, offset = attention_counters(gm, node_val(a["q_ptr"]), 1)
+        fused.update(counter_ptr=index, increment=w["increment"], INCREMENT=True, count_ptr=counts,
+                     count_offset=offset)
     split.kwargs = {**split.kwargs, "kwargs": fused}
-    if w["INCREMENT"]:
+    if w["INCREMENT"] and combine is not split:
         c = dict(combine.kwargs["kwargs"], counter_ptr=index, increment=w["increment"], INCREMENT=True)
         combine.kwargs = {**combine.kwargs, "kwargs": c}
     gm.graph.erase_node(write_node)
