@@ -226,6 +226,37 @@ def test_hf_generate_uses_the_kernel_and_keeps_eager_tokens(cache, monkeypatch):
         assert _launches(opt).count("decode_attention_split_kernel") == 2  # one per layer
 
 
+def test_hf_generate_static_cache_in_one_pass(monkeypatch):
+    """Tiny Llama through trident.compile with a StaticCache (transformers 5: the step's rows at
+    the cache's cumulative length, bumped in place) where the one-pass form measures fastest (a
+    timer stands for the GPU): each layer's attention is one launch that writes the rows and
+    whose last program bumps the counter (Note [One pass]); greedy tokens equal eager's."""
+    pytest.importorskip("transformers")
+    from tests.frontends.test_generate import _generate
+    from tests.test_hf import _model
+    from trident.passes import decode_attention as DA
+
+    _, model = _model("llama", "own", monkeypatch)
+    with torch.no_grad():
+        want = _generate(model, "static", new=6)
+    DA.set_timer(lambda name, shape: 1.0 if name == DA._ONE_PASS else 2.0)
+    try:
+        with knobs.scope(decode_attention="all", triton_copies="all"):
+            model.forward = trident.compile(model.forward)
+            with torch.no_grad():
+                for _ in range(2):
+                    assert torch.equal(_generate(model, "static", new=6), want)
+    finally:
+        DA.set_timer(None)
+    decode = [opt for opt in model.forward.captures.values() if "decode_attention_split_kernel" in _launches(opt)]
+    assert decode, "no capture uses the decode attention kernel"
+    for opt in decode:
+        names = _launches(opt)
+        assert names.count("decode_attention_split_kernel") == 2, names  # one per layer
+        assert "decode_attention_combine_kernel" not in names and "cache_write_kernel" not in names, names
+        assert not any("index_copy" in n for n in names), names  # the rows written by the attention
+
+
 def _gqa_case():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, 1, 64, generator=g)
