@@ -326,13 +326,21 @@ def test_sources_that_are_views_of_inputs_keep_the_write_apart():
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("fn", [_peek_between, _peek_inside])
-def test_a_read_of_the_cache_between_keeps_the_write_apart(fn):
+def test_a_read_of_the_cache_between_keeps_the_write_apart(fn, one_pass):
     """A read of the cache after the write (after the attention, or between the write and the
-    attention): where it lies between, the write stays its own launch; results equal eager's."""
+    attention): where it lies between, the write stays its own launch; results equal eager's.
+    The same with the attention in one pass (Note [One pass]: the window ends at its launch)."""
     args = _inputs()
-    opt = _optimize(fn, args)
+    DA = _one_pass_fastest() if one_pass else None
+    try:
+        opt = _optimize(fn, args)
+    finally:
+        if DA is not None:
+            DA.set_timer(None)
     names = _kernels(opt)
+    assert ("decode_attention_combine_kernel" in names) == (not one_pass), names
     assert ("cache_write_kernel" in names) == (fn is _peek_inside), names
     if fn is _peek_inside:  # explain() says why
         assert "one stays a launch of its own: amax (aten.amax.default) between" in trident.explain(opt), trident.explain(opt)
