@@ -181,6 +181,8 @@ def decode_attention_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     chunk = tl.cdiv(S, SPLITS)
     start = split * chunk
+    if DIRECT and INCREMENT:  # the counter as every program reads it, for the last one's bump (Note [One pass])
+        count = tl.load(counter_ptr)
     if NEW == 1:  # Note [One round of loads]: the new row and its position, neither waiting for the other
         new_pos1 = tl.load(index_ptr).to(tl.int64)
         if WRAP_NEGATIVE:
@@ -267,7 +269,7 @@ def decode_attention_split_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(count_ptr + count_offset, 1, sem="acq_rel", scope="gpu")
             if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
-                tl.store(counter_ptr, (tl.load(counter_ptr) + increment).to(counter_ptr.dtype.element_ty))
+                tl.store(counter_ptr, (count + increment).to(counter_ptr.dtype.element_ty))
                 tl.store(count_ptr + count_offset, 0)
     else:
         # workspace per (bh, split): BLOCK_M maxima, BLOCK_M sums, BLOCK_M x BLOCK_D outputs (fp32)
@@ -299,11 +301,13 @@ def decode_attention_combine_kernel(
     # layer on the H200, results/bench_hf_llama_liger_e3252af.json)
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if INCREMENT:  # read with the pieces, not after them (Note [One round of loads])
+        count = tl.load(counter_ptr)
     _combine_row(ws_ptr, out_ptr, tl.program_id(0), tl.program_id(1), so_b, so_h, so_l,
                  KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "", PDL)
     if INCREMENT:  # the cache write's counter bump (Note [The cache write inside the attention])
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-            tl.store(counter_ptr, (tl.load(counter_ptr) + increment).to(counter_ptr.dtype.element_ty))
+            tl.store(counter_ptr, (count + increment).to(counter_ptr.dtype.element_ty))
 
 
 def combine_grid(batch: int, kv_heads: int, rows: int) -> tuple:
