@@ -19,7 +19,7 @@ StaticCache of a few hundred positions) the split kernel's programs read one blo
 so the step pays the launch chain, not the reading. With DIRECT the split kernel runs SPLITS = 1
 (one program per batch row and key/value head) over ONE_PASS_BLOCK_N keys a step, Triton's
 pipelined loop keeping the next blocks' loads in flight, and normalizes and writes its rows
-itself: one launch, no workspace, no counters. Fewer programs read more keys each, so it wins
+itself: one launch, no workspace. Fewer programs read more keys each, so it wins
 only where the cache is short; Note [Decode attention by measurement] times it beside the two
 launches and the last split combining, per shape, and keeps the fastest. A write of the step's
 rows (NEW) is the program's own (its range is the whole cache). A counter's bump (INCREMENT: a
@@ -41,7 +41,7 @@ gemv.py): each stores its piece, the CTA synchronizes, one acquire-release atomi
 counts it in `count[count_offset + bh]`, and the program that sees SPLITS - 1 arrivals before
 its own combines every query row of the head (the combine kernel's code per row, the pieces read
 through L2) and puts the counter back to 0. The counters are int32 zeros allocated once per call
-for every attention of a graph (decode_attention.py `_counters`). Used where the head has at most
+for every attention of a graph (decode_attention.py `attention_counters`). Used where the head has at most
 COMBINE_ROWS query rows (G * Lq: decode with grouped heads); more rows (a prefill, speculative
 verification) keep the combine kernel, whose programs share them. Where the pass measures
 (Note [Decode attention by measurement]) it times this form beside the others and keeps the
@@ -64,8 +64,8 @@ such a key from new_k / new_v, not from the cache (for one new row the one progr
 holds it loads the cache's stale row with its block and replaces it in registers: Note [One
 round of loads]), so no program uses a row another writes in the same launch. The counter's
 bump (counter += increment) moves to the combine kernel, which runs after every split program
-has read the counter (in one pass, to the last program to arrive: Note [One pass]). Positions outside [0, S) are
-written nowhere, as cache_write_kernel does.
+has read the counter (in one pass, to the last program to arrive: Note [One pass]). Positions
+outside [0, S) are written nowhere, as cache_write_kernel does.
 
 Note [One round of loads]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
