@@ -159,7 +159,10 @@ def test_products_of_a_graph_share_one_counter_allocation():
 
 def test_counters_are_allocated_per_device():
     """Products on two devices get one counter allocation each, on their own device (review of
-    the pass, 2026-12-03: one allocation on the first product's device was handed to all)."""
+    the pass, 2026-12-03: one allocation on the first product's device was handed to all); the
+    decode attention's counters come from the same allocation (`call_counters`: one fill kernel
+    a call)."""
+    from trident.passes.common import call_counters
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
@@ -172,11 +175,12 @@ def test_counters_are_allocated_per_device():
             node = gm.graph.call_function(torch.ops.aten.mm.default, (b, b))
             node.meta["val"] = torch.empty(1, 64, device=device)
             chosen.append(([(node, b, b, None)], config))
-        where = CM._counters(chosen)
+        where = CM._counters(gm, chosen)
+        attention, off3 = call_counters(gm, torch.empty(1, device="cpu"), 3)
     (cpu0, off0), (cuda, off1), (cpu1, off2) = (where[members[0][0]] for members, _ in chosen)
-    assert cpu0 is cpu1 and cpu0 is not cuda and (off0, off1, off2) == (0, 0, 2)
+    assert cpu0 is cpu1 is attention and cpu0 is not cuda and (off0, off1, off2, off3) == (0, 0, 2, 4)
     assert cpu0.kwargs["device"].type == "cpu" and cuda.kwargs["device"].type == "cuda"
-    assert cpu0.args[0] == [4] and cuda.args[0] == [2]
+    assert cpu0.args[0] == [7] and cuda.args[0] == [2]
 
 
 def _qkv(x, wq, wk, wv, *biases):

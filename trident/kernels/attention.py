@@ -41,7 +41,7 @@ gemv.py): each stores its piece, the CTA synchronizes, one acquire-release atomi
 counts it in `count[count_offset + bh]`, and the program that sees SPLITS - 1 arrivals before
 its own combines every query row of the head (the combine kernel's code per row, the pieces read
 through L2) and puts the counter back to 0. The counters are int32 zeros allocated once per call
-for every attention of a graph (decode_attention.py `attention_counters`). Used where the head has at most
+for every attention of a graph (trident/passes/common.py `call_counters`, shared with the GEMVs' counters). Used where the head has at most
 COMBINE_ROWS query rows (G * Lq: decode with grouped heads); more rows (a prefill, speculative
 verification) keep the combine kernel, whose programs share them. Where the pass measures
 (Note [Decode attention by measurement]) it times this form beside the others and keeps the

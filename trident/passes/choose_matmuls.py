@@ -56,7 +56,7 @@ except ImportError:  # pragma: no cover - another Triton
 from .. import disk_cache, knobs, logs, pdl, triton_state
 from ..capture.shared_patch import SharedPatch
 from ..kernels import gemv as G
-from .common import bound_args, emit_launch, node_val, stand_in
+from .common import bound_args, call_counters, emit_launch, node_val, stand_in
 from .cse import written_nodes
 
 aten = torch.ops.aten
@@ -769,7 +769,7 @@ def choose_matmuls(gm: torch.fx.GraphModule) -> int:
     units += [([p[:4]], tuple(p[4]["config"])) for p in products if p[0] not in grouped and p[4]["config"] is not None]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     units.sort(key=lambda u: order[u[0][0][0]])
-    counts = _counters(units)
+    counts = _counters(gm, units)
     for members, config in units:
         if len(members) == 1:
             _rewrite(gm, *members[0], config, *counts.get(members[0][0], (None, 0)))
@@ -787,26 +787,15 @@ def _label(node, va, vb) -> str:
     return f"{name} {m}x{k} @ {k}x{vb.shape[1]} {va.dtype}"
 
 
-def _counters(units) -> dict:
-    """int32 zeros allocated per call for the counters of the launches whose last program reduces
-    (Note [The last program reduces]): one allocation per device, made before the first launch
-    that needs it; {a launch's first product node: (that allocation's node, its offset in it)}."""
-    per_device: dict = {}  # device -> [(first product node, counters)]
+def _counters(gm, units) -> dict:
+    """The counters of the launches whose last program reduces (Note [The last program reduces]),
+    from the graph's one per-call allocation (`call_counters`, shared with the decode attention's);
+    {a launch's first product node: (that allocation's node, its offset in it)}."""
+    where = {}
     for members, config in units:
         n = sum(G.counters(node_val(b).shape[1], config) for _, _, b, _ in members)
         if n:
-            first = members[0][0]
-            per_device.setdefault(node_val(first).device, []).append((first, n))
-    where = {}
-    for device, launches in per_device.items():
-        first, total = launches[0][0], sum(n for _, n in launches)
-        with first.graph.inserting_before(first):
-            counts = first.graph.call_function(aten.zeros.default, ([total],), {"dtype": torch.int32, "device": device})
-        counts.meta["val"] = node_val(first).new_zeros((total,), dtype=torch.int32)
-        offset = 0
-        for node, n in launches:
-            where[node] = (counts, offset)
-            offset += n
+            where[members[0][0]] = call_counters(gm, node_val(members[0][0]), n)
     return where
 
 

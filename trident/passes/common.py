@@ -255,6 +255,28 @@ def emit_launch(gm: torch.fx.GraphModule, kernel, grid, kwargs: dict) -> torch.f
     return node
 
 
+_CALL_COUNTERS = "trident_call_counters"  # node.meta: the graph's per-call counters allocation
+
+
+def call_counters(gm: torch.fx.GraphModule, like: torch.Tensor, n: int):
+    """`n` int32 counters of launches whose programs count their arrivals (Note [The last program
+    reduces], Note [The last split combines], Note [One pass]), from ONE zeros allocation per call
+    and device that every such launch of the graph shares (one fill kernel per call, not one per
+    launch or per pass: each launch puts its counters back to 0, and a call never sees another
+    call's counts, whatever stream runs it), made at the graph's start and grown as launches take
+    counters; (its node, the offset of the `n` counters in it)."""
+    node = next((x for x in gm.graph.nodes if x.meta.get(_CALL_COUNTERS) and x.kwargs["device"] == like.device), None)
+    if node is None:
+        first = next(x for x in gm.graph.nodes if x.op != "placeholder")
+        with gm.graph.inserting_before(first):
+            node = gm.graph.call_function(aten.zeros.default, ([0],), {"dtype": torch.int32, "device": like.device})
+        node.meta[_CALL_COUNTERS] = True
+    offset = node.args[0][0]
+    node.args = ([offset + n],)
+    node.meta["val"] = like.new_zeros((offset + n,), dtype=torch.int32)  # like's kind: fake in a trace
+    return node, offset
+
+
 def stand_in(v, g: torch.Generator) -> torch.Tensor:
     """A real tensor of v's sizes, strides, storage offset, dtype and device, for timing an
     implementation on it: floating values in [-1, 1) from `g`, integers 0, a boolean mask all

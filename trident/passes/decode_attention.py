@@ -73,7 +73,7 @@ from ..kernels.attention import (
     one_pass_block_n,
     workspace_elements,
 )
-from .common import bound_args, emit_launch, node_val, stand_in
+from .common import bound_args, call_counters, emit_launch, node_val, stand_in
 
 aten = torch.ops.aten
 
@@ -264,7 +264,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             ws.meta["val"] = _fake_like(q, ws_val)
             writes_out = {}
         if form == _FUSED:  # Note [The last split combines]
-            counts, offset = attention_counters(gm, q, B * hkv)
+            counts, offset = call_counters(gm, q, B * hkv)
             writes_out = {"out_ptr": out, "count_ptr": counts, **out_strides, "count_offset": offset, "COMBINE": True}
         emit_launch(gm, decode_attention_split_kernel, (B * hkv, splits, 1), {
             "q_ptr": q_node, "k_ptr": k_node, "v_ptr": v_node,
@@ -374,28 +374,6 @@ def _boolean_mask(mask_node, lq: int, length):
     return cond
 
 
-_COUNTERS = "trident_attention_counters"  # gm.meta while the pass runs: {device: [zeros node, used]}
-
-
-def attention_counters(gm, like: torch.Tensor, n: int):
-    """`n` int32 counters of Note [The last split combines] (or Note [One pass]'s arrivals), from ONE
-    zeros allocation per call and
-    device that every decode attention of the graph shares (one fill kernel per call, not one per
-    layer), made at the graph's start and grown as attentions are rewritten; (its node, offset)."""
-    per_device = gm.meta.setdefault(_COUNTERS, {})
-    state = per_device.get(like.device)
-    if state is None:
-        first = next(n for n in gm.graph.nodes if n.op != "placeholder")
-        with gm.graph.inserting_before(first):
-            node = gm.graph.call_function(aten.zeros.default, ([0],), {"dtype": torch.int32, "device": like.device})
-        state = per_device[like.device] = [node, 0]
-    node, offset = state
-    state[1] += n
-    node.args = ([state[1]],)
-    node.meta["val"] = like.new_zeros((state[1],), dtype=torch.int32)  # like's kind: fake in a trace
-    return node, offset
-
-
 def _fake_like(like: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """`real`'s metadata as a tensor of the same kind as `like` (a fake tensor in a trace)."""
     mode = getattr(like, "fake_mode", None)
@@ -411,12 +389,9 @@ def lower_decode_attention(gm: torch.fx.GraphModule) -> int:
     if not mode:
         return 0
     count = 0
-    try:
-        for node in list(gm.graph.nodes):
-            if node.op == "call_function" and node.target in _SDPA and _rewrite(gm, node, mode):
-                count += 1
-    finally:
-        gm.meta.pop(_COUNTERS, None)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _SDPA and _rewrite(gm, node, mode):
+            count += 1
     if count:
         gm.graph.lint()
         gm.recompile()

@@ -41,9 +41,8 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from .. import knobs, logs
 from ..kernels.attention import decode_attention_combine_kernel, decode_attention_split_kernel, new_block
 from ..kernels.copy import cache_write_kernel
-from .common import is_launch, moves_no_data, node_val
+from .common import call_counters, is_launch, moves_no_data, node_val
 from .cse import WRITES_ANYTHING, alias_roots, written_nodes
-from .decode_attention import attention_counters
 
 APART = "trident_cache_writes_apart"  # gm.meta: per decode attention, why its cache write stays apart (None: it does not)
 MAX_NEW = 16  # new rows per call the split kernel writes at most (decode; speculative verification)
@@ -166,7 +165,7 @@ def _fuse(gm, split, order, roots) -> "str | None":
     )
     assert set(fused) <= set(decode_attention_split_kernel.arg_names), set(fused) - set(decode_attention_split_kernel.arg_names)
     if w["INCREMENT"] and combine is split:  # Note [One pass]: the last program to arrive bumps it
-        counts, offset = attention_counters(gm, node_val(a["q_ptr"]), 1)
+        counts, offset = call_counters(gm, node_val(a["q_ptr"]), 1)
         fused.update(counter_ptr=index, increment=w["increment"], INCREMENT=True, count_ptr=counts,
                      count_offset=offset)
     split.kwargs = {**split.kwargs, "kwargs": fused}
