@@ -130,7 +130,8 @@ def test_the_last_program_reduces_in_one_launch_bit_for_bit(monkeypatch):
 
 def test_products_of_a_graph_share_one_counter_allocation():
     """The counters of every last-program-reduces product come from one zeros allocation per
-    call, made before the first of them, each product at its own offset."""
+    call (made at the graph's start, then sunk to its first reader), each product at its own
+    offset."""
 
     def two_products(x, w1, w2):
         a = K.axpy(x, x)

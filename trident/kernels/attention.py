@@ -301,8 +301,8 @@ def decode_attention_combine_kernel(
     # layer on the H200, results/bench_hf_llama_liger_e3252af.json)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    if INCREMENT:  # read with the pieces, not after them (Note [One round of loads])
-        count = tl.load(counter_ptr)
+    if INCREMENT:  # read with the pieces, not after them (Note [One round of loads]); by the bumping program
+        count = tl.load(counter_ptr, mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0), other=0)
     _combine_row(ws_ptr, out_ptr, tl.program_id(0), tl.program_id(1), so_b, so_h, so_l,
                  KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "", PDL)
     if INCREMENT:  # the cache write's counter bump (Note [The cache write inside the attention])

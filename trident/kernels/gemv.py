@@ -28,9 +28,10 @@ thread's store precedes the count), and one atomic add with acquire-release sema
 scope counts it in `count[count_offset + n-block]`; the program that sees SPLIT_K - 1 arrivals
 before its own reads the pieces through L2 (`.cg`: never a stale L1 line) in split order --
 the sum, and so the result, is bit for bit the two-launch one -- adds c, writes out and puts the
-counter back to 0. The counters are int32 zeros the pass allocates per call (one allocation for
-every product of a graph: a call never sees another call's counts, whatever stream runs it);
-putting them back makes a buffer reusable as the measurement reuses it.
+counter back to 0. The counters are int32 zeros allocated per call (one allocation for every
+product of a graph, shared with the decode attention's: trident/passes/common.py call_counters;
+a call never sees another call's counts, whatever stream runs it); putting them back makes a
+buffer reusable as the measurement reuses it.
 
 PDL (both kernels): wait for the kernel before first, release the next one after the loads
 (Note [Programmatic dependent launch]).

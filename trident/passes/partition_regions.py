@@ -212,12 +212,13 @@ def split_symbolic_regions(regions: list[Region]) -> list[Region]:
         members = set(region.nodes)
         piece_of: dict = {}
         kinds = []
+        position = {n: i for i, n in enumerate(region.nodes)}
         for node in region.nodes:
             if node.target is operator.getitem and node.args[0] in piece_of:
                 kinds.append(piece_of[node.args[0]])
-            elif is_allocation(node):
+            elif is_allocation(node):  # of its first reader in graph order (a shared one has many)
                 users = [u for u in node.users if u in members]
-                kinds.append(_symbolic_node(users[0]) if users else _symbolic_node(node))
+                kinds.append(_symbolic_node(min(users, key=position.get)) if users else _symbolic_node(node))
             else:
                 kinds.append(_symbolic_node(node))
             piece_of[node] = kinds[-1]
