@@ -7,6 +7,7 @@ cannot prove stays two launches."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -249,11 +250,31 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
         assert "cache_write_kernel" in _kernels(_optimize(_layer, args))
 
 
-def _one_pass_fastest():
-    """A timer (standing for the GPU) under which Note [One pass]'s form measures fastest."""
+@contextlib.contextmanager
+def _one_pass_fastest(on: bool = True):
+    """A timer (standing for the GPU) under which Note [One pass]'s form measures fastest (none
+    with `on` false), removed after."""
     from trident.passes import decode_attention as DA
-    DA.set_timer(lambda name, shape: 1.0 if name == DA._ONE_PASS else 2.0)
-    return DA
+    if on:
+        DA.set_timer(lambda name, shape: 1.0 if name == DA._ONE_PASS else 2.0)
+    try:
+        yield
+    finally:
+        if on:
+            DA.set_timer(None)
+
+
+def _steps_at_positions(opt, fn, args, positions):
+    """Steps of opt and eager fn writing the rows at each of `positions` (a cache_position tensor
+    per step): outputs within tolerance, caches equal."""
+    got, want = [a.clone() for a in args], [a.clone() for a in args]
+    g = torch.Generator().manual_seed(2)
+    for p in positions:
+        x = torch.randn(args[3].shape, generator=g)
+        got[3], want[3], got[2], want[2] = x, x.clone(), torch.tensor([p]), torch.tensor([p])
+        got[7] = want[7] = _step_mask(max(p, 9))
+        torch.testing.assert_close(opt(*got), fn(*want), rtol=1e-4, atol=1e-4)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_one_pass_attention_writes_the_rows_at_a_cache_position():
@@ -261,23 +282,13 @@ def test_one_pass_attention_writes_the_rows_at_a_cache_position():
     step's rows at the caller's cache_position moves into it (no cache_write, no combine)."""
     args = _inputs()
     args[2] = torch.tensor([3])
-    DA = _one_pass_fastest()
-    try:
+    with _one_pass_fastest():
         opt = _optimize(_layer_at_after_projections, args)
-    finally:
-        DA.set_timer(None)
     names = _kernels(opt)
     assert names.count("decode_attention_split_kernel") == 1 and "decode_attention_combine_kernel" not in names
     assert "cache_write_kernel" not in names and "index_copy_kernel" not in names, (opt.meta.get(APART), names)
     assert "in one pass" in trident.explain(opt)
-    got, want = [a.clone() for a in args], [a.clone() for a in args]
-    g = torch.Generator().manual_seed(2)
-    for p in (3, 4, 9, 4, 0):  # a position written again: its row replaced
-        x = torch.randn(args[3].shape, generator=g)
-        got[3], want[3], got[2], want[2] = x, x.clone(), torch.tensor([p]), torch.tensor([p])
-        got[7] = want[7] = _step_mask(max(p, 9))
-        torch.testing.assert_close(opt(*got), _layer_at_after_projections(*want), rtol=1e-4, atol=1e-4)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _steps_at_positions(opt, _layer_at_after_projections, args, (3, 4, 9, 4, 0))  # 4 again: its row replaced
 
 
 def test_one_pass_attention_takes_a_counters_write_and_bump():
@@ -286,11 +297,8 @@ def test_one_pass_attention_takes_a_counters_write_and_bump():
     per kv head) to arrive bumps the counter, after every program read it; step after step the
     outputs, caches and counter equal eager's (the arrival count back at 0 each call)."""
     args = _inputs()
-    DA = _one_pass_fastest()
-    try:
+    with _one_pass_fastest():
         opt = _optimize(_layer, args)
-    finally:
-        DA.set_timer(None)
     names = _kernels(opt)
     assert names.count("decode_attention_split_kernel") == 1, names
     assert "cache_write_kernel" not in names and "decode_attention_combine_kernel" not in names, names
@@ -305,14 +313,7 @@ def test_rows_at_a_cache_position_tensor():
     args[2] = torch.tensor([3])
     opt = _optimize(_layer_at, args)
     assert "cache_write_kernel" not in _kernels(opt), _kernels(opt)
-    got, want = [a.clone() for a in args], [a.clone() for a in args]
-    g = torch.Generator().manual_seed(2)
-    for p in (3, 4, 9, 4):  # a position written again: its row replaced
-        x = torch.randn(args[3].shape, generator=g)
-        got[3], want[3], got[2], want[2] = x, x.clone(), torch.tensor([p]), torch.tensor([p])
-        got[7] = want[7] = _step_mask(max(p, 9))
-        torch.testing.assert_close(opt(*got), _layer_at(*want), rtol=1e-4, atol=1e-4)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _steps_at_positions(opt, _layer_at, args, (3, 4, 9, 4))  # 4 again: its row replaced
 
 
 def test_sources_that_are_views_of_inputs_keep_the_write_apart():
@@ -333,12 +334,8 @@ def test_a_read_of_the_cache_between_keeps_the_write_apart(fn, one_pass):
     attention): where it lies between, the write stays its own launch; results equal eager's.
     The same with the attention in one pass (Note [One pass]: the window ends at its launch)."""
     args = _inputs()
-    DA = _one_pass_fastest() if one_pass else None
-    try:
+    with _one_pass_fastest(one_pass):
         opt = _optimize(fn, args)
-    finally:
-        if DA is not None:
-            DA.set_timer(None)
     names = _kernels(opt)
     assert ("decode_attention_combine_kernel" in names) == (not one_pass), names
     assert ("cache_write_kernel" in names) == (fn is _peek_inside), names
