@@ -103,13 +103,13 @@ def main() -> None:
     for variant in [v for v in (args.variants.split(",") if args.variants else VARIANTS) if v]:
         torch._dynamo.reset()
         fn = functools.partial(decode_step, cfg)
-        knob_scope = contextlib.nullcontext()
+        knob_scope = contextlib.nullcontext  # a factory: the timing and the profile each enter a scope
         if variant in ("trident_compile", "trident_untuned"):
             import trident
 
             fn = trident.compile(fn)
             if variant == "trident_untuned":  # knobs are read as the calls capture and plan
-                knob_scope = trident.knobs.scope(**KNOBS[variant])
+                knob_scope = functools.partial(trident.knobs.scope, **KNOBS[variant])
         elif variant == "compile_dynamic":
             fn = torch.compile(fn, dynamic=True)
         elif variant == "compile_reduce_overhead":
@@ -119,7 +119,7 @@ def main() -> None:
         start = time.perf_counter()
         g = torch.Generator().manual_seed(3)
         try:
-            with torch.no_grad(), knob_scope:
+            with torch.no_grad(), knob_scope():
                 for phase in ("cold_us", "warm_us"):
                     for t, b in enumerate(batches):
                         if time.perf_counter() - start > args.budget_s:
@@ -139,7 +139,7 @@ def main() -> None:
         if dev == "cuda" and variant in args.profile.split(",") and not {"cut", "error"} & set(entry):
             xs = [torch.randn(b, cfg.hidden, generator=g).to(device=dev, dtype=dt) for b in batches[:PROFILED]]
             try:
-                with torch.no_grad(), knob_scope:
+                with torch.no_grad(), knob_scope():
                     entry["profile"] = profile_device(
                         lambda fn=fn, xs=xs, caches=caches: [step(fn, t, b, x, caches)
                                                              for t, (b, x) in enumerate(zip(batches, xs))], len(xs))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import trident
 from trident import knobs
 from trident.kernels import attention as A
-from trident.kernels.attention import decode_attention
+from trident.kernels.attention import decode_attention, one_pass_block_n, one_pass_wide_block_n
 from trident.runtime import SCMRuntime
 
 _TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -64,9 +64,43 @@ def test_kernel_equals_sdpa_over_random_decode_shapes(seed, device):
         want = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, g).float(), _repeat_kv(v, g).float(),
                                               attn_mask=None if mask is None else mask if mask.dtype == torch.bool
                                               else mask.float())
-        for one_pass in (False, True):  # the split and combine kernels; Note [One pass]
-            got = decode_attention(q, k, v, mask, one_pass=one_pass)
+        wide = one_pass_wide_block_n(k.shape[2], k.shape[3], k.element_size())
+        # the split and combine kernels; Note [One pass] in its blocks of keys and its wide variant's
+        for one_pass, block_n in ((False, None), (True, None), (True, wide or 128)):
+            got = decode_attention(q, k, v, mask, one_pass=one_pass, block_n=block_n)
             torch.testing.assert_close(got.float(), want, rtol=_TOL[dtype], atol=_TOL[dtype] * 4)
+
+
+def test_the_wide_one_pass_takes_up_to_256_keys_a_step_in_32_kb_tiles():
+    """Note [One pass]: the wide variant's keys a step -- the cache's length rounded up to a power
+    of two, at most 256, a key tile of at most 32 KB -- and none where that is no wider than
+    the one pass's own blocks."""
+    assert one_pass_wide_block_n(512, 64, 2) == 256  # Llama-1B's and Qwen2-0.5B's heads, bf16
+    assert one_pass_wide_block_n(100, 64, 2) == 128
+    assert one_pass_wide_block_n(512, 128, 2) == 128  # 256-byte rows: 128 of them in 32 KB
+    assert one_pass_wide_block_n(512, 80, 4) == 64 and one_pass_block_n(80, 4) == 32  # 512-byte rows
+    assert one_pass_wide_block_n(64, 64, 2) is None and one_pass_wide_block_n(37, 64, 2) is None
+    assert one_pass_wide_block_n(4096, 256, 4) is None  # 1 KB rows: no wider than the split form's 32
+
+
+def test_the_wide_one_pass_over_several_wide_blocks_and_a_written_row():
+    """The wide variant over a cache of several of its blocks (the last one partial), with a
+    boolean mask and the step's row written at a counter that is bumped, as a StaticCache step
+    runs it: SDPA's result over the written cache, the cache written, the counter bumped."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 8, 1, 16, generator=g)
+    k, v = (torch.randn(1, 2, 300, 16, generator=g) for _ in range(2))
+    new_k, new_v = (torch.randn(1, 2, 1, 16, generator=g) for _ in range(2))
+    mask = torch.rand(1, 1, 1, 300, generator=g) > 0.3
+    position = torch.tensor([271])
+    want_k, want_v = k.clone(), v.clone()
+    want_k[:, :, 271], want_v[:, :, 271] = new_k[:, :, 0], new_v[:, :, 0]
+    want = F.scaled_dot_product_attention(q, _repeat_kv(want_k, 4), _repeat_kv(want_v, 4), attn_mask=mask)
+    block_n = one_pass_wide_block_n(300, 16, 4)
+    assert block_n == 256
+    got = decode_attention(q, k, v, mask, new=(new_k, new_v, position, True, 1), one_pass=True, block_n=block_n)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v) and position.item() == 272
 
 
 @pytest.mark.parametrize("one_pass", [False, True])
@@ -257,6 +291,33 @@ def test_hf_generate_static_cache_in_one_pass(monkeypatch):
         assert not any("index_copy" in n for n in names), names  # the rows written by the attention
 
 
+def test_the_wide_one_pass_is_kept_where_measured_fastest():
+    """A StaticCache-long key length (150 positions) where the one pass's wide variant measures
+    fastest (a timer stands for the GPU): one launch of a program per kv head in blocks of 128
+    keys (fp32, head size 64: 32 KB tiles), no combine; explain() names it; SDPA's result."""
+    from trident.passes import decode_attention as DA
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 8, 1, 64, generator=g)
+    k, v = (torch.randn(1, 2, 150, 64, generator=g) for _ in range(2))
+    mask = torch.rand(1, 1, 1, 150, generator=g) > 0.2
+    timed = []
+    DA.set_timer(lambda name, shape: timed.append(name) or (1.0 if name == DA._ONE_PASS_WIDE else 2.0))
+    try:
+        opt = _optimize(_hf_attention, q, k, v, mask)
+    finally:
+        DA.set_timer(None)
+    assert set(timed) == {"sdpa", *DA._FORMS}, timed
+    text = trident.explain(opt)
+    assert f"Trident's flash-decoding kernel{DA._HOW[DA._ONE_PASS_WIDE]}" in text, text
+    steps = [s for rid in opt.meta["trident_regions"] for s in SCMRuntime.get(rid).program.steps
+             if getattr(s, "kernel_name", None) == "decode_attention_split_kernel"]
+    assert [(s.grid, s.args["BLOCK_N"], s.args["DIRECT"]) for s in steps] == [((2, 1, 1), 128, True)], steps
+    assert "decode_attention_combine_kernel" not in _launches(opt)
+    for _ in range(2):
+        torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
+
+
 def _gqa_case():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, 1, 64, generator=g)
@@ -310,7 +371,8 @@ def test_static_length_is_measured_on_cuda(dtype):
     opt = _optimize(_hf_attention, q, k, v, mask, mode="measured")
     text = trident.explain(opt)
     assert "decode attention:" in text and "[measured: " in text, text
-    assert all(f"{name} " in text for name in ("sdpa", *DA._FORMS)), text
+    forms = [f for f in DA._FORMS if f != DA._ONE_PASS_WIDE]  # 37 keys: no wider blocks than one pass's own
+    assert all(f"{name} " in text for name in ("sdpa", *forms)) and DA._ONE_PASS_WIDE not in text, text
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-5, atol=2e-5)
     for _ in range(3):
         torch.testing.assert_close(opt(q, k, v, mask), _hf_attention(q, k, v, mask), **tol)

@@ -32,6 +32,15 @@ every form with a bump (of 0, on a counter of its own), as a StaticCache step ru
 heads take the split form's BLOCK_N (`one_pass_block_n`: its pipelined tiles then fit in shared
 memory wherever the split form's do).
 
+A program's key blocks follow one another (each step's product, maxima, exponentials and sums
+wait for the last), so the one pass costs about a step's latency per block, whatever the block
+holds: on the H100 (6ae6098) one pass over a 512-position StaticCache in blocks of 64 keys took
+8.0 us against 4.1 us for split + combine (Llama-1B's and Qwen2-0.5B's heads). Its wide variant
+(`one_pass_wide_block_n`) takes up to ONE_PASS_WIDE_N keys a step, a key or value tile of at most
+ONE_PASS_WIDE_TILE bytes (Triton's three pipeline stages of both then take at most 192 KB of
+shared memory), four times fewer steps at a 512-position cache; the measurement times it as a
+form of its own where it is wider than `one_pass_block_n`.
+
 Note [The last split combines]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The combine is a kernel and a kernel boundary per layer (~1.5 us of an H200 each, 16 per
@@ -97,12 +106,25 @@ SPLITS = 16  # programs per kv head over the cache (fixed: the workspace has a s
 BLOCK_N = 32  # keys per step
 ONE_PASS_BLOCK_N = 64  # keys per step of the one-pass form (Note [One pass]) for heads of at most 256 bytes
 COMBINE_ROWS = 8  # query rows per kv head the split kernel's last program combines at most
+ONE_PASS_WIDE_N = 256  # keys per step of the one-pass form's wide variant at most (Note [One pass])
+ONE_PASS_WIDE_TILE = 32 << 10  # bytes of one key or value tile of the wide variant at most
 
 
 def one_pass_block_n(head_dim: int, itemsize: int) -> int:
     """BLOCK_N of the one-pass form (Note [One pass]): ONE_PASS_BLOCK_N keys a step where a key
     row (padded to a power of two) takes at most 256 bytes, else the split form's BLOCK_N."""
     return ONE_PASS_BLOCK_N if triton.next_power_of_2(head_dim) * itemsize <= 256 else BLOCK_N
+
+
+def one_pass_wide_block_n(length: int, head_dim: int, itemsize: int):
+    """BLOCK_N of the one-pass form's wide variant (Note [One pass]) over a cache of `length`
+    positions: the most keys a step (a power of two) of at most ONE_PASS_WIDE_N, the cache's
+    length rounded up, and ONE_PASS_WIDE_TILE bytes a tile; None where that is no wider than
+    `one_pass_block_n` (then there is no wide variant)."""
+    row = triton.next_power_of_2(head_dim) * itemsize
+    n = min(ONE_PASS_WIDE_N, triton.next_power_of_2(max(1, length)), max(1, ONE_PASS_WIDE_TILE // row))
+    n = 1 << (n.bit_length() - 1)
+    return n if n > one_pass_block_n(head_dim, itemsize) else None
 
 
 def combines_in_split(rows: int) -> bool:
@@ -337,7 +359,7 @@ def workspace_elements(batch: int, kv_heads: int, rows: int, head_dim: int) -> i
 
 
 def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, new=None, one_pass=False,
-                     counter=None):
+                     counter=None, block_n=None):
     """Eager entry (tests, benchmarks): out[B, H, Lq, D] of softmax(q k^T * scale + mask) v with
     k, v [B, Hkv, S, D] contiguous shared by H / Hkv query heads each; the launches the pass
     emits. `combine`: whether the split kernel's last program combines (Note [The last split
@@ -349,7 +371,9 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
     to index[0] after (Note [The cache write inside the attention]; the two launches). `counter`:
     (tensor, increment), a bump without a write (the measurement's). `one_pass`: one launch on
     SPLITS = 1 that writes the output itself and bumps the counter after every program read it
-    (Note [One pass]; `counts`: one int32 zero for its arrivals, made here when not given)."""
+    (Note [One pass]; `counts`: one int32 zero for its arrivals, made here when not given);
+    `block_n`: its keys a step (`one_pass_block_n` when None; `one_pass_wide_block_n`'s, the
+    wide variant)."""
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
@@ -385,7 +409,7 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
             bump = dict(bump, count_ptr=counts, count_offset=0)
         decode_attention_split_kernel[(B * HKV, 1)](
             q, k, v, m, out, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
-            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=one_pass_block_n(D, q.element_size()),
+            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=block_n or one_pass_block_n(D, q.element_size()),
             HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=1,
             PRECISION=dot_precision(q.dtype), out_ptr=out, so_b=out.stride(0), so_h=out.stride(1),
             so_l=out.stride(2), DIRECT=True, **write, **bump)

@@ -39,7 +39,8 @@ again at the next capture). The choice is remembered per shape for the process a
 DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
 measurement existed (its clones of the grown cache cost eager more each step). The kernel is
 timed in each of its forms -- the split and combine kernels; one launch of a program per
-key/value head (Note [One pass]); where the head has at most COMBINE_ROWS query rows, one launch
+key/value head (Note [One pass]), in its blocks of keys and, where the cache is long enough, in
+wide ones; where the head has at most COMBINE_ROWS query rows, one launch
 whose last program combines (Note [The last split combines]) -- and the fastest is kept (the two
 launches on a tie); unmeasured, the two launches are. Each form is timed with a counter's bump
 (of 0), as a StaticCache step runs it (the last split combining takes no bump, and so no
@@ -71,6 +72,7 @@ from ..kernels.attention import (
     decode_attention_split_kernel,
     dot_precision,
     one_pass_block_n,
+    one_pass_wide_block_n,
     workspace_elements,
 )
 from .common import bound_args, call_counters, emit_launch, node_val, stand_in
@@ -252,10 +254,11 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         )
         out.meta["val"] = out_val
         bm, bd = block_m(G * LQ), 1 << (D - 1).bit_length()
-        splits = 1 if form == _ONE_PASS else SPLITS
+        one_pass = form in (_ONE_PASS, _ONE_PASS_WIDE)
+        splits = 1 if one_pass else SPLITS
         consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=splits)
         out_strides = {"so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2)}
-        if form == _ONE_PASS:  # Note [One pass]: no workspace (the out it writes stands in its place)
+        if one_pass:  # Note [One pass]: no workspace (the out it writes stands in its place)
             ws, writes_out = out, {"out_ptr": out, **out_strides, "DIRECT": True}
         else:
             ws_val = torch.empty(workspace_elements(B, hkv, G * LQ, D), dtype=torch.float32, device=q.device)
@@ -272,7 +275,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             "S": s_arg, "scale": scale,
             "sq_b": q.stride(0), "sq_h": q.stride(1), "sq_l": q.stride(2),
             "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
-            **consts, "BLOCK_N": one_pass_block_n(D, q.element_size()) if form == _ONE_PASS else BLOCK_N,
+            **consts, "BLOCK_N": _block_n(form, S, D, q.element_size()),
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
             "PRECISION": dot_precision(q.dtype), **writes_out,
         })
@@ -405,8 +408,8 @@ _timer = None
 
 def set_timer(timer) -> None:
     """Install (or remove, with None) the timer used where no GPU is: `timer(name, shape)` gives
-    the microseconds of 'sdpa', 'kernel' (two launches), `_FUSED` (the last split combines) or
-    `_ONE_PASS` (Note [One pass]) for `shape` (B, H, Hkv, Lq, S, D, dtype)."""
+    the microseconds of 'sdpa', 'kernel' (two launches), `_FUSED` (the last split combines),
+    `_ONE_PASS` or `_ONE_PASS_WIDE` (Note [One pass]) for `shape` (B, H, Hkv, Lq, S, D, dtype)."""
     global _timer
     _timer = timer
     _CHOICES.clear()
@@ -414,8 +417,8 @@ def set_timer(timer) -> None:
 
 def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mode: str) -> Optional[str]:
     """Note [Decode attention by measurement]: None where the traced path is kept; else the
-    kernel's form: "kernel" (split and combine kernels), `_FUSED` (Note [The last split combines])
-    or `_ONE_PASS` (Note [One pass])."""
+    kernel's form: "kernel" (split and combine kernels), `_FUSED` (Note [The last split combines]),
+    `_ONE_PASS` or `_ONE_PASS_WIDE` (Note [One pass])."""
     q, k = node_val(q_node), node_val(k_node)
     mask = node_val(mask_node)
     S = k.shape[2]
@@ -446,6 +449,8 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                          _ONE_PASS: _timer(_ONE_PASS, shape)}
                 if can_fuse:
                     times[_FUSED] = _timer(_FUSED, shape)
+                if one_pass_wide_block_n(S, D, q.element_size()):
+                    times[_ONE_PASS_WIDE] = _timer(_ONE_PASS_WIDE, shape)
             # the fastest form of the kernel (the two launches on a tie), then against SDPA;
             # nothing measured (another capture running, a failure): what the graph has stays
             forms = [f for f in _FORMS if f in times]
@@ -467,9 +472,20 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
 
 _FUSED = "kernel_last_split_combines"  # the measured name of Note [The last split combines]'s form
 _ONE_PASS = "kernel_one_pass"  # the measured name of Note [One pass]'s form
-_FORMS = ("kernel", _FUSED, _ONE_PASS)  # the kernel's forms, the first kept on a tie
+_ONE_PASS_WIDE = "kernel_one_pass_wide"  # its wide variant (Note [One pass])
+_FORMS = ("kernel", _FUSED, _ONE_PASS, _ONE_PASS_WIDE)  # the kernel's forms, the first kept on a tie
 _HOW = {"kernel": " and its combine kernel", _FUSED: " (the last split combines)",
-        _ONE_PASS: " in one pass (a program per key/value head, no combine)"}
+        _ONE_PASS: " in one pass (a program per key/value head, no combine)",
+        _ONE_PASS_WIDE: " in one pass of wide key blocks (a program per key/value head, no combine)"}
+
+
+def _block_n(form: str, length, head_dim: int, itemsize: int) -> int:
+    """The split kernel's BLOCK_N in `form` (a symbolic `length` only in the unmeasured form)."""
+    if form == _ONE_PASS:
+        return one_pass_block_n(head_dim, itemsize)
+    if form == _ONE_PASS_WIDE:
+        return one_pass_wide_block_n(length, head_dim, itemsize)
+    return BLOCK_N
 
 
 def _chain_key(chain, node) -> tuple:
@@ -514,6 +530,10 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
             counter = (torch.zeros(1, dtype=torch.int64, device=qs.device), 0)  # a bump, as a StaticCache step's
             forms = {"kernel": lambda: decode_attention(qs, ks, vs, ms, scale, combine=False, counter=counter),
                      _ONE_PASS: lambda: decode_attention(qs, ks, vs, ms, scale, counts, one_pass=True, counter=counter)}
+            wide = one_pass_wide_block_n(ks.shape[2], ks.shape[3], ks.element_size())
+            if wide:
+                forms[_ONE_PASS_WIDE] = lambda: decode_attention(qs, ks, vs, ms, scale, counts, one_pass=True,
+                                                                 counter=counter, block_n=wide)
             if combines_in_split(qs.shape[1] // ks.shape[1] * qs.shape[2]):  # takes no write, no bump
                 forms[_FUSED] = lambda: decode_attention(qs, ks, vs, ms, scale, counts, combine=True)
             torch.cuda.synchronize(qs.device)  # do_bench_cudagraph runs on a stream of its own
