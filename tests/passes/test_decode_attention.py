@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import trident
 from trident import knobs
 from trident.kernels import attention as A
-from trident.kernels.attention import decode_attention, one_pass_block_n, one_pass_wide_block_n
+from trident.kernels.attention import decode_attention, one_pass_block_n, one_pass_warps, one_pass_wide_block_n
 from trident.runtime import SCMRuntime
 
 _TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -64,23 +64,27 @@ def test_kernel_equals_sdpa_over_random_decode_shapes(seed, device):
         want = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, g).float(), _repeat_kv(v, g).float(),
                                               attn_mask=None if mask is None else mask if mask.dtype == torch.bool
                                               else mask.float())
-        wide = one_pass_wide_block_n(k.shape[2], k.shape[3], k.element_size())
+        wide = one_pass_wide_block_n(k.shape[2], k.shape[3], k.element_size(), q.shape[1] // k.shape[1] * q.shape[2])
         # the split and combine kernels; Note [One pass] in its blocks of keys and its wide variant's
-        for one_pass, block_n in ((False, None), (True, None), (True, wide or 128)):
+        for one_pass, block_n in ((False, None), (True, None)) + (((True, wide),) if wide else ()):
             got = decode_attention(q, k, v, mask, one_pass=one_pass, block_n=block_n)
             torch.testing.assert_close(got.float(), want, rtol=_TOL[dtype], atol=_TOL[dtype] * 4)
 
 
 def test_the_wide_one_pass_takes_up_to_256_keys_a_step_in_32_kb_tiles():
     """Note [One pass]: the wide variant's keys a step -- the cache's length rounded up to a power
-    of two, at most 256, a key tile of at most 32 KB -- and none where that is no wider than
-    the one pass's own blocks."""
-    assert one_pass_wide_block_n(512, 64, 2) == 256  # Llama-1B's and Qwen2-0.5B's heads, bf16
-    assert one_pass_wide_block_n(100, 64, 2) == 128
-    assert one_pass_wide_block_n(512, 128, 2) == 128  # 256-byte rows: 128 of them in 32 KB
-    assert one_pass_wide_block_n(512, 80, 4) == 64 and one_pass_block_n(80, 4) == 32  # 512-byte rows
-    assert one_pass_wide_block_n(64, 64, 2) is None and one_pass_wide_block_n(37, 64, 2) is None
-    assert one_pass_wide_block_n(4096, 256, 4) is None  # 1 KB rows: no wider than the split form's 32
+    of two, at most 256, a key tile of at most 32 KB -- on 8 warps at 256 keys, and none where
+    that is no wider than the one pass's own blocks or a head has more than 16 query rows."""
+    assert one_pass_wide_block_n(512, 64, 2, 7) == 256  # Llama-1B's and Qwen2-0.5B's heads, bf16
+    assert one_pass_warps(256) == 8 and one_pass_warps(128) == one_pass_warps(64) == 4
+    assert one_pass_wide_block_n(100, 64, 2, 4) == 128
+    assert one_pass_wide_block_n(512, 128, 2, 16) == 128  # 256-byte rows: 128 of them in 32 KB
+    assert one_pass_wide_block_n(512, 80, 4, 1) == 64 and one_pass_block_n(80, 4) == 32  # 512-byte rows
+    assert one_pass_wide_block_n(64, 64, 2, 4) is None and one_pass_wide_block_n(37, 64, 2, 4) is None
+    assert one_pass_wide_block_n(4096, 256, 4, 4) is None  # 1 KB rows: no wider than the split form's 32
+    assert one_pass_wide_block_n(512, 64, 2, 17) is None  # 32 query rows a head: no wide tiles
+    with pytest.raises(ValueError, match="one_pass=True"):
+        decode_attention(*(torch.zeros(1, 2, 1, 16) for _ in range(3)), block_n=128)
 
 
 def test_the_wide_one_pass_over_several_wide_blocks_and_a_written_row():
@@ -96,7 +100,7 @@ def test_the_wide_one_pass_over_several_wide_blocks_and_a_written_row():
     want_k, want_v = k.clone(), v.clone()
     want_k[:, :, 271], want_v[:, :, 271] = new_k[:, :, 0], new_v[:, :, 0]
     want = F.scaled_dot_product_attention(q, _repeat_kv(want_k, 4), _repeat_kv(want_v, 4), attn_mask=mask)
-    block_n = one_pass_wide_block_n(300, 16, 4)
+    block_n = one_pass_wide_block_n(300, 16, 4, 4)
     assert block_n == 256
     got = decode_attention(q, k, v, mask, new=(new_k, new_v, position, True, 1), one_pass=True, block_n=block_n)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)

@@ -193,16 +193,16 @@ def _layer_given(keys, values, counter, x, k_in, v_in, wq, mask):
     return F.scaled_dot_product_attention(q, _repeat_kv(keys, g), _repeat_kv(values, g), attn_mask=mask)
 
 
-def _inputs(device="cpu", seed=0):
+def _inputs(device="cpu", seed=0, length=S):
     g = torch.Generator().manual_seed(seed)
-    keys, values = torch.zeros(B, HKV, S, D), torch.zeros(B, HKV, S, D)
+    keys, values = torch.zeros(B, HKV, length, D), torch.zeros(B, HKV, length, D)
     w = [torch.randn(HKV * G * D, n, generator=g) * 0.2 for n in (HKV * G * D, HKV * D, HKV * D)]
-    args = [keys, values, torch.tensor(3), torch.randn(B, 1, HKV * G * D, generator=g), *w, _step_mask(3)]
+    args = [keys, values, torch.tensor(3), torch.randn(B, 1, HKV * G * D, generator=g), *w, _step_mask(3, length=length)]
     return [a.to(device) for a in args]
 
 
-def _step_mask(position: int, device="cpu"):
-    return (torch.arange(S, device=device) <= position)[None, None, None, :]
+def _step_mask(position: int, device="cpu", length=S):
+    return (torch.arange(length, device=device) <= position)[None, None, None, :]
 
 
 def _optimize(fn, args):
@@ -224,7 +224,7 @@ def _run_steps(fn, opt, args, steps=6):
     for step in range(steps):
         x = torch.randn(args[3].shape, generator=g).to(args[3].device)
         got[3], want[3] = x, x.clone()
-        got[7] = want[7] = _step_mask(3 + step, args[3].device)
+        got[7] = want[7] = _step_mask(3 + step, args[3].device, args[0].shape[2])
         torch.testing.assert_close(opt(*got), fn(*want), rtol=1e-4, atol=1e-4)
         for a, b in zip(got[:3], want[:3]):
             if a.is_cuda and a.is_floating_point():
@@ -251,12 +251,12 @@ def test_static_cache_layer_is_the_attentions_launches_alone(device):
 
 
 @contextlib.contextmanager
-def _one_pass_fastest(on: bool = True):
-    """A timer (standing for the GPU) under which Note [One pass]'s form measures fastest (none
-    with `on` false), removed after."""
+def _one_pass_fastest(on: bool = True, form: str = "kernel_one_pass"):
+    """A timer (standing for the GPU) under which Note [One pass]'s `form` (its wide variant:
+    "kernel_one_pass_wide") measures fastest (none with `on` false), removed after."""
     from trident.passes import decode_attention as DA
     if on:
-        DA.set_timer(lambda name, shape: 1.0 if name == DA._ONE_PASS else 2.0)
+        DA.set_timer(lambda name, shape: 1.0 if name == form else 2.0)
     try:
         yield
     finally:
@@ -272,7 +272,7 @@ def _steps_at_positions(opt, fn, args, positions):
     for p in positions:
         x = torch.randn(args[3].shape, generator=g)
         got[3], want[3], got[2], want[2] = x, x.clone(), torch.tensor([p]), torch.tensor([p])
-        got[7] = want[7] = _step_mask(max(p, 9))
+        got[7] = want[7] = _step_mask(max(p, 9), length=args[0].shape[2])
         torch.testing.assert_close(opt(*got), fn(*want), rtol=1e-4, atol=1e-4)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -291,15 +291,20 @@ def test_one_pass_attention_writes_the_rows_at_a_cache_position():
     _steps_at_positions(opt, _layer_at_after_projections, args, (3, 4, 9, 4, 0))  # 4 again: its row replaced
 
 
-def test_one_pass_attention_takes_a_counters_write_and_bump():
+@pytest.mark.parametrize("wide", [False, True])
+def test_one_pass_attention_takes_a_counters_write_and_bump(wide):
     """A write at a counter (transformers 5's StaticCache: its cumulative length, bumped in
     place): in one pass the write moves into the one launch and the last of its programs (one
     per kv head) to arrive bumps the counter, after every program read it; step after step the
-    outputs, caches and counter equal eager's (the arrival count back at 0 each call)."""
-    args = _inputs()
-    with _one_pass_fastest():
+    outputs, caches and counter equal eager's (the arrival count back at 0 each call). Also in
+    the wide variant's blocks (a 300-position cache: two blocks of 256 keys)."""
+    args = _inputs(length=300 if wide else S)
+    with _one_pass_fastest(form="kernel_one_pass_wide" if wide else "kernel_one_pass"):
         opt = _optimize(_layer, args)
     names = _kernels(opt)
+    split = [s for rid in opt.meta["trident_regions"] for s in SCMRuntime.get(rid).program.steps
+             if getattr(s, "kernel_name", None) == "decode_attention_split_kernel"]
+    assert [(s.args["BLOCK_N"], s.args["DIRECT"], s.args["NEW"]) for s in split] == [(256 if wide else 64, True, 1)]
     assert names.count("decode_attention_split_kernel") == 1, names
     assert "cache_write_kernel" not in names and "decode_attention_combine_kernel" not in names, names
     assert opt.meta[APART] == [None]

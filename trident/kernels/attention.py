@@ -37,9 +37,12 @@ wait for the last), so the one pass costs about a step's latency per block, what
 holds: on the H100 (6ae6098) one pass over a 512-position StaticCache in blocks of 64 keys took
 8.0 us against 4.1 us for split + combine (Llama-1B's and Qwen2-0.5B's heads). Its wide variant
 (`one_pass_wide_block_n`) takes up to ONE_PASS_WIDE_N keys a step, a key or value tile of at most
-ONE_PASS_WIDE_TILE bytes (Triton's three pipeline stages of both then take at most 192 KB of
-shared memory), four times fewer steps at a 512-position cache; the measurement times it as a
-form of its own where it is wider than `one_pass_block_n`.
+ONE_PASS_WIDE_TILE bytes, where a head has at most 16 query rows (decode): four times fewer steps
+at a 512-position cache, on 8 warps at 256 keys (`one_pass_warps`: on 4, ptxas spills there).
+On sm_90 its pipelined tiles take 178 KB of shared memory at Llama's and Qwen2's heads (bf16,
+head size 64, a boolean mask; the H100's bound is 227 KB); a shape whose tiles would not fit
+fails to launch and the measurement leaves that form out (each form is timed in a try of its
+own). The measurement times it as a form of its own where it is wider than `one_pass_block_n`.
 
 Note [The last split combines]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -98,6 +101,8 @@ Numerics as SDPA's fused kernels: scores and softmax in fp32, the output rounded
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -116,15 +121,21 @@ def one_pass_block_n(head_dim: int, itemsize: int) -> int:
     return ONE_PASS_BLOCK_N if triton.next_power_of_2(head_dim) * itemsize <= 256 else BLOCK_N
 
 
-def one_pass_wide_block_n(length: int, head_dim: int, itemsize: int):
+def one_pass_wide_block_n(length: int, head_dim: int, itemsize: int, rows: int) -> Optional[int]:
     """BLOCK_N of the one-pass form's wide variant (Note [One pass]) over a cache of `length`
-    positions: the most keys a step (a power of two) of at most ONE_PASS_WIDE_N, the cache's
-    length rounded up, and ONE_PASS_WIDE_TILE bytes a tile; None where that is no wider than
-    `one_pass_block_n` (then there is no wide variant)."""
+    positions for heads of `rows` query rows (G * Lq): the most keys a step of at most
+    ONE_PASS_WIDE_N, the cache's length rounded up to a power of two, and ONE_PASS_WIDE_TILE bytes
+    a tile; None where that is no wider than `one_pass_block_n` or a head has more than 16 query
+    rows (then there is no wide variant)."""
     row = triton.next_power_of_2(head_dim) * itemsize
-    n = min(ONE_PASS_WIDE_N, triton.next_power_of_2(max(1, length)), max(1, ONE_PASS_WIDE_TILE // row))
-    n = 1 << (n.bit_length() - 1)
-    return n if n > one_pass_block_n(head_dim, itemsize) else None
+    n = min(ONE_PASS_WIDE_N, triton.next_power_of_2(max(1, length)), ONE_PASS_WIDE_TILE // row)
+    return n if n > one_pass_block_n(head_dim, itemsize) and block_m(rows) == 16 else None
+
+
+def one_pass_warps(block_n: int) -> int:
+    """num_warps of a one-pass launch of `block_n` keys a step: 8 from 256 keys (on 4 warps the
+    score and probability tiles spill registers there: ptxas, sm_90), else Triton's 4."""
+    return 8 if block_n >= 256 else 4
 
 
 def combines_in_split(rows: int) -> bool:
@@ -373,7 +384,10 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
     SPLITS = 1 that writes the output itself and bumps the counter after every program read it
     (Note [One pass]; `counts`: one int32 zero for its arrivals, made here when not given);
     `block_n`: its keys a step (`one_pass_block_n` when None; `one_pass_wide_block_n`'s, the
-    wide variant)."""
+    wide variant; one pass only)."""
+    if block_n is not None and not one_pass:
+        raise ValueError(f"decode_attention: block_n={block_n} is the one pass's keys a step; pass one_pass=True "
+                         "with it (the split form's blocks are fixed)")
     B, H, LQ, D = q.shape
     _, HKV, S, _ = k.shape
     G = H // HKV
@@ -410,6 +424,7 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
         decode_attention_split_kernel[(B * HKV, 1)](
             q, k, v, m, out, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
             KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=block_n or one_pass_block_n(D, q.element_size()),
+            num_warps=one_pass_warps(block_n or one_pass_block_n(D, q.element_size())),
             HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=1,
             PRECISION=dot_precision(q.dtype), out_ptr=out, so_b=out.stride(0), so_h=out.stride(1),
             so_l=out.stride(2), DIRECT=True, **write, **bump)

@@ -72,6 +72,7 @@ from ..kernels.attention import (
     decode_attention_split_kernel,
     dot_precision,
     one_pass_block_n,
+    one_pass_warps,
     one_pass_wide_block_n,
     workspace_elements,
 )
@@ -255,6 +256,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
         out.meta["val"] = out_val
         bm, bd = block_m(G * LQ), 1 << (D - 1).bit_length()
         one_pass = form in (_ONE_PASS, _ONE_PASS_WIDE)
+        block_n = _block_n(form, S, D, q.element_size(), G * LQ)
         splits = 1 if one_pass else SPLITS
         consts = dict(KV_HEADS=hkv, G=G, LQ=LQ, D=D, BLOCK_M=bm, BLOCK_D=bd, SPLITS=splits)
         out_strides = {"so_b": out_val.stride(0), "so_h": out_val.stride(1), "so_l": out_val.stride(2)}
@@ -275,7 +277,7 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
             "S": s_arg, "scale": scale,
             "sq_b": q.stride(0), "sq_h": q.stride(1), "sq_l": q.stride(2),
             "sm_b": strides[0], "sm_h": strides[1], "sm_l": strides[2],
-            **consts, "BLOCK_N": _block_n(form, S, D, q.element_size()),
+            **consts, "BLOCK_N": block_n, **({"num_warps": one_pass_warps(block_n)} if one_pass else {}),
             "HAS_MASK": mask_node is not None, "MASK_BOOL": mask_node is not None and mask.dtype == torch.bool,
             "PRECISION": dot_precision(q.dtype), **writes_out,
         })
@@ -449,7 +451,7 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                          _ONE_PASS: _timer(_ONE_PASS, shape)}
                 if can_fuse:
                     times[_FUSED] = _timer(_FUSED, shape)
-                if one_pass_wide_block_n(S, D, q.element_size()):
+                if one_pass_wide_block_n(S, D, q.element_size(), H // k.shape[1] * LQ):
                     times[_ONE_PASS_WIDE] = _timer(_ONE_PASS_WIDE, shape)
             # the fastest form of the kernel (the two launches on a tie), then against SDPA;
             # nothing measured (another capture running, a failure): what the graph has stays
@@ -479,12 +481,13 @@ _HOW = {"kernel": " and its combine kernel", _FUSED: " (the last split combines)
         _ONE_PASS_WIDE: " in one pass of wide key blocks (a program per key/value head, no combine)"}
 
 
-def _block_n(form: str, length, head_dim: int, itemsize: int) -> int:
-    """The split kernel's BLOCK_N in `form` (a symbolic `length` only in the unmeasured form)."""
+def _block_n(form: str, length, head_dim: int, itemsize: int, rows: int) -> int:
+    """The split kernel's BLOCK_N in `form` for heads of `rows` query rows (a symbolic `length`
+    only in the unmeasured form)."""
     if form == _ONE_PASS:
         return one_pass_block_n(head_dim, itemsize)
     if form == _ONE_PASS_WIDE:
-        return one_pass_wide_block_n(length, head_dim, itemsize)
+        return one_pass_wide_block_n(length, head_dim, itemsize, rows)
     return BLOCK_N
 
 
@@ -530,7 +533,8 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
             counter = (torch.zeros(1, dtype=torch.int64, device=qs.device), 0)  # a bump, as a StaticCache step's
             forms = {"kernel": lambda: decode_attention(qs, ks, vs, ms, scale, combine=False, counter=counter),
                      _ONE_PASS: lambda: decode_attention(qs, ks, vs, ms, scale, counts, one_pass=True, counter=counter)}
-            wide = one_pass_wide_block_n(ks.shape[2], ks.shape[3], ks.element_size())
+            wide = one_pass_wide_block_n(ks.shape[2], ks.shape[3], ks.element_size(),
+                                         qs.shape[1] // ks.shape[1] * qs.shape[2])
             if wide:
                 forms[_ONE_PASS_WIDE] = lambda: decode_attention(qs, ks, vs, ms, scale, counts, one_pass=True,
                                                                  counter=counter, block_n=wide)
