@@ -35,7 +35,7 @@ memory wherever the split form's do).
 A program's key blocks follow one another (each step's product, maxima, exponentials and sums
 wait for the last), so the one pass costs about a step's latency per block, whatever the block
 holds: on the H100 (6ae6098) one pass over a 512-position StaticCache in blocks of 64 keys took
-8.0 us against 4.1 us for split + combine (Llama-1B's and Qwen2-0.5B's heads). Its wide variant
+8.0-8.1 us against 4.1-4.3 us for split + combine (Qwen2-0.5B's and Llama-1B's heads). Its wide variant
 (`one_pass_wide_block_n`) takes up to ONE_PASS_WIDE_N keys a step, a key or value tile of at most
 ONE_PASS_WIDE_TILE bytes, where a head has at most 16 query rows (decode): four times fewer steps
 at a 512-position cache, on 8 warps at 256 keys (`one_pass_warps`: on 4, ptxas spills there).
