@@ -421,10 +421,10 @@ def decode_attention(q, k, v, mask=None, scale=None, counts=None, combine=None, 
         if bump:
             counts = torch.zeros(1, dtype=torch.int32, device=q.device) if counts is None else counts
             bump = dict(bump, count_ptr=counts, count_offset=0)
+        block_n = block_n or one_pass_block_n(D, q.element_size())
         decode_attention_split_kernel[(B * HKV, 1)](
             q, k, v, m, out, S, scale, q.stride(0), q.stride(1), q.stride(2), *ms,
-            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=block_n or one_pass_block_n(D, q.element_size()),
-            num_warps=one_pass_warps(block_n or one_pass_block_n(D, q.element_size())),
+            KV_HEADS=HKV, G=G, LQ=LQ, D=D, BLOCK_M=BM, BLOCK_D=BD, BLOCK_N=block_n, num_warps=one_pass_warps(block_n),
             HAS_MASK=has_mask, MASK_BOOL=has_mask and mask.dtype == torch.bool, SPLITS=1,
             PRECISION=dot_precision(q.dtype), out_ptr=out, so_b=out.stride(0), so_h=out.stride(1),
             so_l=out.stride(2), DIRECT=True, **write, **bump)
