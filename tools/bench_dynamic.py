@@ -13,14 +13,23 @@ against it is what those passes change here.
 
     python tools/bench_dynamic.py --out results/bench_dynamic.json [--kernels liger] [--device cuda]
     python tools/bench_dynamic.py --tiny --device cpu        # a smoke run on the CPU
+    python tools/bench_dynamic.py --variants trident_compile,trident_no_pdl --profile-call 5
+        # where the 6th cold call's time goes: its host functions (cProfile) and its kernels
+
+Variants: eager, torch.compile's two, and trident.compile under any knob set of
+tools/knob_sets.py (trident_compile, trident_untuned, trident_no_pdl, ...).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import functools
+import io
 import json
 import os
+import pstats
 import random
 import statistics
 import sys
@@ -47,7 +56,7 @@ def lengths(n: int, top: int, seed: int = 0) -> list[int]:
 def make_forward(variant: str, model):
     if variant == "eager":
         return model.forward
-    if variant in ("trident_compile", "trident_untuned"):
+    if variant in KNOBS:
         return trident.compile(model.forward)
     if variant == "compile_dynamic":
         return torch.compile(model.forward, dynamic=True)
@@ -56,7 +65,29 @@ def make_forward(variant: str, model):
     raise ValueError(variant)
 
 
-def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
+def profiled(fn, dev: str, top: int = 25) -> tuple:
+    """fn()'s result and where its time went: the host functions by cumulative time (cProfile)
+    and the kernels by device time (torch.profiler), `top` of each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    host = cProfile.Profile()
+    with profile(activities=activities) as prof:
+        host.enable()
+        result = fn()
+        _sync(dev)
+        host.disable()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("cumulative").print_stats(top)
+    rows = [line.strip() for line in text.getvalue().splitlines() if line.strip()]
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA] if dev == "cuda" else []
+    kernels = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
+    return result, {"host_cumulative": rows,
+                    "device_us": sum(e.self_device_time_total for e in events),
+                    "kernels": [{"name": e.key[:100], "n": e.count, "us": e.self_device_time_total} for e in kernels]}
+
+
+def run_variant(variant, model, cfg, dev, sizes, budget_s, reference, profile_call=None):
     from transformers import StaticCache
 
     torch._dynamo.reset()
@@ -68,7 +99,7 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
     start = time.perf_counter()
     last = None
     knob_scope = contextlib.nullcontext()
-    if variant == "trident_untuned":  # knobs are read as the calls capture and plan
+    if variant in KNOBS:  # knobs are read as the calls capture and plan
         knob_scope = trident.knobs.scope(**KNOBS[variant])
     with torch.no_grad(), knob_scope:
         for phase in ("cold_ms", "warm_ms"):
@@ -80,7 +111,12 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
                 cache.reset()
                 _sync(dev)
                 t0 = time.perf_counter()
-                logits = fwd(input_ids=ids, past_key_values=cache, use_cache=True).logits
+                call = functools.partial(lambda i: fwd(input_ids=i, past_key_values=cache, use_cache=True).logits, ids)
+                if phase == "cold_ms" and len(out[phase]) == profile_call:
+                    logits, out["profile"] = profiled(call, dev)
+                    out["profile"].update(call=profile_call, length=ids.shape[1])
+                else:
+                    logits = call()
                 _sync(dev)
                 out[phase].append((time.perf_counter() - t0) * 1e3)
                 last = logits[:, -1].float()
@@ -92,7 +128,7 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference):
     if reference is not None and last is not None and len(out["warm_ms"]) == len(sizes):
         ref = reference.to(last.device)
         out["last_logits_rel_diff"] = float((last - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
-    if variant in ("trident_compile", "trident_untuned"):
+    if variant in KNOBS:
         out["trident"] = {"captures": len(fwd.captures), "eager_calls": fwd.eager_calls,
                           "cache_info": trident.cache_info(fwd)}
         text = trident.explain(fwd)
@@ -110,6 +146,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=75, help="per variant")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--profile-call", type=int, default=None,
+                    help="profile this cold call (0-based) of each variant: host functions and kernels (its time "
+                         "in cold_ms includes the profilers')")
     args = ap.parse_args()
     dev = args.device
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -131,14 +170,14 @@ def main() -> None:
         for v in variants:
             t0 = time.perf_counter()
             try:
-                entry, last = run_variant(v, model, cfg, dev, sizes, args.budget_s, reference)
+                entry, last = run_variant(v, model, cfg, dev, sizes, args.budget_s, reference, args.profile_call)
                 if v == "eager":
                     reference = last
             except Exception as e:  # a mode that fails is reported as its result
                 entry = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             entry["wall_s"] = time.perf_counter() - t0
             case[v] = entry
-            print(v, {k: x for k, x in entry.items() if not k.endswith("_ms")}, flush=True)
+            print(v, {k: x for k, x in entry.items() if not k.endswith("_ms") and k != "profile"}, flush=True)
         base = case.get("eager", {})
         case["ratios"] = {
             f"{v}_warm_over_eager": case[v]["warm_median_ms"] / base["warm_median_ms"]
