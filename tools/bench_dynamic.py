@@ -66,8 +66,9 @@ def make_forward(variant: str, model):
 
 
 def profiled(fn, dev: str, top: int = 25) -> tuple:
-    """fn()'s result and where its time went: the host functions by cumulative time (cProfile)
-    and the kernels by device time (torch.profiler), `top` of each."""
+    """fn()'s result and where its time went: the host functions by cumulative time (cProfile),
+    the host-side events by their own time and the kernels by device time (torch.profiler), `top`
+    of each."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
@@ -80,9 +81,15 @@ def profiled(fn, dev: str, top: int = 25) -> tuple:
     text = io.StringIO()
     pstats.Stats(host, stream=text).sort_stats("cumulative").print_stats(top)
     rows = [line.strip() for line in text.getvalue().splitlines() if line.strip()]
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA] if dev == "cuda" else []
+    averages = prof.key_averages()
+    events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA] if dev == "cuda" else []
     kernels = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
+    # host-side events: operators and the CUDA runtime and driver calls the profiler sees (launches,
+    # allocations, synchronizations), by their own host time
+    calls = sorted((e for e in averages if e.device_type != torch.autograd.DeviceType.CUDA),
+                   key=lambda e: -e.self_cpu_time_total)[:top]
     return result, {"host_cumulative": rows,
+                    "host_events": [{"name": e.key[:100], "n": e.count, "us": e.self_cpu_time_total} for e in calls],
                     "device_us": sum(e.self_device_time_total for e in events),
                     "kernels": [{"name": e.key[:100], "n": e.count, "us": e.self_device_time_total} for e in kernels]}
 
