@@ -412,7 +412,7 @@ bool try_replay(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx&
     note_ordinary(s, Ordinary::kNoGraph, -1);
     return false;
   }
-  if (on_cuda && cuda::stream_capturing(ctx.stream)) {
+  if (on_cuda && ctx.capturing) {
     note_ordinary(s, Ordinary::kCapturing, -1);
     return false;
   }
@@ -592,7 +592,7 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
     }
     s.streak = same ? s.streak + 1 : 1;
     if (s.streak < s.record_after) return;
-    if (on_cuda && cuda::stream_capturing(ctx.stream)) return;
+    if (on_cuda && ctx.capturing) return;
     std::vector<uint8_t> stage(n);
     for (int64_t i = 0; i < n; ++i)
       stage[i] = s.moving[i] && why_pinned(s, inputs[i], s.written[i]) == Pinned::kNone &&
@@ -607,7 +607,7 @@ void observe(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ct
 
 void record_pinned(Region& r, const std::vector<at::Tensor>& inputs, const HostCtx& ctx, const std::vector<bool>& staged) {
   State& s = *r.graphs;
-  if (ctx.device_index >= 0 && cuda::stream_capturing(ctx.stream)) return;
+  if (ctx.device_index >= 0 && ctx.capturing) return;
   record(s, r, inputs, staged);
 }
 

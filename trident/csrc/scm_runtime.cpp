@@ -313,7 +313,8 @@ int64_t launch_cuda(HostCtx* ctx, KernelEntry& k, int64_t gx, int64_t gy, int64_
   }
   params[n] = &global_scratch;
   params[n + 1] = &profile_scratch;
-  if (cuda::launch(fn, gx, gy, gz, k.num_warps, k.num_ctas, k.shared, k.cooperative, k.pdl, ctx->stream,
+  // Note [Programmatic edges only in graphs]: an ordinary call's launches keep stream order
+  if (cuda::launch(fn, gx, gy, gz, k.num_warps, k.num_ctas, k.shared, k.cooperative, k.pdl && ctx->capturing, ctx->stream,
                    params.data(), &ctx->error)) {
     ctx->error = "kernel '" + k.name + "': " + ctx->error;
     return -2;
@@ -1022,11 +1023,13 @@ void prepare(Region& r, const std::vector<at::Tensor>& inputs, HostCtx& ctx, c10
   ctx.error.clear();
   ctx.device_index = -1;
   ctx.stream = nullptr;
+  ctx.capturing = false;
   for (const at::Tensor& t : inputs) {
     if (t.defined() && t.is_cuda()) {
       ctx.device_index = t.device().index();
       guard.reset_device(t.device());
       ctx.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+      ctx.capturing = cuda::stream_capturing(ctx.stream);
       break;
     }
   }

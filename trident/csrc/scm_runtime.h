@@ -287,6 +287,9 @@ struct HostCtx {
   int64_t arena_total = 0;
   const int64_t* sizes = nullptr;  // Note [Symbolic sizes]: set_sizes' array, for the next service
   void* stream = nullptr;
+  // Note [Programmatic edges only in graphs] (trident/pdl.py): whether `stream` is being captured
+  // (a recording); launches are made programmatic only then
+  bool capturing = false;
   int64_t device_index = -1;
   std::string error;
   int64_t ran = -1;  // the specialization whose host program returned (run_host)
