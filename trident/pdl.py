@@ -37,7 +37,8 @@ Which kernels wait first:
   kernel of *its* graph, which is not always the first access (Inductor does not see the user
   kernels before it); the PTX rule then refuses the attribute for that kernel.
 - A user's kernel compiled with `launch_pdl=True` is launched with the attribute exactly as
-  Triton launches it (the user's promise, Triton's semantics). One that is not, and that holds no
+  Triton launches it (the user's promise, Triton's semantics), in a recorded graph (Note
+  [Programmatic edges only in graphs]). One that is not, and that holds no
   grid dependency instruction of its own, is launched as its twin (Note [A user kernel made to
   wait], TRIDENT_PDL_USER_KERNELS, on by default): with it off, it gets the attribute only by the
   PTX rule, like Trident's.
@@ -80,6 +81,23 @@ H100, Llama-1B + Liger 1.311 -> 1.237 ms/token, Qwen2-0.5B + Liger 1.026 -> 0.90
 1.383 -> 1.306, plain Qwen2 1.115 -> 1.020 (results/bench_hf_{llama,qwen2}_liger_75f55ad.json,
 results/bench_hf_plain_d4246ab.json). Without the twins it gained nothing with Liger (H200,
 b5cf397: 1.086 -> 1.077) and was slower on the H100 (1.311 -> 1.356, `trident_pdl_own`).
+
+Note [Programmatic edges only in graphs]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A plan's `pdl` says what a launch may be; the native runtime makes it programmatic only while its
+stream is being captured: Trident's own recording of a region (Note [Graph replay]) or a user's
+torch.cuda.graph around the call. An ordinary call -- a region that is not (yet) replayed, a
+symbolic region meeting sizes it has not recorded -- launches every kernel, twins included, in
+plain stream order (a twin's wait then returns at once). What PDL hides is the device's idle
+time between kernels, which only a graph leaves as the limit: in an ordinary call the GPU waits
+for the host anyway, and the attribute cost host time. Measured on an H100 (prefills of 12-24
+random lengths through trident.compile with Liger, tools/bench_dynamic.py --profile-call 5,
+results/bench_dynamic_e0e1395.json): with programmatic launches in ordinary calls each prompt
+length new to the symbolic capture took 75-90 ms, of which 75 ms was cuDNN's attention building
+its plan for the new length (~4.7 ms a layer; 0.12 ms without programmatic launches), against
+6-7 ms without PDL; a length already seen took 8-11 ms against 6. The same holds for a launch the
+user compiled with `launch_pdl=True`: stream order is the stricter ordering, so only overlap is
+lost, where nothing overlaps anyway.
 """
 
 from __future__ import annotations

@@ -184,6 +184,7 @@ def explain(gm) -> str:
         lines.append(
             f"programmatic dependent launch: {sum(map(bool, marks))} of {len(launches)} launch(es)"
             + (f"; user kernels as their waiting twins: {', '.join(twins)}" if twins else "")
+            + " (in recorded graphs; ordinary calls keep stream order)"
         )
     if gm.meta.get("trident_symbolic"):
         lines.append(
