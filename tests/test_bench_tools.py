@@ -154,3 +154,28 @@ def test_batches_floor_reads_the_live_sequences_filled_positions():
     batches = schedule(12)
     assert len(batches) == 12 and all(1 <= b <= 8 for b in batches)
     assert all(batches[i] == batches[i - i % 4] for i in range(12))  # a batch size holds for 4 steps
+
+
+def test_profiled_call_reports_host_functions_events_and_its_result():
+    """bench_dynamic --profile-call: the profiled call's result comes back with where its host time
+    went (cProfile's functions, the profiler's host events); on the CPU no kernels."""
+    from tools.bench_dynamic import profiled
+
+    x = torch.randn(64, 64)
+    out, report = profiled(lambda: torch.mm(x, x).relu(), "cpu")
+    assert torch.equal(out, torch.mm(x, x).relu())
+    assert any("cumulative" in row for row in report["host_cumulative"])
+    assert any(e["name"] == "aten::mm" and e["n"] == 1 for e in report["host_events"]), report["host_events"]
+    assert report["kernels"] == [] and report["device_us"] == 0
+
+
+def test_dynamic_variants_cover_every_knob_set():
+    """bench_dynamic runs trident.compile under each knob set of tools/knob_sets.py."""
+    from tools.bench_dynamic import make_forward
+    from tools.knob_sets import KNOBS
+
+    model = torch.nn.Linear(4, 4)
+    for variant in KNOBS:
+        assert callable(make_forward(variant, model))
+    with pytest.raises(ValueError):
+        make_forward("trident_nonesuch", model)

@@ -93,11 +93,13 @@ time between kernels, which only a graph leaves as the limit: in an ordinary cal
 for the host anyway, and the attribute cost host time. Measured on an H100 (prefills of 12-24
 random lengths through trident.compile with Liger, tools/bench_dynamic.py --profile-call 5,
 results/bench_dynamic_e0e1395.json): with programmatic launches in ordinary calls each prompt
-length new to the symbolic capture took 75-90 ms, of which 75 ms was cuDNN's attention building
-its plan for the new length (~4.7 ms a layer; 0.12 ms without programmatic launches), against
-6-7 ms without PDL; a length already seen took 8-11 ms against 6. The same holds for a launch the
-user compiled with `launch_pdl=True`: stream order is the stricter ordering, so only overlap is
-lost, where nothing overlaps anyway.
+length new to the symbolic capture took 89-104 ms, 75 ms of it in cuDNN's attention planning the
+new length (~4.7 ms a layer; 0.12 ms without PDL), against 6-7 ms without PDL; a length already
+seen took 8-11 ms against 6. With launches programmatic only in graphs (70fc539,
+results/bench_dynamic_70fc539.json) a length seen before takes 5.4 ms against 4.7 without PDL; a
+new one still 56-64 ms against ~5 (the twins' share, not yet explained: docs/limits.md). The same
+rule holds for a launch the user compiled with `launch_pdl=True`: stream order is the stricter
+ordering, so only overlap is lost, where nothing overlaps anyway.
 """
 
 from __future__ import annotations
