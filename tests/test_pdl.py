@@ -287,6 +287,14 @@ def _launched(opt) -> dict:
             for launch in s.launches}
 
 
+def _ordinary(opt) -> dict:
+    """Per kernel name, the plan's `ordinary` (the user's kernel ordinary calls launch instead)."""
+    from trident.runtime import SCMRuntime
+
+    return {launch.step.kernel_name: launch.ordinary for r in opt.meta["trident_regions"]
+            for s in SCMRuntime.get(r).scm.specializations for launch in s.launches}
+
+
 @pytest.mark.parametrize("user_kernels", [True, False])
 def test_a_user_kernel_without_grid_dependency_runs_as_its_twin(user_kernels):
     """Note [A user kernel made to wait]: with TRIDENT_PDL on, a user's kernel that holds no grid
@@ -311,7 +319,8 @@ def test_a_user_kernel_without_grid_dependency_runs_as_its_twin(user_kernels):
 
     printed = "\n".join(line for r in opt.meta["trident_regions"] for s in SCMRuntime.get(r).scm.specializations
                          for line in format_specialization(s))
-    assert ("launch _plain_kernel" in printed and "programmatic, as its waiting twin" in printed) == user_kernels
+    assert ("launch _plain_kernel" in printed and "programmatic, as its waiting twin (ordinary calls: as written)"
+            in printed) == user_kernels
     assert printed.count("as its waiting twin") == int(user_kernels), printed
     explained = trident.explain(opt)
     assert ("programmatic dependent launch: " + ("2 of 3 launch(es); user kernels as their waiting twins: "
@@ -322,6 +331,18 @@ def test_a_user_kernel_without_grid_dependency_runs_as_its_twin(user_kernels):
     assert "griddepcontrol" not in own.asm["ptx"]
     assert (own.hash != twin.hash) == user_kernels
     assert triton.knobs.runtime.add_stages_inspection_hook is None  # the stage hook is gone
+    # Note [Programmatic edges only in graphs]: ordinary calls launch the user's own kernel, whose
+    # native entry the twin's names; Trident's kernels and one left as written have none
+    assert _ordinary(opt) == {"_waits_first_kernel": None, "_loads_first_kernel": None,
+                              "_plain_kernel": own.hash if user_kernels else None}
+    from trident.runtime import native
+
+    entries = {launch.step.kernel_name: native.register_launch(launch) for r in opt.meta["trident_regions"]
+               for s in SCMRuntime.get(r).scm.specializations for launch in s.launches}
+    ordinary = {name: native.C.kernel_ordinary(h) for name, h in entries.items()}
+    assert (ordinary.pop("_plain_kernel") >= 0) == user_kernels and set(ordinary.values()) == {-1}, ordinary
+    with pytest.raises(RuntimeError, match="cannot stand for"):  # not itself, nor another twin's stand-in
+        native.C.set_kernel_ordinary(entries["_plain_kernel"], entries["_plain_kernel"])
 
 
 def test_the_twin_and_the_users_launch_pdl_compile_never_share_an_entry():
@@ -401,13 +422,14 @@ import json, sys
 import torch, trident
 from trident import knobs
 from trident.optimize import _regions
-from tests.test_pdl import _launched, _programmatic, _with_plain_kernel
+from tests.test_pdl import _launched, _ordinary, _programmatic, _with_plain_kernel
 
 x = torch.randn(300)
 with knobs.scope(pdl="all"):
     opt = trident.optimize(trident.capture(_with_plain_kernel, x))
     torch.testing.assert_close(opt(x), (x * 2 + 1) * 3)
 print(json.dumps({"programmatic": _programmatic(opt), "twin": _launched(opt)["_plain_kernel"].hash,
+                  "ordinary": _ordinary(opt)["_plain_kernel"],
                   "restored": [bool(c.get("restored")) for rt in _regions(opt) for c in rt.build_costs]}))
 """
 
@@ -439,6 +461,8 @@ def test_a_restored_twin_is_proven_again(tmp_path):
     second = run()
     assert second["restored"] == [True] and second["programmatic"] == first["programmatic"]
     assert second["twin"] == first["twin"]
+    # the user's own kernel for ordinary calls, from Triton's cache (Note [Programmatic edges only in graphs])
+    assert first["ordinary"] not in (None, first["twin"]) and second["ordinary"] == first["ordinary"]
     pair = "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n"  # with_wait_first's
     twins = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "triton") for f in fs
              if f.endswith(".ptx") and pair in open(os.path.join(d, f)).read()]
@@ -449,6 +473,7 @@ def test_a_restored_twin_is_proven_again(tmp_path):
         f.write(text.replace(pair, ""))
     third = run()
     assert third["restored"] == [True] and third["programmatic"] == {**first["programmatic"], "_plain_kernel": False}
+    assert third["ordinary"] is None  # the planted entry is launched as the kernel it is, everywhere
 
 
 def test_other_inline_assembly_stays_refused_by_the_interpreter():

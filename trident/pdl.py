@@ -87,19 +87,23 @@ Note [Programmatic edges only in graphs]
 A plan's `pdl` says what a launch may be; the native runtime makes it programmatic only while its
 stream is being captured: Trident's own recording of a region (Note [Graph replay]) or a user's
 torch.cuda.graph around the call. An ordinary call -- a region that is not (yet) replayed, a
-symbolic region meeting sizes it has not recorded -- launches every kernel, twins included, in
-plain stream order (a twin's wait then returns at once). What PDL hides is the device's idle
-time between kernels, which only a graph leaves as the limit: in an ordinary call the GPU waits
-for the host anyway, and the attribute cost host time. Measured on an H100 (prefills of 12-24
+symbolic region meeting sizes it has not recorded -- launches every kernel in plain stream order,
+and a user's kernel as the user wrote it: a plan that launches a waiting twin keeps the user's
+own compiled kernel too (`LaunchPlan.ordinary`, Triton's hash; a restored record's twin finds it
+in Triton's cache), whose native entry the twin's names (`set_kernel_ordinary`). What PDL hides
+is the device's idle time between kernels, which only a graph leaves as the limit: in an
+ordinary call the GPU waits for the host anyway, and the attribute and the twins cost host time. Measured on an H100 (prefills of 12-24
 random lengths through trident.compile with Liger, tools/bench_dynamic.py --profile-call 5,
 results/bench_dynamic_e0e1395.json): with programmatic launches in ordinary calls each prompt
 length new to the symbolic capture took 89-104 ms, 75 ms of it in cuDNN's attention planning the
 new length (~4.7 ms a layer; 0.12 ms without PDL), against 6-7 ms without PDL; a length already
-seen took 8-11 ms against 6. With launches programmatic only in graphs (70fc539,
-results/bench_dynamic_70fc539.json) a length seen before takes 5.4 ms against 4.7 without PDL; a
-new one still 56-64 ms against ~5 (the twins' share, not yet explained: docs/limits.md). The same
-rule holds for a launch the user compiled with `launch_pdl=True`: stream order is the stricter
-ordering, so only overlap is lost, where nothing overlaps anyway.
+seen took 8-11 ms against 6. With launches programmatic only in graphs but twins in ordinary
+calls too (70fc539, results/bench_dynamic_70fc539.json) a length seen before took 5.4 ms against
+4.7 without PDL, a new one still 56-64 ms against ~5: the twins' share (Trident's own kernels
+waiting first cost nothing there: 10 ms a new length with PDL on them only, e0e1395), hence the
+user's own kernels in ordinary calls (not yet measured on a GPU). The same rule holds for a launch
+the user compiled with `launch_pdl=True`: stream order is the stricter ordering, so only overlap
+is lost, where nothing overlaps anyway.
 """
 
 from __future__ import annotations

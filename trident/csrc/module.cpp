@@ -572,6 +572,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("set_workspace_stream", [](int64_t stream) { trident::blas::set_workspace_stream(reinterpret_cast<void*>(stream)); });
   m.def("stream_capturing", [](int64_t stream) { return trident::cuda::stream_capturing(reinterpret_cast<void*>(stream)); });
+  m.def("set_kernel_ordinary", &trident::set_kernel_ordinary);
+  m.def("kernel_ordinary", &trident::kernel_ordinary);
   m.def("kernel_function", [](int64_t k, int64_t dev) {
     std::string err;
     void* fn = trident::kernel_function(k, dev, &err);

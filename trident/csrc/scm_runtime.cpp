@@ -325,10 +325,16 @@ int64_t launch_cuda(HostCtx* ctx, KernelEntry& k, int64_t gx, int64_t gy, int64_
 int64_t rt_launch(HostCtx* ctx, int64_t index, int64_t gx, int64_t gy, int64_t gz,
                   const int64_t* slots) noexcept {
   try {
-    KernelEntry& k = *kernels().items[ctx->region->kernel_handles[index]];
-    ProfScope prof(k.prof);
-    if (ctx->device_index >= 0) return launch_cuda(ctx, k, gx, gy, gz, slots);
-    return launch_cpu(ctx, k, gx, gy, gz, slots);
+    KernelEntry* k = kernels().items[ctx->region->kernel_handles[index]].get();
+    if (ctx->device_index >= 0) {
+      // Note [Programmatic edges only in graphs]: an ordinary call runs the user's own kernel, a
+      // recording its waiting twin
+      if (!ctx->capturing && k->ordinary >= 0) k = kernels().items[k->ordinary].get();
+      ProfScope prof(k->prof);
+      return launch_cuda(ctx, *k, gx, gy, gz, slots);
+    }
+    ProfScope prof(k->prof);
+    return launch_cpu(ctx, *k, gx, gy, gz, slots);
   } catch (const std::exception& e) {
     ctx->error = e.what();
     return -2;
@@ -957,6 +963,19 @@ const KernelEntry& kernel_entry(int64_t index) {
   TRIDENT_CHECK(index >= 0 && static_cast<size_t>(index) < kernels().items.size(), "trident: no kernel ", index);
   return *kernels().items[index];
 }
+
+void set_kernel_ordinary(int64_t index, int64_t ordinary) {
+  const KernelEntry& k = kernel_entry(index);
+  const KernelEntry& o = kernel_entry(ordinary);
+  TRIDENT_CHECK(index != ordinary && o.ordinary < 0, "trident: kernel ", ordinary, " cannot stand for kernel ", index);
+  TRIDENT_CHECK(o.param_types == k.param_types && o.num_warps == k.num_warps && o.num_ctas == k.num_ctas &&
+                  o.cooperative == k.cooperative,
+              "trident: kernel '", o.name, "' cannot take the launches of kernel '", k.name,
+              "': their parameters, warps or CTAs differ");
+  kernels().items[index]->ordinary = ordinary;
+}
+
+int64_t kernel_ordinary(int64_t index) { return kernel_entry(index).ordinary; }
 
 void* kernel_function(int64_t index, int64_t device, std::string* error) {
   kernel_entry(index);

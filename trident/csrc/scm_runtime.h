@@ -153,6 +153,9 @@ struct KernelEntry {
   int64_t profile_scratch_align = 1;
   std::vector<std::string> param_types;  // Triton type strings of the non-constexpr params
   pybind11::object cpu_runner;           // callable(grid, args) running the interpreter
+  // Note [Programmatic edges only in graphs] (trident/pdl.py): the entry an ordinary call launches
+  // instead of this one (the user's own kernel, where this is its waiting twin); -1: this one
+  int64_t ordinary = -1;
   // Per CUDA device: loaded function handle (CUfunction), or null until first use.
   static constexpr int64_t kMaxDevices = 64;
   std::mutex load_mutex;
@@ -386,6 +389,10 @@ const AtenEntry& aten_entry(int64_t index);
 const KernelEntry& kernel_entry(int64_t index);
 // The kernel's CUfunction on CUDA device `device`, loading its cubin on first use.
 void* kernel_function(int64_t index, int64_t device, std::string* error);
+// Note [Programmatic edges only in graphs]: ordinary calls launch entry `ordinary` for `index`
+// (same parameters, warps, CTAs); kernel_ordinary reads it back (-1: none).
+void set_kernel_ordinary(int64_t index, int64_t ordinary);
+int64_t kernel_ordinary(int64_t index);
 
 // The facts of `inputs` (Note [Host ABI]) and the call's context: storage checked (Note [Inputs
 // with too little storage]), device and stream of the first CUDA input.

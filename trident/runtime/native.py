@@ -75,25 +75,37 @@ _kernel_handles: dict[tuple, int] = {}
 
 
 def register_launch(plan: LaunchPlan) -> int:
-    """Native kernel table entry for a launch plan; one per compiled kernel and constexpr set."""
-    compiled = plan.compiled
-    key = (plan.step.kernel, plan.binary, plan.key, plan.cooperative, plan.pdl)
+    """Native kernel table entry for a launch plan; one per compiled kernel and constexpr set.
+    Where the plan launches a user kernel's waiting twin, the user's own kernel gets an entry too,
+    which ordinary calls launch (Note [Programmatic edges only in graphs])."""
+    key = (plan.step.kernel, plan.binary, plan.key, plan.cooperative, plan.pdl, plan.ordinary)
     handle = _kernel_handles.get(key)
     if handle is not None:
         return handle
+    handle = _add_kernel(plan, plan.compiled, plan.pdl)
+    if plan.ordinary is not None:
+        own_key = (plan.step.kernel, plan.ordinary, plan.key, plan.cooperative, False, None)
+        own = _kernel_handles.get(own_key)
+        if own is None:
+            own = shared(KERNEL, _kernel_handles, own_key, _add_kernel(plan, plan.ordinary_compiled, False))
+        C.set_kernel_ordinary(handle, own)
+    return shared(KERNEL, _kernel_handles, key, handle)
+
+
+def _add_kernel(plan: LaunchPlan, compiled, programmatic: bool) -> int:
     names = [p.name for p in plan.params]
     types = [p.ty for p in plan.params]
     runner = make_cpu_runner(plan.step.fn, names, types, plan.constexprs)
     meta = compiled.metadata if compiled is not None else None
     cubin = compiled.asm.get("cubin", b"") if compiled is not None else b""
-    handle = C.add_kernel(
+    return C.add_kernel(
         compiled.name if compiled is not None else plan.step.kernel_name,
         cubin,
         plan.num_warps,
         plan.num_ctas,
         plan.cooperative,
-        plan.pdl,
-        plan.shared,
+        programmatic,
+        getattr(meta, "shared", plan.shared) if meta is not None else plan.shared,
         getattr(meta, "global_scratch_size", 0) or 0,
         getattr(meta, "global_scratch_align", 1) or 1,
         getattr(meta, "profile_scratch_size", 0) or 0,
@@ -101,7 +113,6 @@ def register_launch(plan: LaunchPlan) -> int:
         types,
         runner,
     )
-    return shared(KERNEL, _kernel_handles, key, handle)
 
 
 _alloc_handles: dict[tuple, int] = {}

@@ -239,11 +239,19 @@ class LaunchPlan:
     cooperative: bool = False  # Triton's launch_cooperative_grid
     pdl: bool = False  # Triton's launch_pdl
     grid: tuple = ()  # the grid as launched (ints and SizeExprs); () -> step.grid
+    # Note [Programmatic edges only in graphs]: where `binary` is a user kernel's waiting twin, the
+    # user's own kernel by Triton's hash, which ordinary calls launch (recordings: the twin)
+    ordinary: Optional[str] = None
 
     @property
     def compiled(self):
         """Triton's CompiledKernel (Note [Stable keys]), None when not compiled."""
         return None if self.binary is None else compiled_kernel(self.binary, self.step.kernel_name)
+
+    @property
+    def ordinary_compiled(self):
+        """The CompiledKernel ordinary calls launch instead of `compiled` (None: `compiled`)."""
+        return None if self.ordinary is None else compiled_kernel(self.ordinary, self.step.kernel_name)
 
 
 @dataclass

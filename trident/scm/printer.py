@@ -146,7 +146,8 @@ def programmatic_mark(launch) -> str:
     if not launch.pdl:
         return ""
     if getattr(getattr(launch.compiled, "metadata", None), "ir_override", None) == pdl.TWIN:
-        return " programmatic, as its waiting twin"
+        # Note [Programmatic edges only in graphs]
+        return " programmatic, as its waiting twin" + (" (ordinary calls: as written)" if launch.ordinary else "")
     return " programmatic"
 
 

@@ -296,8 +296,13 @@ def plan_launch(
                 compiled = None
         if compile_kernel and compiled is None:
             compiled = kernel.warmup(grid=step.grid, **call_args)
+        own = None  # Note [Programmatic edges only in graphs]: the user's kernel, where a twin is launched
         if compiled is not None and _twinnable(step, compiled, device):
-            compiled = _twin(step, call_args, compiled)
+            own, compiled = compiled, _twin(step, call_args, compiled)
+        elif compiled is not None and getattr(compiled.metadata, "ir_override", None) == pdl.TWIN:
+            own = kernel.warmup(grid=step.grid, **call_args)  # a restored record's twin: Triton's cache has the user's
+        if own is compiled:
+            own = None
         _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
     key = tuple((ty, attr) for ty, attr in specialization)
     # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and
@@ -318,6 +323,7 @@ def plan_launch(
         params.append(Param(pname, ty, value))
     meta = compiled.metadata if compiled is not None else None
     num_warps = meta.num_warps if meta else step.args.get("num_warps", 4)
+    programmatic = _programmatic(step, compiled)
     return LaunchPlan(
         step=step,
         key=key,
@@ -329,7 +335,8 @@ def plan_launch(
         aligned_values=tuple(sorted(set(aligned_values))),
         binary=None if compiled is None else register_compiled(compiled),
         cooperative=bool(getattr(meta, "launch_cooperative_grid", False)),
-        pdl=_programmatic(step, compiled),
+        pdl=programmatic,
+        ordinary=register_compiled(own) if own is not None and programmatic else None,
     )
 
 
