@@ -715,3 +715,31 @@ def test_waiting_twins_replay_equal_eager_on_cuda():
             torch.testing.assert_close(opt(x), _user_chain(x))
     assert all(_programmatic(opt).values()), _programmatic(opt)
     assert sum(v["graph_replays"] for v in trident.cache_info(opt).values()) > 0
+
+
+@_CUDA
+def test_ordinary_calls_launch_the_users_kernels_recordings_their_twins_on_cuda():
+    """Note [Programmatic edges only in graphs] on the GPU: with graphs off every call is ordinary
+    and launches the user's kernels as written (their native entries count the launches, the
+    twins' none); with graphs on, the recording launches the twins and the replays equal eager."""
+    from trident.runtime import SCMRuntime, native
+
+    x = torch.randn(1 << 16, device="cuda")
+    for graphs in ("", "cuda"):
+        with knobs.scope(pdl="cuda", graphs=graphs):
+            opt = trident.optimize(trident.capture(_user_chain, x))
+            plans = [launch for r in opt.meta["trident_regions"] for s in SCMRuntime.get(r).scm.specializations
+                     for launch in s.launches]
+            twins = sorted({native.register_launch(launch) for launch in plans})
+            owns = sorted({native.C.kernel_ordinary(h) for h in twins})
+            assert -1 not in owns and not set(owns) & set(twins), (twins, owns)
+            with trident.profile():
+                for _ in range(6):
+                    x = torch.randn(1 << 16, device="cuda")
+                    torch.testing.assert_close(opt(x), _user_chain(x))
+            twin_launches = sum(native.C.kernel_launches(h) for h in twins)
+            own_launches = sum(native.C.kernel_launches(h) for h in owns)
+        replays = sum(v["graph_replays"] for v in trident.cache_info(opt).values())
+        assert own_launches > 0, graphs
+        assert (twin_launches > 0 and replays > 0) if graphs else (twin_launches == 0 and replays == 0), \
+            (graphs, twin_launches, replays)

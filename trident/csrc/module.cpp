@@ -574,6 +574,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_capturing", [](int64_t stream) { return trident::cuda::stream_capturing(reinterpret_cast<void*>(stream)); });
   m.def("set_kernel_ordinary", &trident::set_kernel_ordinary);
   m.def("kernel_ordinary", &trident::kernel_ordinary);
+  // launches counted on an entry while profiling (trident.profile()): which entry a call launched
+  m.def("kernel_launches", [](int64_t k) { return trident::kernel_entry(k).prof.calls.load(); });
   m.def("kernel_function", [](int64_t k, int64_t dev) {
     std::string err;
     void* fn = trident::kernel_function(k, dev, &err);
