@@ -171,11 +171,14 @@ def test_profiled_call_reports_host_functions_events_and_its_result():
 
 def test_dynamic_variants_cover_every_knob_set():
     """bench_dynamic runs trident.compile under each knob set of tools/knob_sets.py."""
+    import trident
     from tools.bench_dynamic import make_forward
-    from tools.knob_sets import KNOBS
+    from tools.knob_sets import KNOBS, for_device
 
     model = torch.nn.Linear(4, 4)
     for variant in KNOBS:
         assert callable(make_forward(variant, model))
+        with trident.knobs.scope(**for_device(variant, "cuda")):  # every knob name and value is one
+            pass
     with pytest.raises(ValueError):
         make_forward("trident_nonesuch", model)

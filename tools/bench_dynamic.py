@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import trident  # noqa: E402  (on a machine without a GPU its host-only driver runs the eager kernels too)
 from tools.bench_hf import _sync, build_model  # noqa: E402
-from tools.knob_sets import KNOBS  # noqa: E402
+from tools.knob_sets import KNOBS, for_device  # noqa: E402
 
 VARIANTS = ("eager", "trident_compile", "trident_untuned", "compile_dynamic", "compile_reduce_overhead")
 
@@ -107,7 +107,7 @@ def run_variant(variant, model, cfg, dev, sizes, budget_s, reference, profile_ca
     last = None
     knob_scope = contextlib.nullcontext()
     if variant in KNOBS:  # knobs are read as the calls capture and plan
-        knob_scope = trident.knobs.scope(**KNOBS[variant])
+        knob_scope = trident.knobs.scope(**for_device(variant, dev))
     with torch.no_grad(), knob_scope:
         for phase in ("cold_ms", "warm_ms"):
             for ids_cpu in prompts:

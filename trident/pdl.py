@@ -89,8 +89,11 @@ stream is being captured: Trident's own recording of a region (Note [Graph repla
 torch.cuda.graph around the call. An ordinary call -- a region that is not (yet) replayed, a
 symbolic region meeting sizes it has not recorded -- launches every kernel in plain stream order,
 and a user's kernel as the user wrote it: a plan that launches a waiting twin keeps the user's
-own compiled kernel too (`LaunchPlan.ordinary`, Triton's hash; a restored record's twin finds it
-in Triton's cache), whose native entry the twin's names (`set_kernel_ordinary`). What PDL hides
+own compiled kernel too (`LaunchPlan.ordinary`, Triton's hash, in the plan record as well: a
+restored twin reads it from Triton's cache), whose native entry the twin's names
+(`set_kernel_ordinary`, which checks the two take the same parameters, warps and CTAs). The
+twin's module is loaded at the first ordinary call that stands in for it, so a recording loads
+no module while the stream is captured. What PDL hides
 is the device's idle time between kernels, which only a graph leaves as the limit: in an
 ordinary call the GPU waits for the host anyway, and the attribute and the twins cost host time. Measured on an H100 (prefills of 12-24
 random lengths through trident.compile with Liger, tools/bench_dynamic.py --profile-call 5,

@@ -329,7 +329,14 @@ int64_t rt_launch(HostCtx* ctx, int64_t index, int64_t gx, int64_t gy, int64_t g
     if (ctx->device_index >= 0) {
       // Note [Programmatic edges only in graphs]: an ordinary call runs the user's own kernel, a
       // recording its waiting twin
-      if (!ctx->capturing && k->ordinary >= 0) k = kernels().items[k->ordinary].get();
+      if (!ctx->capturing && k->ordinary >= 0) {
+        // the twin's module is loaded here, outside any capture: a recording only launches it
+        const int64_t dev = ctx->device_index;
+        if (dev < KernelEntry::kMaxDevices && !k->functions[dev].load(std::memory_order_acquire) &&
+            !load_kernel(*k, dev, &ctx->error))
+          return -2;
+        k = kernels().items[k->ordinary].get();
+      }
       ProfScope prof(k->prof);
       return launch_cuda(ctx, *k, gx, gy, gz, slots);
     }

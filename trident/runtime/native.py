@@ -101,8 +101,8 @@ def _add_kernel(plan: LaunchPlan, compiled, programmatic: bool) -> int:
     return C.add_kernel(
         compiled.name if compiled is not None else plan.step.kernel_name,
         cubin,
-        plan.num_warps,
-        plan.num_ctas,
+        getattr(meta, "num_warps", plan.num_warps),  # its own: set_kernel_ordinary compares the two entries'
+        getattr(meta, "num_ctas", plan.num_ctas),
         plan.cooperative,
         programmatic,
         getattr(meta, "shared", plan.shared) if meta is not None else plan.shared,

@@ -157,7 +157,7 @@ def specialization_to_data(program: RegionProgram, spec: Specialization) -> dict
             {"step": p.step.name, "config": p.step.config, "tuned": p.step.tuned, "key": _enc(p.key),
              "num_warps": p.num_warps, "num_ctas": p.num_ctas, "shared": p.shared,
              "kernel": p.compiled.name if p.compiled is not None else p.step.kernel_name,
-             "kernel_hash": p.binary, "triton_env": triton_env}
+             "kernel_hash": p.binary, "ordinary_hash": p.ordinary, "triton_env": triton_env}
             for p in spec.launches
         ],
     }
@@ -225,10 +225,12 @@ def _from_data(program: RegionProgram, data: dict, compile_kernels: bool) -> Spe
                 call_args[name] = value
         # the kernel Triton compiled for the record, from its cache by hash, while the settings
         # Triton keys compiles by are the same (else Triton's compile decides)
-        binary = None
+        binary = ordinary = None
         if item.get("kernel_hash") and item.get("triton_env") == triton_env:
             binary = (item["kernel_hash"], item["kernel"])
-        plan = plan_launch(step, call_args, device, compile_kernels, binary)
+            if item.get("ordinary_hash"):  # Note [Programmatic edges only in graphs]
+                ordinary = (item["ordinary_hash"], item["kernel"])
+        plan = plan_launch(step, call_args, device, compile_kernels, binary, ordinary)
         if plan.key != key:
             raise SerializationError(
                 f"launch {step.name} ({step.kernel_name}): Triton's key is now {plan.key}, the record has {key}"

@@ -257,13 +257,16 @@ def _launch_plan(
 
 
 def plan_launch(
-    step: LaunchStep, call_args: dict, device: torch.device, compile_kernel: bool, binary: Optional[tuple] = None
+    step: LaunchStep, call_args: dict, device: torch.device, compile_kernel: bool, binary: Optional[tuple] = None,
+    ordinary: Optional[tuple] = None,
 ) -> LaunchPlan:
     """The plan of one launch (a tuned step: its config's) given what Triton's specializer sees of
     each argument (`PointerStandIn`s for tensors): Triton's key from its own binder, the
     compiled kernel (JITFunction.warmup, when `compile_kernel`), the parameters it receives.
     `binary`: (Triton's hash, kernel name) of the kernel a plan record says it compiled to, read
-    from Triton's cache instead of compiling (refs.load_compiled) when it is there."""
+    from Triton's cache instead of compiling (refs.load_compiled) when it is there; `ordinary`:
+    the same of the user's own kernel where that is a waiting twin (Note [Programmatic edges only
+    in graphs])."""
     kernel = step.fn
     with _device_scope(device):
         binder = _binder(kernel)
@@ -299,10 +302,15 @@ def plan_launch(
         own = None  # Note [Programmatic edges only in graphs]: the user's kernel, where a twin is launched
         if compiled is not None and _twinnable(step, compiled, device):
             own, compiled = compiled, _twin(step, call_args, compiled)
-        elif compiled is not None and getattr(compiled.metadata, "ir_override", None) == pdl.TWIN:
-            own = kernel.warmup(grid=step.grid, **call_args)  # a restored record's twin: Triton's cache has the user's
         if own is compiled:
             own = None
+        programmatic = _programmatic(step, compiled)
+        if own is None and programmatic and getattr(compiled.metadata, "ir_override", None) == pdl.TWIN:
+            # a restored record's twin: the user's kernel by the record's hash, else as Triton compiles it
+            own = load_compiled(*ordinary) if ordinary is not None else None
+            if own is None or signature_mismatch(own, kernel, list(zip([p.name for p in kernel.params], specialization)),
+                                                 compiled.metadata.num_warps) is not None:
+                own = kernel.warmup(grid=step.grid, **call_args)
         _triton_seconds.total = getattr(_triton_seconds, "total", 0.0) + time.perf_counter() - t0
     key = tuple((ty, attr) for ty, attr in specialization)
     # Parameters the compiled kernel receives: Triton drops every constexpr (declared ones and
@@ -323,7 +331,6 @@ def plan_launch(
         params.append(Param(pname, ty, value))
     meta = compiled.metadata if compiled is not None else None
     num_warps = meta.num_warps if meta else step.args.get("num_warps", 4)
-    programmatic = _programmatic(step, compiled)
     return LaunchPlan(
         step=step,
         key=key,
