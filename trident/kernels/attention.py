@@ -60,7 +60,11 @@ verification) keep the combine kernel, whose programs share them. Where the pass
 fastest: on the H200
 the combining form was the slower in Llama-1B's decode (7.2 us a layer against 3.3 + 1.5 us for
 the two launches, results/bench_hf_llama_c26d638.json), the one last program's serial combine
-costing more than the kernel boundary it saves.
+costing more than the kernel boundary it saves; so on the H100 at 852c0e7 (6.86 / 8.95 us for
+Llama's 4 / Qwen2's 7 rows a head against 4.26 / 4.01 for split + combine): each row's loads
+waited for the store of the row before. The last program now combines every row of its head at
+once (`_combine_rows`: every load before the one store, sm_90 code checked in
+tests/passes/test_decode_attention.py); NOT yet measured on a GPU.
 
 Note [The cache write inside the attention]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -147,21 +151,18 @@ def combines_in_split(rows: int) -> bool:
 @triton.jit
 def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
                  KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
-                 PDL: tl.constexpr):
-    """Rescale and sum the SPLITS pieces of query row `row` of kv head `bh`, all loaded at once;
-    write the row of out. CACHE: the loads' cache modifier ('.cg' where a piece may sit stale
-    in this SM's L1: the fused combine of Note [The last split combines]). PDL: release the
-    dependents after the loads (Note [Programmatic dependent launch])."""
-    row = tl.program_id(0) * 0 + row  # a tensor also where a static_range gave an int (the interpreter)
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+    """The combine kernel's program: rescale and sum the SPLITS pieces of query row `row` of kv
+    head `bh`, all loaded at once; write the row of out. PDL: release the dependents after the
+    loads (Note [Programmatic dependent launch])."""
     b = bh // KV_HEADS
     kvh = bh % KV_HEADS
     s = tl.arange(0, SPLITS)
     d = tl.arange(0, BLOCK_D)
     base = (bh * SPLITS + s) * (BLOCK_M * (BLOCK_D + 2))  # [SPLITS]
-    m = tl.load(ws_ptr + base + row, cache_modifier=CACHE)
-    sums = tl.load(ws_ptr + base + BLOCK_M + row, cache_modifier=CACHE)
-    acc = tl.load(ws_ptr + base[:, None] + 2 * BLOCK_M + row * BLOCK_D + d[None, :], cache_modifier=CACHE)
+    m = tl.load(ws_ptr + base + row)
+    sums = tl.load(ws_ptr + base + BLOCK_M + row)
+    acc = tl.load(ws_ptr + base[:, None] + 2 * BLOCK_M + row * BLOCK_D + d[None, :])
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     m_max = tl.max(m, 0)
@@ -172,6 +173,41 @@ def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
     head = kvh * G + row // LQ
     pos = row % LQ
     tl.store(out_ptr + b * so_b + head * so_h + pos * so_l + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def _combine_rows(ws_ptr, out_ptr, bh, so_b, so_h, so_l,
+                  KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+    """Every query row of kv head `bh` at once (Note [The last split combines]): the SPLITS
+    pieces' maxima and sums as [SPLITS, BLOCK_M] tiles, the outputs piece by piece into one
+    [BLOCK_M, BLOCK_D] sum, every load issued before the one store (through L2: '.cg'), so the
+    rows cost one round of loads, not one each (a row after it waited for its store; 0.65-0.8 us a
+    row on the H100: 6.86 / 8.95 us a layer for 4 / 7 rows, results/bench_hf_liger_852c0e7.json).
+    Padding rows (of BLOCK_M beyond G * LQ) are summed like the others and not stored."""
+    b = bh // KV_HEADS
+    kvh = bh % KV_HEADS
+    s = tl.arange(0, SPLITS)
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    piece = BLOCK_M * (BLOCK_D + 2)
+    base = (bh * SPLITS + s) * piece  # [SPLITS]
+    m = tl.load(ws_ptr + base[:, None] + r[None, :], cache_modifier=".cg")  # [SPLITS, BLOCK_M]
+    sums = tl.load(ws_ptr + base[:, None] + BLOCK_M + r[None, :], cache_modifier=".cg")
+    m_max = tl.max(m, 0)
+    # a row whose every key is masked keeps m = -inf in every piece: weights exp(-inf) = 0, never NaN
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max)[None, :])
+    total = tl.sum(w * sums, 0)
+    out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for k in tl.static_range(SPLITS):
+        acc = tl.load(ws_ptr + (bh * SPLITS + k) * piece + 2 * BLOCK_M + r[:, None] * BLOCK_D + d[None, :],
+                      cache_modifier=".cg")
+        out += tl.sum(tl.where(s[:, None] == k, w, 0.0), 0)[:, None] * acc
+    out = out / tl.where(total == 0.0, 1.0, total)[:, None]
+    head = kvh * G + r // LQ
+    pos = r % LQ
+    tl.store(out_ptr + b * so_b + head[:, None] * so_h + pos[:, None] * so_l + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(r < G * LQ)[:, None] & (d < D)[None, :])
 
 
 # count_offset differs per layer: not specialized (one compiled kernel for every layer)
@@ -314,9 +350,7 @@ def decode_attention_split_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(count_ptr + count_offset + bh, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLITS - 1:
-                for row in tl.static_range(G * LQ):
-                    _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
-                                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, ".cg", False)
+                _combine_rows(ws_ptr, out_ptr, bh, so_b, so_h, so_l, KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS)
                 tl.store(count_ptr + count_offset + bh, 0)
 
 
@@ -337,7 +371,7 @@ def decode_attention_combine_kernel(
     if INCREMENT:  # read with the pieces, not after them (Note [One round of loads]); by the bumping program
         count = tl.load(counter_ptr, mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0), other=0)
     _combine_row(ws_ptr, out_ptr, tl.program_id(0), tl.program_id(1), so_b, so_h, so_l,
-                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, "", PDL)
+                 KV_HEADS, G, LQ, D, BLOCK_M, BLOCK_D, SPLITS, PDL)
     if INCREMENT:  # the cache write's counter bump (Note [The cache write inside the attention])
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(counter_ptr, (count + increment).to(counter_ptr.dtype.element_ty))
