@@ -256,8 +256,9 @@ int64_t bare_launch_loop(
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t it = 0; it < iters; ++it) {
     for (auto& p : prepared) {
+      // as an ordinary call launches (Note [Programmatic edges only in graphs]): no programmatic edges
       if (cuda::launch(p.fn, p.gx, p.gy, p.gz, p.k->num_warps, p.k->num_ctas, p.k->shared, p.k->cooperative,
-                       p.k->pdl, stream, p.params.data(), &err))
+                       false, stream, p.params.data(), &err))
         TRIDENT_CHECK(false, err);
     }
   }
