@@ -427,3 +427,16 @@ def test_the_last_split_combines_call_after_call_cuda():
     q3 = torch.randn(2, 32, 3, 64, device="cuda", generator=g).bfloat16()  # 12 rows per kv head
     ref3 = F.scaled_dot_product_attention(q3, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
     torch.testing.assert_close(decode_attention(q3, k, v), ref3, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_the_last_split_combines_large_heads_in_tiles(head_dim):
+    """Note [The last split combines] for heads of more than 64 (the pieces in tiles of CHUNK
+    splits, `_combine_rows`): SDPA's result, with a boolean mask that empties some splits."""
+    g = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(1, 8, 1, head_dim, generator=g)
+    k, v = (torch.randn(1, 2, 70, head_dim, generator=g) for _ in range(2))
+    mask = torch.ones(1, 1, 1, 70, dtype=torch.bool)
+    mask[..., 20:45] = False
+    want = F.scaled_dot_product_attention(q, _repeat_kv(k, 4), _repeat_kv(v, 4), attn_mask=mask)
+    torch.testing.assert_close(decode_attention(q, k, v, mask, combine=True), want, rtol=2e-5, atol=2e-5)

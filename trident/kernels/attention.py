@@ -63,8 +63,10 @@ the two launches, results/bench_hf_llama_c26d638.json), the one last program's s
 costing more than the kernel boundary it saves; so on the H100 at 852c0e7 (6.86 / 8.95 us for
 Llama's 4 / Qwen2's 7 rows a head against 4.26 / 4.01 for split + combine): each row's loads
 waited for the store of the row before. The last program now combines every row of its head at
-once (`_combine_rows`: every load before the one store, sm_90 code checked in
-tests/passes/test_decode_attention.py); NOT yet measured on a GPU.
+once (`_combine_rows`: for heads of at most 64 one round of loads -- the pieces' maxima, sums and
+outputs as [SPLITS, COMBINE_ROWS(, BLOCK_D)] tiles -- then the arithmetic and one store; larger
+heads in tiles of fewer pieces; sm_90 code checked in tests/passes/test_decode_attention.py, no
+spills at heads of 32-256); NOT yet measured on a GPU.
 
 Note [The cache write inside the attention]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -115,6 +117,7 @@ SPLITS = 16  # programs per kv head over the cache (fixed: the workspace has a s
 BLOCK_N = 32  # keys per step
 ONE_PASS_BLOCK_N = 64  # keys per step of the one-pass form (Note [One pass]) for heads of at most 256 bytes
 COMBINE_ROWS = 8  # query rows per kv head the split kernel's last program combines at most
+_COMBINE_ROWS: tl.constexpr = tl.constexpr(COMBINE_ROWS)  # the same, as the kernels read it
 ONE_PASS_WIDE_N = 256  # keys per step of the one-pass form's wide variant at most (Note [One pass])
 ONE_PASS_WIDE_TILE = 32 << 10  # bytes of one key or value tile of the wide variant at most
 
@@ -179,30 +182,44 @@ def _combine_row(ws_ptr, out_ptr, bh, row, so_b, so_h, so_l,
 def _combine_rows(ws_ptr, out_ptr, bh, so_b, so_h, so_l,
                   KV_HEADS: tl.constexpr, G: tl.constexpr, LQ: tl.constexpr, D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
-    """Every query row of kv head `bh` at once (Note [The last split combines]): the SPLITS
-    pieces' maxima and sums as [SPLITS, BLOCK_M] tiles, the outputs piece by piece into one
-    [BLOCK_M, BLOCK_D] sum, every load issued before the one store (through L2: '.cg'), so the
-    rows cost one round of loads, not one each (a row after it waited for its store; 0.65-0.8 us a
-    row on the H100: 6.86 / 8.95 us a layer for 4 / 7 rows, results/bench_hf_liger_852c0e7.json).
-    Padding rows (of BLOCK_M beyond G * LQ) are summed like the others and not stored."""
+    """Every query row of kv head `bh` at once (Note [The last split combines]): the pieces of
+    COMBINE_ROWS rows (a head combined here has at most that many) as [pieces, rows, BLOCK_D]
+    tiles of at most 8192 elements, CHUNK pieces a tile, every load issued before the one store
+    (through L2: '.cg'), so the rows cost one round of loads (heads of at most 64: one tile), or
+    one after the maxima's per tile, not one each (a row's loads waited for the store of the row before: 0.65-0.8 us a row on the H100, 6.86
+    / 8.95 us a layer for 4 / 7 rows, results/bench_hf_liger_852c0e7.json). Rows beyond G * LQ
+    are summed like the others and not stored."""
+    CHUNK: tl.constexpr = SPLITS if SPLITS * _COMBINE_ROWS * BLOCK_D <= 8192 else 8192 // (_COMBINE_ROWS * BLOCK_D)
     b = bh // KV_HEADS
     kvh = bh % KV_HEADS
     s = tl.arange(0, SPLITS)
-    r = tl.arange(0, BLOCK_M)
+    c = tl.arange(0, CHUNK)
+    r = tl.arange(0, _COMBINE_ROWS)
     d = tl.arange(0, BLOCK_D)
     piece = BLOCK_M * (BLOCK_D + 2)
     base = (bh * SPLITS + s) * piece  # [SPLITS]
-    m = tl.load(ws_ptr + base[:, None] + r[None, :], cache_modifier=".cg")  # [SPLITS, BLOCK_M]
-    sums = tl.load(ws_ptr + base[:, None] + BLOCK_M + r[None, :], cache_modifier=".cg")
-    m_max = tl.max(m, 0)
-    # a row whose every key is masked keeps m = -inf in every piece: weights exp(-inf) = 0, never NaN
-    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max)[None, :])
-    total = tl.sum(w * sums, 0)
-    out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for k in tl.static_range(SPLITS):
-        acc = tl.load(ws_ptr + (bh * SPLITS + k) * piece + 2 * BLOCK_M + r[:, None] * BLOCK_D + d[None, :],
-                      cache_modifier=".cg")
-        out += tl.sum(tl.where(s[:, None] == k, w, 0.0), 0)[:, None] * acc
+    if CHUNK == SPLITS:  # one tile: every load first, then the arithmetic (one round of loads)
+        m = tl.load(ws_ptr + base[:, None] + r[None, :], cache_modifier=".cg")  # [SPLITS, COMBINE_ROWS]
+        sums = tl.load(ws_ptr + base[:, None] + BLOCK_M + r[None, :], cache_modifier=".cg")
+        acc = tl.load(ws_ptr + base[:, None, None] + 2 * BLOCK_M + r[None, :, None] * BLOCK_D + d[None, None, :],
+                      cache_modifier=".cg")  # [SPLITS, COMBINE_ROWS, BLOCK_D]
+        m_max = tl.max(m, 0)
+        # a row whose every key is masked keeps m = -inf in every piece: weights exp(-inf) = 0, never NaN
+        w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max)[None, :])
+        total = tl.sum(w * sums, 0)
+        out = tl.sum(w[:, :, None] * acc, 0)
+    else:  # CHUNK pieces a tile: a round of loads per tile after the maxima's
+        m_max = tl.max(tl.load(ws_ptr + base[:, None] + r[None, :], cache_modifier=".cg"), 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        total = tl.zeros([_COMBINE_ROWS], tl.float32)
+        out = tl.zeros([_COMBINE_ROWS, BLOCK_D], tl.float32)
+        for k in tl.static_range(0, SPLITS, CHUNK):
+            at = (bh * SPLITS + k + c) * piece  # [CHUNK]
+            w = tl.exp(tl.load(ws_ptr + at[:, None] + r[None, :], cache_modifier=".cg") - m_max[None, :])
+            total += tl.sum(w * tl.load(ws_ptr + at[:, None] + BLOCK_M + r[None, :], cache_modifier=".cg"), 0)
+            acc = tl.load(ws_ptr + at[:, None, None] + 2 * BLOCK_M + r[None, :, None] * BLOCK_D + d[None, None, :],
+                          cache_modifier=".cg")  # [CHUNK, COMBINE_ROWS, BLOCK_D]
+            out += tl.sum(w[:, :, None] * acc, 0)
     out = out / tl.where(total == 0.0, 1.0, total)[:, None]
     head = kvh * G + r // LQ
     pos = r % LQ
