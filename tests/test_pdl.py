@@ -743,3 +743,35 @@ def test_ordinary_calls_launch_the_users_kernels_recordings_their_twins_on_cuda(
         assert own_launches > 0, graphs
         assert (twin_launches > 0 and replays > 0) if graphs else (twin_launches == 0 and replays == 0), \
             (graphs, twin_launches, replays)
+
+
+@triton.jit
+def _doubling_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+def _doubled(x):
+    out = torch.empty_like(x)
+    _doubling_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+    return out
+
+
+def test_a_kernel_as_written_that_cannot_stand_for_its_twin_leaves_the_twin_every_call(monkeypatch, caplog):
+    """Note [Programmatic edges only in graphs]: where the native table refuses the user's kernel
+    as the twin's stand-in, the region still plans and runs (the twin serves ordinary calls too),
+    and the log says why."""
+    import logging
+
+    from trident.runtime import native
+
+    def refuse(handle, own):
+        raise RuntimeError("their parameters, warps or CTAs differ")
+
+    monkeypatch.setattr(native.C, "set_kernel_ordinary", refuse)
+    x = torch.randn(300)
+    with knobs.scope(pdl="all"), caplog.at_level(logging.WARNING, logger="trident.misses"):
+        opt = trident.optimize(trident.capture(_doubled, x))
+        torch.testing.assert_close(opt(x), x * 2)
+    assert _ordinary(opt)["_doubling_kernel"] is not None
+    assert "cannot stand for its waiting twin in ordinary calls" in caplog.text, caplog.text

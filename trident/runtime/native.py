@@ -8,7 +8,7 @@ import threading
 import torch
 
 from .. import _C  # noqa: F401  (loading it registers torch.ops.trident.*)
-from .. import knobs
+from .. import knobs, logs
 from ..scm.ir import DEFAULT, AllocPlan, AtenStep, LaunchPlan, ValueRef
 from ..scm.sizes import SizeExpr
 from .cpu_launcher import make_cpu_runner
@@ -88,7 +88,12 @@ def register_launch(plan: LaunchPlan) -> int:
         own = _kernel_handles.get(own_key)
         if own is None:
             own = shared(KERNEL, _kernel_handles, own_key, _add_kernel(plan, plan.ordinary_compiled, False))
-        C.set_kernel_ordinary(handle, own)
+        try:
+            C.set_kernel_ordinary(handle, own)
+        except RuntimeError as e:  # not the twin's launch after all: the twin serves every call, as it can
+            logs.misses.warning("launch of %s: the kernel as written (Triton hash %s) cannot stand for its "
+                                "waiting twin in ordinary calls (%s); the twin serves them", plan.step.kernel_name,
+                                plan.ordinary, e)
     return shared(KERNEL, _kernel_handles, key, handle)
 
 
