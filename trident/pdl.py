@@ -91,9 +91,10 @@ symbolic region meeting sizes it has not recorded -- launches every kernel in pl
 and a user's kernel as the user wrote it: a plan that launches a waiting twin keeps the user's
 own compiled kernel too (`LaunchPlan.ordinary`, Triton's hash, in the plan record as well: a
 restored twin reads it from Triton's cache), whose native entry the twin's names
-(`set_kernel_ordinary`, which checks the two take the same parameters, warps and CTAs). The
-twin's module is loaded at the first ordinary call that stands in for it, so a recording loads
-no module while the stream is captured. What PDL hides
+(`set_kernel_ordinary`, which checks the two take the same parameters, warps and CTAs; where
+it refuses, the twin serves every call and the miss log says why). The twin's module is loaded at
+the first ordinary call that stands in for it, so a recording loads no module while the stream
+is captured. What PDL hides
 is the device's idle time between kernels, which only a graph leaves as the limit: in an
 ordinary call the GPU waits for the host anyway, and the attribute and the twins cost host time. Measured on an H100 (prefills of 12-24
 random lengths through trident.compile with Liger, tools/bench_dynamic.py --profile-call 5,
