@@ -165,6 +165,7 @@ def test_profiled_call_reports_host_functions_events_and_its_result():
     out, report = profiled(lambda: torch.mm(x, x).relu(), "cpu")
     assert torch.equal(out, torch.mm(x, x).relu())
     assert any("cumulative" in row for row in report["host_cumulative"])
+    assert any("internal time" in row for row in report["host_self"])
     assert any(e["name"] == "aten::mm" and e["n"] == 1 for e in report["host_events"]), report["host_events"]
     assert report["kernels"] == [] and report["device_us"] == 0
 

@@ -75,7 +75,7 @@ def make_forward(variant: str, model):
 
 
 def profiled(fn, dev: str, top: int = 25) -> tuple:
-    """fn()'s result and where its time went: the host functions by cumulative time (cProfile),
+    """fn()'s result and where its time went: the host functions by cumulative and by own time (cProfile),
     the host-side events by their own time and the kernels by device time (torch.profiler), `top`
     of each."""
     from torch.profiler import ProfilerActivity, profile
@@ -87,9 +87,11 @@ def profiled(fn, dev: str, top: int = 25) -> tuple:
         result = fn()
         _sync(dev)
         host.disable()
-    text = io.StringIO()
-    pstats.Stats(host, stream=text).sort_stats("cumulative").print_stats(top)
-    rows = [line.strip() for line in text.getvalue().splitlines() if line.strip()]
+    def listing(order: str) -> list:
+        text = io.StringIO()
+        pstats.Stats(host, stream=text).sort_stats(order).print_stats(top)
+        return [line.strip() for line in text.getvalue().splitlines() if line.strip()]
+
     averages = prof.key_averages()
     events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA] if dev == "cuda" else []
     kernels = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
@@ -97,7 +99,7 @@ def profiled(fn, dev: str, top: int = 25) -> tuple:
     # allocations, synchronizations), by their own host time
     calls = sorted((e for e in averages if e.device_type != torch.autograd.DeviceType.CUDA),
                    key=lambda e: -e.self_cpu_time_total)[:top]
-    return result, {"host_cumulative": rows,
+    return result, {"host_cumulative": listing("cumulative"), "host_self": listing("tottime"),
                     "host_events": [{"name": e.key[:100], "n": e.count, "us": e.self_cpu_time_total} for e in calls],
                     "device_us": sum(e.self_device_time_total for e in events),
                     "kernels": [{"name": e.key[:100], "n": e.count, "us": e.self_device_time_total} for e in kernels]}
