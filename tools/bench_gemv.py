@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from trident.kernels import gemv as G  # noqa: E402
 from tools.device_time import hbm_bytes_per_s  # noqa: E402
 from trident.passes import choose_matmuls as CM  # noqa: E402
+from trident.passes import timing  # noqa: E402
 
 
 def _use_acc2d() -> None:
@@ -140,13 +141,13 @@ def main() -> None:
     ap.add_argument("--acc2d", action="store_true",
                     help="one row's products accumulated per element of the tile, summed after the loop (ACC2D)")
     ap.add_argument("--workers", type=int, default=12)
-    ap.add_argument("--rep-ms", type=int, default=5, help="each candidate's graph (choose_matmuls: 20)")
+    ap.add_argument("--calls", type=int, default=timing.CALLS, help="calls in each candidate's graph")
     args = ap.parse_args()
     if args.acc2d and os.environ.get("BENCH_GEMV_ACC2D") != "1":
         os.environ["BENCH_GEMV_ACC2D"] = "1"
         _use_acc2d()
-    bench = CM.do_bench_cudagraph
-    CM.do_bench_cudagraph = lambda fn, rep, return_mode: bench(fn, rep=args.rep_ms, return_mode=return_mode)
+    bench = CM.graph_median_us
+    CM.graph_median_us = lambda fn: bench(fn, calls=args.calls)
     cases = [(m, *p) for m in args.models.split(",") for p in products(m)]
     jobs = []
     for _, _, k, ns, bias in cases:

@@ -17,8 +17,8 @@ chooses a config, the choice is made once per product shape -- remembered for th
 with TRIDENT_CACHE_DIR, on disk (`decode-matmul` entries of Note [Cached analyses], per device
 name, torch and Triton version) -- and printed by `explain()` with every time measured.
 
-The timings: on CUDA each candidate runs inside a CUDA graph (`triton.testing.do_bench_cudagraph`,
-median), which is how a region's graph replays it: launch overhead is not part of it; the
+The timings: on CUDA each candidate runs inside a CUDA graph (Note [Timing a candidate in a
+graph], median), which is how a region's graph replays it: launch overhead is not part of it; the
 weight rotates through copies larger than L2 together (a step streams each weight from HBM
 once), and the operator is timed as the region runs it (one cuBLAS product); under programmatic
 dependent launch each candidate is timed after a kernel, launched as the region launches it
@@ -46,7 +46,6 @@ from typing import Any, Callable, Optional
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
 try:  # Triton's compile-in-an-executor mode (3.6: private module); without it candidates compile when timed
     from triton.runtime import _async_compile
@@ -57,6 +56,7 @@ from .. import disk_cache, knobs, logs, pdl, triton_state
 from ..capture.shared_patch import SharedPatch
 from ..kernels import gemv as G
 from .common import bound_args, call_counters, emit_launch, node_val, stand_in
+from .timing import graph_median_us
 from .cse import written_nodes
 
 aten = torch.ops.aten
@@ -289,7 +289,7 @@ def _chained(device: torch.device) -> bool:
 
 
 class _Timer:
-    """Median microseconds of a call inside a CUDA graph (do_bench_cudagraph records its
+    """Median microseconds of a call inside a CUDA graph (graph_median_us records its
     repetitions in one graph); with `chained`, of the call after `after_kernel` less that
     kernel's own (Note [Measured after a kernel]). Made inside the product's device."""
 
@@ -305,7 +305,7 @@ class _Timer:
 
     @staticmethod
     def _bench(fn) -> float:
-        return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+        return graph_median_us(fn)
 
     def __call__(self, fn) -> float:
         if self.after is None:
@@ -364,7 +364,7 @@ def _measure_cuda(target, va, vb, vc, configs, rounds: bool = True) -> dict:
                 with torch.cuda.device(va.device):
                     # the counters are allocated per call in a region, once for all its products
                     counts = torch.zeros(max(1, G.counters(out.shape[1], config)), dtype=torch.int32, device=a.device)
-                    torch.cuda.synchronize(a.device)  # do_bench_cudagraph runs on a stream of its own
+                    torch.cuda.synchronize(a.device)  # graph_median_us runs on a stream of its own
                     times[_name(config)] = timer(
                         lambda config=config, counts=counts: _run_gemv(a, weight(), c, out, config, counts,
                                                                        programmatic=chained))

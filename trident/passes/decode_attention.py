@@ -31,7 +31,7 @@ With TRIDENT_DECODE_ATTENTION=measured (the default since the H200 measurement a
 the key length is static (a StaticCache) on CUDA, the rewrite is made only when Trident's
 kernel (its fastest form, below) is not measurably slower than what it replaces -- the repeat's clones and the
 SDPA backend the trace chose, run as the graph has them -- each timed inside a CUDA graph
-(`triton.testing.do_bench_cudagraph`, median) on stand-ins of the same layouts (a boolean mask
+(Note [Timing a candidate in a graph], median) on stand-ins of the same layouts (a boolean mask
 all true, a float mask of zeros); the SDPA path stays when it takes at most `_MARGIN` of the
 kernel's time, or when nothing could be timed (a capture of the caller's running: measured
 again at the next capture). The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
@@ -57,7 +57,6 @@ from typing import Optional
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from triton.testing import do_bench_cudagraph
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import attention as attention_module
@@ -77,6 +76,7 @@ from ..kernels.attention import (
     workspace_elements,
 )
 from .common import bound_args, call_counters, emit_launch, node_val, stand_in
+from .timing import graph_median_us
 
 aten = torch.ops.aten
 
@@ -528,7 +528,7 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
             by_node = dict(zip(inputs, values))
             qs, ks, vs = by_node[q_node], by_node[k_node], by_node[v_node]
             ms = by_node.get(mask_node)
-            times = {"sdpa": do_bench_cudagraph(lambda: traced(*values), rep=20, return_mode="median") * 1e3}
+            times = {"sdpa": graph_median_us(lambda: traced(*values))}
             counts = torch.zeros(qs.shape[0] * ks.shape[1], dtype=torch.int32, device=qs.device)
             counter = (torch.zeros(1, dtype=torch.int64, device=qs.device), 0)  # a bump, as a StaticCache step's
             forms = {"kernel": lambda: decode_attention(qs, ks, vs, ms, scale, combine=False, counter=counter),
@@ -540,14 +540,14 @@ def _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale) -> 
                                                                  counter=counter, block_n=wide)
             if combines_in_split(qs.shape[1] // ks.shape[1] * qs.shape[2]):  # takes no write, no bump
                 forms[_FUSED] = lambda: decode_attention(qs, ks, vs, ms, scale, counts, combine=True)
-            torch.cuda.synchronize(qs.device)  # do_bench_cudagraph runs on a stream of its own
+            torch.cuda.synchronize(qs.device)  # graph_median_us runs on a stream of its own
     except Exception as e:  # noqa: BLE001 - not measured: the kernel is taken, as without measurement
         logs.lowering.debug("decode attention not measured: %s: %s", type(e).__name__, e)
         return {}
     for name, run in forms.items():  # a form that cannot run here (its tiles too large) is left out
         try:
             with torch.cuda.device(q.device):
-                times[name] = do_bench_cudagraph(run, rep=20, return_mode="median") * 1e3
+                times[name] = graph_median_us(run)
         except Exception as e:  # noqa: BLE001
             logs.lowering.debug("decode attention form %s not measured: %s: %s", name, type(e).__name__, e)
     return times
