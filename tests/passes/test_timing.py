@@ -9,7 +9,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 @cuda
-def test_the_graph_holds_the_calls_asked_for_and_fn_runs_once_before():
+def test_cuda_the_graph_holds_the_calls_asked_for_and_fn_runs_once_before():
     """fn runs once outside the graph, then `calls` times while captured; replays run no Python."""
     x = torch.zeros(1024, device="cuda")
     seen = []
@@ -26,7 +26,7 @@ def test_the_graph_holds_the_calls_asked_for_and_fn_runs_once_before():
 
 
 @cuda
-def test_agrees_with_tritons_graph_timer_on_a_memory_bound_copy():
+def test_cuda_agrees_with_tritons_graph_timer_on_a_memory_bound_copy():
     """A copy of 64 MiB (~25-40 us on an H100/H200): the per-call median of 64 calls is within 25 %
     of do_bench_cudagraph's (~20 ms of calls); twice the bytes take longer."""
     from triton.testing import do_bench_cudagraph
