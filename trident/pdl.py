@@ -96,18 +96,19 @@ it refuses, the twin serves every call and the miss log says why). The twin's mo
 the first ordinary call that stands in for it, so a recording loads no module while the stream
 is captured. What PDL hides
 is the device's idle time between kernels, which only a graph leaves as the limit: in an
-ordinary call the GPU waits for the host anyway, and the attribute and the twins cost host time. Measured on an H100 (prefills of 12-24
-random lengths through trident.compile with Liger, tools/bench_dynamic.py --profile-call 5,
-results/bench_dynamic_e0e1395.json): with programmatic launches in ordinary calls each prompt
-length new to the symbolic capture took 89-104 ms, 75 ms of it in cuDNN's attention planning the
-new length (~4.7 ms a layer; 0.12 ms without PDL), against 6-7 ms without PDL; a length already
-seen took 8-11 ms against 6. With launches programmatic only in graphs but twins in ordinary
-calls too (70fc539, results/bench_dynamic_70fc539.json) a length seen before took 5.4 ms against
-4.7 without PDL, a new one still 56-64 ms against ~5: the twins' share (Trident's own kernels
-waiting first cost nothing there: 10 ms a new length with PDL on them only, e0e1395), hence the
-user's own kernels in ordinary calls (not yet measured on a GPU). The same rule holds for a launch
-the user compiled with `launch_pdl=True`: stream order is the stricter ordering, so only overlap
-is lost, where nothing overlaps anyway.
+ordinary call the GPU waits for the host anyway, and the attribute and the twins cost host time.
+Measured on an H100 (prefills of 12-24 random lengths through trident.compile with Liger,
+tools/bench_dynamic.py --profile-call 5): with programmatic launches in ordinary calls each
+prompt length new to the symbolic capture took 89-104 ms, 75 ms of it in cuDNN's attention
+planning the new length, against 6-7 ms without PDL (results/bench_dynamic_e0e1395.json); a length
+already seen took 8-11 ms against 6. With launches programmatic only in graphs a length seen before
+took 5.4 ms against 4.7 (results/bench_dynamic_70fc539.json). Those runs measured every variant in
+one process, after eager, whose cold pass had built cuDNN's attention graph of every length, which
+later variants could find built. One variant a process, with the user's own
+kernels in ordinary calls (4d40404, results/bench_dynamic_4d40404.json), a new length took 74-92 ms
+against 53-61 without PDL and eager's 100-118: cuDNN's planning is still slower beside PDL, for a
+reason not known. The same rule holds for a launch the user compiled with `launch_pdl=True`: stream
+order is the stricter ordering, so only overlap is lost, where nothing overlaps anyway.
 """
 
 from __future__ import annotations
