@@ -6,6 +6,10 @@ import torch
 
 import trident  # noqa: F401  (sets up Triton's driver on CPU-only machines)
 
+# measured choices are not kept across tests or runs (Note [Kept measurements]): a test's timer
+# decides, never an entry an earlier test or run left in the user's folder
+os.environ["TRIDENT_TUNING_DIR"] = ""
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -39,6 +39,44 @@ def test_round_trip_and_damaged_entries(tmp_path):
     assert disk_cache.load("facts", key, lambda v: True) is None  # no TRIDENT_CACHE_DIR: nothing
 
 
+def test_measured_choices_are_kept_in_the_tuning_dir_when_no_cache_dir_is_set(tmp_path):
+    """Note [Kept measurements]: without TRIDENT_CACHE_DIR the measured choices (and only they) go
+    to TRIDENT_TUNING_DIR, under the same private-folder rules; TRIDENT_CACHE_DIR, when set, keeps
+    them beside everything else; with both off nothing is kept."""
+    tuning, plans = tmp_path / "tuning", tmp_path / "plans"
+    key = disk_cache.key_of("shape", 1)
+    with knobs.scope(tuning_dir=str(tuning), cache_dir=None):
+        assert [disk_cache.where(k) for k in ("decode-matmul", "decode-attention", "written")] == \
+            ["TRIDENT_TUNING_DIR", "TRIDENT_TUNING_DIR", ""]
+        for kind in disk_cache.TUNING_KINDS:
+            disk_cache.store(kind, key, {"us": {"aten": 1.0}})
+            assert disk_cache.load(kind, key, lambda v: True) == {"us": {"aten": 1.0}}
+        disk_cache.store("written", key, ["x"])  # an analysis: kept only in TRIDENT_CACHE_DIR
+        assert disk_cache.load("written", key, lambda v: True) is None
+        assert len(_entries(tuning)) == 3 and all("/written/" not in p for p in _entries(tuning))
+        assert stat.S_IMODE(os.stat(tuning).st_mode) == 0o700
+        os.chmod(tuning, 0o755 | stat.S_IWOTH)  # a folder others may write is not read
+        assert disk_cache.load("decode-matmul", key, lambda v: True) is None
+        os.chmod(tuning, 0o700)
+        with knobs.scope(cache_dir=str(plans)):
+            assert disk_cache.where("decode-matmul") == "TRIDENT_CACHE_DIR"
+            assert disk_cache.load("decode-matmul", key, lambda v: True) is None  # another folder
+            disk_cache.store("decode-matmul", key, {"us": {}})
+            assert len(_entries(plans)) == 1
+    with knobs.scope(tuning_dir="", cache_dir=None):
+        assert disk_cache.where("decode-matmul") == ""
+        assert disk_cache.load("decode-matmul", key, lambda v: True) is None
+
+
+def test_the_tuning_dir_is_in_the_users_cache_by_default():
+    with knobs.scope(tuning_dir=None):
+        assert knobs.tuning_dir() == os.path.expanduser("~/.cache/trident/tuning")
+    with knobs.scope(tuning_dir="~/elsewhere"):
+        assert knobs.tuning_dir() == os.path.expanduser("~/elsewhere")
+    with knobs.scope(tuning_dir=""):
+        assert knobs.tuning_dir() == ""
+
+
 def test_write_analysis_is_read_back_and_a_damaged_one_recomputed(tmp_path, monkeypatch):
     import torch._higher_order_ops.triton_kernel_wrap as tkw
 

@@ -1,7 +1,15 @@
 """The knobs each benchmarked trident.compile variant runs with (issue 25), shared by
 tools/bench_hf.py, bench_generate.py, bench_decode.py, bench_batches.py and bench_dynamic.py: `trident_untuned` is
 issue 25's passes off (e3252af's defaults, literally), so that a benchmark can show in one run
-what those passes change."""
+what those passes change.
+
+Importing it also turns off keeping measured choices across processes (TRIDENT_TUNING_DIR, Note
+[Kept measurements]) unless the caller set the variable: a benchmark's first call measures as a
+user's first run does, whatever an earlier run left."""
+
+import os
+
+os.environ.setdefault("TRIDENT_TUNING_DIR", "")
 
 TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured", "pdl": "cuda"}
 KNOBS = {"trident_compile": TUNED,

@@ -13,6 +13,22 @@ back is trusted (a planted write analysis could drop a dependency), so it must b
 own. An entry is written to a temporary file and renamed; one that does not parse, names
 another key or fails the caller's check is ignored (the answer is computed again and written
 anew). Only answers the analysis gave are kept, never the fallback it takes when it fails.
+
+Note [Kept measurements]
+~~~~~~~~~~~~~~~~~~~~~~~~
+The implementation choices made by measurement (`TUNING_KINDS`: Note [Decode matmuls by
+measurement], Note [Decode attention by measurement]) cost a capture's first call ~20 s on an
+H100 for a Llama-1B step (compiles and timings of ~135 candidates), every process again. As
+Inductor keeps its autotuning results and Triton its binaries without being asked, they are kept
+by default: in TRIDENT_CACHE_DIR when it is set (beside the plans, as every entry here), else in
+TRIDENT_TUNING_DIR (`~/.cache/trident/tuning` unless set; '' keeps none). Only these kinds go
+there: what they hold picks among implementations that all compute the operator's result within
+its dtype's tolerance, is read back under the same rules as every entry (private folders, the
+caller's check: a config the pass measures, times that are numbers) and is keyed by the device's
+name, torch's and Triton's versions, the deciding module's and the kernels' sources and whether
+times were taken after a kernel. A choice measured on a busy GPU stays until its key changes or
+the folder is emptied. Tests run with it off (tests/conftest.py); the benchmarks too unless the
+caller sets it (tools/knob_sets.py): a first call measures as a user's first run does.
 """
 
 from __future__ import annotations
@@ -117,14 +133,28 @@ def source_digest(*modules) -> str:
     return _SOURCES[key]
 
 
+TUNING_KINDS = ("decode-matmul", "decode-matmul-group", "decode-attention")  # Note [Kept measurements]
+
+
+def where(kind: str) -> str:
+    """The setting whose folder keeps entries of `kind` now: TRIDENT_CACHE_DIR when set, else
+    TRIDENT_TUNING_DIR for the measured choices (when set), else '' (none kept)."""
+    if knobs.cache_dir():
+        return "TRIDENT_CACHE_DIR"
+    if kind in TUNING_KINDS and knobs.tuning_dir():
+        return "TRIDENT_TUNING_DIR"
+    return ""
+
+
 def _path(kind: str, key: str) -> Optional[str]:
-    root = knobs.cache_dir()
+    setting = where(kind)
+    root = knobs.cache_dir() if setting == "TRIDENT_CACHE_DIR" else knobs.tuning_dir() if setting else ""
     return os.path.join(root, kind, key[:2], f"{key}.json") if root else None
 
 
 def load(kind: str, key: str, check: Callable[[Any], bool]) -> Any:
-    """The value stored under (`kind`, `key`) when TRIDENT_CACHE_DIR is set, it is there and
-    `check(value)` holds; else None."""
+    """The value stored under (`kind`, `key`) when a folder keeps `kind` (`where`), it is there
+    and `check(value)` holds; else None."""
     path = _path(kind, key)
     if path is None:
         return None

@@ -271,6 +271,14 @@ _KNOBS = {
     "cache_dir": _Knob(
         "TRIDENT_CACHE_DIR", "", "persistent plan cache (Note [Persistent plans]); '' (default): off", Str()
     ),
+    "tuning_dir": _Knob(
+        "TRIDENT_TUNING_DIR",
+        "~/.cache/trident/tuning",
+        "where measured implementation choices (decode matmuls and their groups, decode attention) are "
+        "kept when TRIDENT_CACHE_DIR is not set (Note [Kept measurements]); '' : measured again by every "
+        "process",
+        Str(),
+    ),
     "mlir_opt_level": _Knob(
         "TRIDENT_MLIR_OPT_LEVEL",
         "0",
@@ -480,6 +488,12 @@ def parse(name: str, raw: str) -> Any:
 
 def cache_dir() -> str:
     return _KNOBS["cache_dir"].value()
+
+
+def tuning_dir() -> str:
+    """TRIDENT_TUNING_DIR with `~` expanded ('' when off)."""
+    folder = _KNOBS["tuning_dir"].value()
+    return os.path.expanduser(folder) if folder else ""
 
 
 def dump_dir() -> str:

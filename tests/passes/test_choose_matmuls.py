@@ -689,13 +689,16 @@ def test_stand_ins_are_drawn_on_the_device_cuda():
     assert torch.equal(torch.cuda.get_rng_state(), state)
 
 
-def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
-    """With TRIDENT_CACHE_DIR a measured choice is written beside the plans and a later process
-    (here: the process's memo cleared) takes it from there without measuring again; an entry
-    naming a config the pass does not measure is ignored."""
+@pytest.mark.parametrize("setting", ["cache_dir", "tuning_dir"])
+def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path, setting):
+    """With TRIDENT_CACHE_DIR a measured choice is written beside the plans, without it in
+    TRIDENT_TUNING_DIR (Note [Kept measurements]), and a later process (here: the process's memo
+    cleared) takes it from there without measuring again; an entry naming a config the pass does
+    not measure is ignored."""
     x, w = torch.randn(1, 1024), torch.randn(64, 1024)
     config = (64, 128, 4, 4, 1)
-    with knobs.scope(cache_dir=str(tmp_path)):
+    label = "TRIDENT_" + setting.upper()
+    with knobs.scope(**{setting: str(tmp_path)}, **{"cache_dir": None} if setting == "tuning_dir" else {}):
         opt = _run(_linear, [x, w], config)
         assert "gemv_kernel" in _launches(opt)
 
@@ -706,7 +709,7 @@ def test_the_choice_is_kept_in_the_cache_dir_and_restored(tmp_path):
         with knobs.scope(decode_matmuls="all"):
             opt = trident.optimize(trident.capture(_linear, x, w))
         assert _launches(opt) == ["axpy_kernel", "gemv_kernel"]
-        assert "gemv(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, LAST_REDUCES, num_warps=4) [measured, from TRIDENT_CACHE_DIR: " \
+        assert f"gemv(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, LAST_REDUCES, num_warps=4) [measured, from {label}: " \
             in trident.explain(opt)
         torch.testing.assert_close(opt(x, w), _linear(x, w), **FP32)
         import json

@@ -13,9 +13,9 @@ last program reduces]; loads pipelined or the loop unrolled, Note [Bytes in flig
 tensors of the product's sizes, strides and dtype, and keeps the fastest: the operator stays, or
 becomes those launches, which the SCM serves like any kernel (its guards, native launches, graph
 replay). As @triton.autotune
-chooses a config, the choice is made once per product shape -- remembered for the process and,
-with TRIDENT_CACHE_DIR, on disk (`decode-matmul` entries of Note [Cached analyses], per device
-name, torch and Triton version) -- and printed by `explain()` with every time measured.
+chooses a config, the choice is made once per product shape -- remembered for the process and on
+disk (`decode-matmul` entries of Note [Cached analyses] in TRIDENT_CACHE_DIR or TRIDENT_TUNING_DIR,
+Note [Kept measurements]; per device name, torch and Triton version) -- and printed by `explain()` with every time measured.
 
 The timings: on CUDA each candidate runs inside a CUDA graph (Note [Timing a candidate in a
 graph], median), which is how a region's graph replays it: launch overhead is not part of it; the
@@ -433,7 +433,7 @@ def _choose(node, va, vb, vc) -> dict:
 
     cached = disk_cache.load("decode-matmul", disk_key, valid)
     if cached is not None:
-        choice = {**cached, "source": "TRIDENT_CACHE_DIR"}
+        choice = {**cached, "source": disk_cache.where("decode-matmul")}
     else:
         if va.device.type == "cuda":
             with triton_state.exclusive():  # compiles Triton kernels (Note [Triton's interpreter state])
@@ -656,7 +656,7 @@ def _choose_group(members) -> dict:
 
     cached = disk_cache.load("decode-matmul-group", disk_key, valid)
     if cached is not None:
-        times = {"us": cached["us"], "source": "TRIDENT_CACHE_DIR"}
+        times = {"us": cached["us"], "source": disk_cache.where("decode-matmul-group")}
     else:
         if va.device.type == "cuda":
             with triton_state.exclusive():  # compiles Triton kernels (Note [Triton's interpreter state])

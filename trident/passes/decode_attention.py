@@ -34,8 +34,8 @@ SDPA backend the trace chose, run as the graph has them -- each timed inside a C
 (Note [Timing a candidate in a graph], median) on stand-ins of the same layouts (a boolean mask
 all true, a float mask of zeros); the SDPA path stays when it takes at most `_MARGIN` of the
 kernel's time, or when nothing could be timed (a capture of the caller's running: measured
-again at the next capture). The choice is remembered per shape for the process and in TRIDENT_CACHE_DIR
-(`decode-attention` entries), and `explain()` lists it with the times. A symbolic length (a
+again at the next capture). The choice is remembered per shape for the process and on disk
+(`decode-attention` entries, Note [Kept measurements]), and `explain()` lists it with the times. A symbolic length (a
 DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
 measurement existed (its clones of the grown cache cost eager more each step). The kernel is
 timed in each of its forms -- the split and combine kernels; one launch of a program per
@@ -441,7 +441,7 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
             isinstance(v, dict) and isinstance(v.get("us"), dict) and isinstance(v.get("kernel"), bool)
             and v.get("form") in _FORMS and all(isinstance(t, (int, float)) for t in v["us"].values())))
         if choice is not None:
-            choice = {**choice, "source": "TRIDENT_CACHE_DIR"}
+            choice = {**choice, "source": disk_cache.where("decode-attention")}
         else:
             if q.device.type == "cuda":
                 with triton_state.exclusive():
