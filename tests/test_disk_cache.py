@@ -68,13 +68,20 @@ def test_measured_choices_are_kept_in_the_tuning_dir_when_no_cache_dir_is_set(tm
         assert disk_cache.load("decode-matmul", key, lambda v: True) is None
 
 
-def test_the_tuning_dir_is_in_the_users_cache_by_default():
+def test_the_tuning_dir_is_in_the_users_cache_by_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     with knobs.scope(tuning_dir=None):
         assert knobs.tuning_dir() == os.path.expanduser("~/.cache/trident/tuning")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        assert knobs.tuning_dir() == str(tmp_path / "trident" / "tuning")
     with knobs.scope(tuning_dir="~/elsewhere"):
-        assert knobs.tuning_dir() == os.path.expanduser("~/elsewhere")
+        assert knobs.tuning_dir() == os.path.expanduser("~/elsewhere")  # set: XDG_CACHE_HOME not used
     with knobs.scope(tuning_dir=""):
         assert knobs.tuning_dir() == ""
+    monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # no HOME, no passwd entry
+    with knobs.scope(tuning_dir=None):
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        assert knobs.tuning_dir() == ""  # not a folder named '~' in the working directory
 
 
 def test_write_analysis_is_read_back_and_a_damaged_one_recomputed(tmp_path, monkeypatch):

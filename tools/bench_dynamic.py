@@ -163,8 +163,9 @@ def run_one(kernels: str, variant: str, args, reference_path: str) -> dict:
     cfg, model = build_model("llama", kernels, dev, dt, args.tiny)
     reference = torch.load(reference_path) if variant != "eager" and os.path.exists(reference_path) else None
     entry, last = run_variant(variant, model, cfg, dev, sizes, args.budget_s, reference, args.profile_call)
-    if variant == "eager" and last is not None:
+    if variant == "eager" and last is not None and len(entry["warm_ms"]) == len(sizes):  # the last prompt's
         torch.save(last.cpu(), reference_path)
+    entry["device"] = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     return entry
 
 
@@ -201,10 +202,11 @@ def main() -> None:
     variants.sort(key=lambda v: v != "eager")  # eager first: the reference
     result = {
         "commit": os.environ.get("TRIDENT_COMMIT", "unknown"),
-        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+        "device": None,  # a variant's process names it: this one opens no CUDA context
         "torch": torch.__version__,
         "method": "HF Llama-3.2-1B shapes, StaticCache, prefill of each length on a reset cache; cold pass then "
-                  "warm pass over the same lengths; fresh input_ids per call; each variant in a process of its own",
+                  "warm pass over the same lengths; fresh input_ids per call; each variant in a process of its own "
+                  "(its wall_s includes building the model)",
         "lengths": sizes,
         "cases": {},
     }
@@ -226,6 +228,7 @@ def main() -> None:
                 except (OSError, ValueError):
                     entry = {"error": f"the variant's process exited with {rc}"}
                 case[v] = entry
+                result["device"] = result["device"] or entry.get("device")
                 print(v, {k: x for k, x in entry.items() if not k.endswith("_ms") and k != "profile"}, flush=True)
         base = case.get("eager", {})
         case["ratios"] = {

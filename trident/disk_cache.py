@@ -28,7 +28,9 @@ caller's check: a config the pass measures, times that are numbers) and is keyed
 name, torch's and Triton's versions, the deciding module's and the kernels' sources and whether
 times were taken after a kernel. A choice measured on a busy GPU stays until its key changes or
 the folder is emptied. Tests run with it off (tests/conftest.py); the benchmarks too unless the
-caller sets it (tools/knob_sets.py): a first call measures as a user's first run does.
+caller sets it (tools/knob_sets.py, which the trident.compile benchmarks import; bench_miss,
+bench_tp, bench_recurrent and diag_calls set it themselves; tools/gpu_suite.sh exports it): a first
+call measures as a user's first run does.
 """
 
 from __future__ import annotations

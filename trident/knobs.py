@@ -274,7 +274,7 @@ _KNOBS = {
     "tuning_dir": _Knob(
         "TRIDENT_TUNING_DIR",
         "~/.cache/trident/tuning",
-        "where measured implementation choices (decode matmuls and their groups, decode attention) are "
+        "($XDG_CACHE_HOME/trident/tuning where XDG_CACHE_HOME is set) where measured implementation choices (decode matmuls and their groups, decode attention) are "
         "kept when TRIDENT_CACHE_DIR is not set (Note [Kept measurements]); '' : measured again by every "
         "process",
         Str(),
@@ -491,9 +491,15 @@ def cache_dir() -> str:
 
 
 def tuning_dir() -> str:
-    """TRIDENT_TUNING_DIR with `~` expanded ('' when off)."""
-    folder = _KNOBS["tuning_dir"].value()
-    return os.path.expanduser(folder) if folder else ""
+    """TRIDENT_TUNING_DIR with `~` expanded, the default under XDG_CACHE_HOME where that is set;
+    '' when off, or when `~` names no home (no HOME, no passwd entry: never a folder named `~`
+    in the working directory)."""
+    knob = _KNOBS["tuning_dir"]
+    folder = knob.value()
+    if folder == knob.default and os.environ.get("XDG_CACHE_HOME"):
+        return os.path.join(os.environ["XDG_CACHE_HOME"], "trident", "tuning")
+    folder = os.path.expanduser(folder) if folder else ""
+    return "" if folder.startswith("~") else folder
 
 
 def dump_dir() -> str:

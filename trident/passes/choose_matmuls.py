@@ -56,6 +56,7 @@ from .. import disk_cache, knobs, logs, pdl, triton_state
 from ..capture.shared_patch import SharedPatch
 from ..kernels import gemv as G
 from .common import bound_args, call_counters, emit_launch, node_val, stand_in
+from . import timing
 from .timing import graph_median_us
 from .cse import written_nodes
 
@@ -424,7 +425,7 @@ def _choose(node, va, vb, vc) -> dict:
     if key in _CHOICES:
         return _CHOICES[key]
     configs = [c for c in G.CONFIGS if G.useful(n, k, c, m, va.dtype.itemsize, _shared_bytes(va.device))]
-    disk_key = disk_cache.key_of("decode-matmul", device, key, disk_cache.source_digest(sys.modules[__name__], G))
+    disk_key = disk_cache.key_of("decode-matmul", device, key, disk_cache.source_digest(sys.modules[__name__], G, timing))
 
     def valid(v) -> bool:  # an entry of another Trident may name a config this one does not measure
         return (isinstance(v, dict) and isinstance(v.get("us"), dict) and
@@ -647,7 +648,7 @@ def _choose_group(members) -> dict:
         return _decide_group(_CHOICES[key], alone)
     shared = _shared_bytes(va.device)
     configs = [cfg for cfg in G.CONFIGS if all(G.useful(n, k, cfg, m, va.dtype.itemsize, shared) for n in ns)]
-    disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G))
+    disk_key = disk_cache.key_of("decode-matmul-group", device, key, disk_cache.source_digest(sys.modules[__name__], G, timing))
 
     def valid(v) -> bool:  # the group's own times (each config's): whether to group is decided per use
         return (isinstance(v, dict) and isinstance(v.get("us"), dict) and

@@ -76,6 +76,7 @@ from ..kernels.attention import (
     workspace_elements,
 )
 from .common import bound_args, call_counters, emit_launch, node_val, stand_in
+from . import timing
 from .timing import graph_median_us
 
 aten = torch.ops.aten
@@ -436,10 +437,11 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
     choice = _CHOICES.get(key)
     if choice is None:
         disk_key = disk_cache.key_of("decode-attention", key, _chain_key(chain, node),
-                                     disk_cache.source_digest(sys.modules[__name__], attention_module))
+                                     disk_cache.source_digest(sys.modules[__name__], attention_module, timing))
         choice = disk_cache.load("decode-attention", disk_key, lambda v: (
             isinstance(v, dict) and isinstance(v.get("us"), dict) and isinstance(v.get("kernel"), bool)
-            and v.get("form") in _FORMS and all(isinstance(t, (int, float)) for t in v["us"].values())))
+            and v.get("form") in _FORMS and all(isinstance(t, (int, float)) for t in v["us"].values())
+            and v["form"] in v["us"] and _applies(v["form"], can_fuse, S, D, q.element_size(), H // k.shape[1] * LQ)))
         if choice is not None:
             choice = {**choice, "source": disk_cache.where("decode-attention")}
         else:
@@ -479,6 +481,16 @@ _FORMS = ("kernel", _FUSED, _ONE_PASS, _ONE_PASS_WIDE)  # the kernel's forms, th
 _HOW = {"kernel": " and its combine kernel", _FUSED: " (the last split combines)",
         _ONE_PASS: " in one pass (a program per key/value head, no combine)",
         _ONE_PASS_WIDE: " in one pass of wide key blocks (a program per key/value head, no combine)"}
+
+
+def _applies(form: str, can_fuse: bool, length: int, head_dim: int, itemsize: int, rows: int) -> bool:
+    """Whether `form` is one this Trident measures for the shape (a kept choice naming another,
+    from another version's rules, is measured again)."""
+    if form == _FUSED:
+        return can_fuse
+    if form == _ONE_PASS_WIDE:
+        return bool(one_pass_wide_block_n(length, head_dim, itemsize, rows))
+    return form in _FORMS
 
 
 def _block_n(form: str, length, head_dim: int, itemsize: int, rows: int) -> int:
