@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--variants", default="")
     ap.add_argument("--calls", type=int, default=32)
     ap.add_argument("--max-len", type=int, default=512)
-    ap.add_argument("--budget-s", type=float, default=75, help="per variant")
+    ap.add_argument("--budget-s", type=float, default=150, help="per variant (its cold pass: ~35-90 s on an H100)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--profile-call", type=int, default=None,
