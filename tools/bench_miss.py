@@ -31,7 +31,7 @@ import sys
 import time
 
 import torch
-os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a user's first run (Note [Kept measurements])
+os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a first run (Note [Kept measurements])
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 

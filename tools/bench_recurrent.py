@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.recurrent_model import RecurrentCache, RecurrentModel  # noqa: E402
 from tools.device_time import hbm_floor_us, profile_device  # noqa: E402
-os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a user's first run (Note [Kept measurements])
+os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a first run (Note [Kept measurements])
 
 VARIANTS = ("eager", "graph_floor", "trident_compile", "trident_backend", "compile_default", "compile_reduce_overhead")
 

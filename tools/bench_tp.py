@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.decode_model import Config, make_caches, make_weights  # noqa: E402
 from tests.tp_decode_model import TP, shard, tp_decode_step  # noqa: E402
-os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a user's first run (Note [Kept measurements])
+os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a first run (Note [Kept measurements])
 
 VARIANTS = ("eager", "compile", "compile_reduce_overhead", "trident_compile", "trident_backend", "graph_floor")
 

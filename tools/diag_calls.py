@@ -16,7 +16,7 @@ p.add_argument("--profile-call", type=int, default=1)
 a = p.parse_args()
 import trident  # noqa: E402
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList  # noqa: E402
-os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a user's first run (Note [Kept measurements])
+os.environ.setdefault("TRIDENT_TUNING_DIR", "")  # a first call measures, as a first run (Note [Kept measurements])
 
 dev = "cuda"
 cfg, model = build_model(a.model, a.kernels, dev, torch.bfloat16, False)

@@ -274,9 +274,9 @@ _KNOBS = {
     "tuning_dir": _Knob(
         "TRIDENT_TUNING_DIR",
         "~/.cache/trident/tuning",
-        "($XDG_CACHE_HOME/trident/tuning where XDG_CACHE_HOME is set) where measured implementation choices (decode matmuls and their groups, decode attention) are "
-        "kept when TRIDENT_CACHE_DIR is not set (Note [Kept measurements]); '' : measured again by every "
-        "process",
+        "where measured implementation choices (decode matmuls and their groups, decode attention) are "
+        "kept when TRIDENT_CACHE_DIR is not set (Note [Kept measurements]; the default is "
+        "$XDG_CACHE_HOME/trident/tuning where XDG_CACHE_HOME is set); '' : measured again by every process",
         Str(),
     ),
     "mlir_opt_level": _Knob(

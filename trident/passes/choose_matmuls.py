@@ -15,7 +15,8 @@ becomes those launches, which the SCM serves like any kernel (its guards, native
 replay). As @triton.autotune
 chooses a config, the choice is made once per product shape -- remembered for the process and on
 disk (`decode-matmul` entries of Note [Cached analyses] in TRIDENT_CACHE_DIR or TRIDENT_TUNING_DIR,
-Note [Kept measurements]; per device name, torch and Triton version) -- and printed by `explain()` with every time measured.
+Note [Kept measurements]; per device name, torch and Triton version) -- and printed by
+`explain()` with every time measured.
 
 The timings: on CUDA each candidate runs inside a CUDA graph (Note [Timing a candidate in a
 graph], median), which is how a region's graph replays it: launch overhead is not part of it; the

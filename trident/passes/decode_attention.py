@@ -35,8 +35,8 @@ SDPA backend the trace chose, run as the graph has them -- each timed inside a C
 all true, a float mask of zeros); the SDPA path stays when it takes at most `_MARGIN` of the
 kernel's time, or when nothing could be timed (a capture of the caller's running: measured
 again at the next capture). The choice is remembered per shape for the process and on disk
-(`decode-attention` entries, Note [Kept measurements]), and `explain()` lists it with the times. A symbolic length (a
-DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
+(`decode-attention` entries, Note [Kept measurements]), and `explain()` lists it with the times.
+A symbolic length (a DynamicCache: the length grows every step) is not measured: the kernel is taken, as before
 measurement existed (its clones of the grown cache cost eager more each step). The kernel is
 timed in each of its forms -- the split and combine kernels; one launch of a program per
 key/value head (Note [One pass]), in its blocks of keys and, where the cache is long enough, in
