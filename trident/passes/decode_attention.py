@@ -436,12 +436,13 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
     key = (str(node.target), shape, mask_kind, device, tuple(q.stride()), _chain_key(chain, node))
     choice = _CHOICES.get(key)
     if choice is None:
+        applies_to = (can_fuse, S, D, q.element_size(), H // k.shape[1] * LQ)  # which forms are measured
         disk_key = disk_cache.key_of("decode-attention", key, _chain_key(chain, node),
                                      disk_cache.source_digest(sys.modules[__name__], attention_module, timing))
         choice = disk_cache.load("decode-attention", disk_key, lambda v: (
             isinstance(v, dict) and isinstance(v.get("us"), dict) and isinstance(v.get("kernel"), bool)
             and v.get("form") in _FORMS and all(isinstance(t, (int, float)) for t in v["us"].values())
-            and v["form"] in v["us"] and _applies(v["form"], can_fuse, S, D, q.element_size(), H // k.shape[1] * LQ)))
+            and v["form"] in v["us"] and _applies(v["form"], *applies_to)))
         if choice is not None:
             choice = {**choice, "source": disk_cache.where("decode-attention")}
         else:
@@ -449,12 +450,8 @@ def _kernel_chosen(gm, node, q_node, k_node, v_node, mask_node, chain, scale, mo
                 with triton_state.exclusive():
                     times = _measure_cuda(gm, node, q_node, k_node, v_node, mask_node, chain, scale)
             else:
-                times = {"sdpa": _timer("sdpa", shape), "kernel": _timer("kernel", shape),
-                         _ONE_PASS: _timer(_ONE_PASS, shape)}
-                if can_fuse:
-                    times[_FUSED] = _timer(_FUSED, shape)
-                if one_pass_wide_block_n(S, D, q.element_size(), H // k.shape[1] * LQ):
-                    times[_ONE_PASS_WIDE] = _timer(_ONE_PASS_WIDE, shape)
+                times = {"sdpa": _timer("sdpa", shape)}
+                times.update({f: _timer(f, shape) for f in _FORMS if _applies(f, *applies_to)})
             # the fastest form of the kernel (the two launches on a tie), then against SDPA;
             # nothing measured (another capture running, a failure): what the graph has stays
             forms = [f for f in _FORMS if f in times]
