@@ -151,6 +151,37 @@ def test_bfloat16_kernels_on_the_cpu_path_are_warned_about_once():
     assert not [w for w in seen if "bfloat16" in str(w.message)]
 
 
+@triton.jit
+def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def test_the_bfloat16_warning_waits_for_a_run_on_the_cpu():
+    """Every kernel a region registers gets a CPU runner, on a GPU too, where it is never used: a
+    bf16 CUDA model must not be told its kernels run through the interpreter. The warning comes
+    with the runner's first run, once."""
+    import warnings
+
+    from trident.runtime.cpu_launcher import make_cpu_runner
+
+    types = ["*bf16", "*bf16", "i32"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = make_cpu_runner(_copy_kernel, ["x_ptr", "out_ptr", "n"], types, {"BLOCK": 32})
+    assert not [w for w in seen if "bfloat16" in str(w.message)]
+    x = torch.arange(40, dtype=torch.float32).to(torch.bfloat16)
+    out = torch.zeros_like(x)
+    with pytest.warns(RuntimeWarning, match=r"Triton kernel '_copy_kernel' takes bfloat16 tensors"):
+        run((2, 1, 1), [x.data_ptr(), out.data_ptr(), 40])  # as the SCM passes them
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run((2, 1, 1), [x.data_ptr(), out.data_ptr(), 40])  # as the SCM passes them
+    assert not [w for w in seen if "bfloat16" in str(w.message)]
+    assert torch.equal(out, x)  # the program ran: a copy moves the bit patterns unchanged
+
+
 def _perturb(rng: random.Random, t: torch.Tensor) -> torch.Tensor:
     """One hostile change to a decode-step input: its dtype, layout, alignment or shape."""
     change = rng.choice(["dtype", "strided", "offset", "shape", "transposed", "same"])

@@ -384,7 +384,9 @@ def _warn_bfloat16(jit_fn, param_types: Sequence[str]) -> None:
 def make_cpu_runner(
     jit_fn, param_names: Sequence[str], param_types: Sequence[str], constexprs: dict[str, Any]
 ) -> Callable[[tuple[int, int, int], list], None]:
-    _warn_bfloat16(jit_fn, param_types)
+    """What the native SCM calls to run `jit_fn` on CPU tensors through Triton's interpreter. Every
+    kernel a region registers gets one, on a GPU too (unused there): the bfloat16 warning waits for
+    its first run, so a CUDA model never hears of the interpreter."""
     interpreted = interp.InterpretedFunction(jit_fn.fn)
     declared = {p.name for p in jit_fn.params if p.is_constexpr}
     # a declared constexpr as the bare value, as Triton's GridExecutor passes it (a tl.constexpr
@@ -393,6 +395,7 @@ def make_cpu_runner(
     const_args = {k: (v if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
 
     def run(grid: tuple[int, int, int], values: list) -> None:
+        _warn_bfloat16(jit_fn, param_types)
         args = dict(const_args)
         for name, ty, value in zip(param_names, param_types, values):
             args[name] = _arg(ty, value)
