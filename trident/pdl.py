@@ -106,8 +106,9 @@ took 5.4 ms against 4.7 (results/bench_dynamic_70fc539.json). Those runs measure
 one process, after eager, whose cold pass had built cuDNN's attention graph of every length, which
 later variants could find built. One variant a process, with the user's own
 kernels in ordinary calls (4d40404, results/bench_dynamic_4d40404.json), a new length took 74-92 ms
-against 53-61 without PDL and eager's 100-118: cuDNN's planning is still slower beside PDL, for a
-reason not known. The same rule holds for a launch the user compiled with `launch_pdl=True`: stream
+against 53-61 without PDL and eager's 100-118, on a slow machine; both measured in one device call
+(0bf8375, results/bench_dynamic_pdl_profile_0bf8375.json) they are the same: 53 against 56-57 ms, the
+profiled new length 138 against 147 ms, 42 against 44 ms of it cuDNN's attention planning. The same rule holds for a launch the user compiled with `launch_pdl=True`: stream
 order is the stricter ordering, so only overlap is lost, where nothing overlaps anyway.
 """
 
