@@ -46,6 +46,7 @@ BOOLS = {
 DEVICE_MODES = {
     "triton_copies": knobs.triton_copies,
     "decode_attention": knobs.decode_attention,
+    "prefill_attention": knobs.prefill_attention,
     "gemm_epilogues": knobs.gemm_epilogues,
     "fuse_glue": knobs.fuse_glue,
     "decode_matmuls": knobs.decode_matmuls,

@@ -11,9 +11,12 @@ import os
 
 os.environ.setdefault("TRIDENT_TUNING_DIR", "")
 
-TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured", "pdl": "cuda"}
+TUNED = {"fuse_glue": "cuda", "decode_matmuls": "cuda", "decode_attention": "measured", "pdl": "cuda",
+         "prefill_attention": "cuda"}
 KNOBS = {"trident_compile": TUNED,
-         "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda", "pdl": ""},
+         "trident_untuned": {"fuse_glue": "", "decode_matmuls": "", "decode_attention": "cuda", "pdl": "",
+                             "prefill_attention": ""},
+         "trident_prefill_cudnn": {**TUNED, "prefill_attention": ""},  # Note [Prefill attention without per-length plans]
          "trident_no_pdl": {**TUNED, "pdl": ""}, "trident_pdl_own": {**TUNED, "pdl_user_kernels": "0"},
          "trident_cache_apart": {**TUNED, "cache_attention": "0"}}
 LITERAL = {"trident_untuned"}  # variants whose knobs hold on the CPU as written

@@ -305,6 +305,14 @@ _KNOBS = {
         "traced repeat + SDPA, Note [Decode attention by measurement]), '' (off)",
         Choice(("cuda", "all", "measured"), on="cuda", off=""),
     ),
+    "prefill_attention": _Knob(
+        "TRIDENT_PREFILL_ATTENTION",
+        "cuda",
+        "in a capture of a symbolic query length (prompts of any length), cuDNN's attention becomes the "
+        "memory-efficient SDPA op, which plans nothing per new length (Note [Prefill attention without per-length "
+        "plans]): 'cuda' (the default), 'all', '' (off: cuDNN plans each new prompt length, ~40 ms on an H100)",
+        _DEVICE_MODE,
+    ),
     "cache_attention": _Knob(
         "TRIDENT_CACHE_ATTENTION",
         "1",
@@ -545,6 +553,12 @@ def decode_attention() -> str:
     """Where decode attention becomes Trident's kernel (Note [Decode attention]): "measured" (the
     default: on CUDA, where measured no slower with a static key length), "cuda", "all", ""."""
     return _KNOBS["decode_attention"].value()
+
+
+def prefill_attention() -> str:
+    """Where a symbolic-length cuDNN attention becomes the memory-efficient op (Note [Prefill
+    attention without per-length plans]): "cuda" (the default), "all", ""."""
+    return _KNOBS["prefill_attention"].value()
 
 
 def gemm_epilogues() -> str:

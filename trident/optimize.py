@@ -35,6 +35,7 @@ from .passes.fuse_residual_adds import fuse_residual_adds
 from .passes.lower_copies import lower_copies
 from .passes.outline_regions import read_sizes_from_inputs
 from .passes.partition_regions import split_symbolic_regions
+from .passes.prefill_attention import prefill_attention
 from .runtime import SCMRuntime, native
 from .runtime.native import C
 from .scm.guards import ConstantInput, GuardList, KernelGlobal, SameTensor, TracedShapes, TracedValue, first_failure
@@ -325,6 +326,8 @@ def _optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     with _one_recompile(new):
         decompose_functional_launches(new)
         lower_decode_attention(new)  # Note [Decode attention]: before CSE and lower_copies see repeat_kv
+        if symbolic:
+            prefill_attention(new)  # Note [Prefill attention without per-length plans]
         drop_unused_projections(new)
         cse_removed = eliminate_common_subexpressions(new)
         if not symbolic:

@@ -200,6 +200,10 @@ def explain(gm) -> str:
     if attention:  # Note [Decode attention by measurement]
         lines.append("decode attention:")
         lines.extend(f"  {line}" for line in attention)
+    prefill = gm.meta.get("trident_prefill_attention", [])
+    if prefill:  # Note [Prefill attention without per-length plans]
+        lines.append("prefill attention (a symbolic query length):")
+        lines.extend(f"  {line}" for line in prefill)
     writes = gm.meta.get("trident_cache_writes_apart", [])  # fuse_cache_attention: None where given
     if writes:  # Note [The cache write inside the attention]
         inside = sum(w is None for w in writes)

@@ -1,0 +1,156 @@
+"""Note [Prefill attention without per-length plans]: in a capture of a symbolic query length,
+cuDNN's attention becomes the memory-efficient op, with the bias expanded as torch's SDPA gives it
+to that backend; everything the note lists as a condition keeps cuDNN's, and explain() says why.
+On the CPU the graph is checked (neither op runs there: the check is a stand-in); on the GPU the
+results equal eager's for lengths the capture never saw."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trident
+from trident import knobs
+from trident.passes import prefill_attention as PA
+
+aten = torch.ops.aten
+H, D = 4, 64
+
+
+def _attention(x, k, v, causal=False, lse=False, bias_dtype=None, row_bias=False):
+    """A prefill's attention as torch's SDPA gives it to cuDNN: q a view of the projections, a
+    float bias of the query's dtype [1, 1, L, S] ([1, 1, 1, S] with `row_bias`; none, causal)."""
+    length = x.shape[1]
+    q = x.view(1, length, H, D).transpose(1, 2)
+    rows = 1 if row_bias else length
+    bias = None if causal else torch.zeros(1, 1, rows, k.shape[2], dtype=bias_dtype or x.dtype)
+    r = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False, 0.0, causal, False, scale=0.125)
+    out = r[0].transpose(1, 2).reshape(1, length, H * D)
+    return out + r[1].sum() if lse else out
+
+
+def _self_attention(x):
+    length = x.shape[1]
+    q = x.view(1, length, H, D).transpose(1, 2)
+    return aten._scaled_dot_product_cudnn_attention(q, q, q, None, False, 0.0, True, False)[0]
+
+
+def _captured(fn, length=7, cache=16, static=True, **kw):
+    x = torch.randn(1, length, H * D)
+    k, v = torch.randn(1, H, cache, D), torch.randn(1, H, cache, D)
+    return trident.capture(lambda x, k, v: fn(x, k, v, **kw), x, k, v, dynamic=static is not None,
+                           static_inputs=(1, 2) if static else ())
+
+
+def _run(gm, mode="all", check=None):
+    PA.set_check(check or (lambda *a: None))
+    try:
+        with knobs.scope(prefill_attention=mode):
+            return PA.prefill_attention(gm)
+    finally:
+        PA.set_check(None)
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_symbolic_length_becomes_the_memory_efficient_op():
+    gm = _captured(_attention)
+    assert _run(gm) == 1
+    targets = _targets(gm)
+    assert PA.CUDNN not in targets and targets.count(PA.EFFICIENT) == 1
+    eff = next(n for n in gm.graph.nodes if n.target is PA.EFFICIENT)
+    bias = eff.args[3]
+    assert bias.target is aten.expand.default and bias.args[1] == [-1, H, -1, -1], bias.args
+    assert eff.kwargs == {"dropout_p": 0.0, "is_causal": False, "scale": 0.125}
+    (item,) = eff.users
+    assert item.args == (eff, 0) and isinstance(item.meta["val"].shape[2], torch.SymInt)
+    (line,) = gm.meta["trident_prefill_attention"]
+    assert "memory-efficient SDPA in place of cuDNN's" in line and f"H={H}" in line, line
+
+
+def test_causal_attention_without_a_bias():
+    x = torch.randn(1, 9, H * D)
+    gm = trident.capture(_self_attention, x, dynamic=True)
+    assert _run(gm) == 1
+    eff = next(n for n in gm.graph.nodes if n.target is PA.EFFICIENT)
+    assert eff.args[3] is None and eff.kwargs["is_causal"] is True
+    assert aten.expand.default not in _targets(gm)
+
+
+@pytest.mark.parametrize("case,reason", [
+    (dict(cache=13), "strides are not multiples of 8"),
+    (dict(lse=True), "more than its output is read"),
+    (dict(bias_dtype=torch.float64), "not four-dimensional in the query's dtype"),
+    (dict(static=False), "strides are not multiples of 8"),
+    (dict(row_bias=True), "a bias broadcast over a symbolic size"),
+])
+def test_what_keeps_cudnn_is_said(case, reason):
+    """An unaligned bias (torch would pad it; a symbolic cache length is not known aligned), the
+    log-sum-exp read, a bias of another dtype, one bias row for every query row of a symbolic
+    length: cuDNN's op stays, and the line says why."""
+    gm = _captured(_attention, **case)
+    assert _run(gm) == 0
+    assert PA.CUDNN in _targets(gm) and PA.EFFICIENT not in _targets(gm)
+    (line,) = gm.meta["trident_prefill_attention"]
+    assert "cuDNN's as traced" in line and reason in line, line
+
+
+def test_a_failed_check_keeps_cudnn():
+    gm = _captured(_attention)
+    assert _run(gm, check=lambda *a: "AssertionError: differs") == 0
+    assert PA.CUDNN in _targets(gm)
+    assert "differs" in gm.meta["trident_prefill_attention"][0]
+
+
+def test_static_length_off_and_other_devices_are_left_silently():
+    for gm, mode in [(_captured(_attention, static=None), "all"), (_captured(_attention), ""),
+                     (_captured(_attention), "cuda")]:  # CPU values under the default
+        before = [str(n) for n in gm.graph.nodes]
+        assert _run(gm, mode=mode) == 0
+        assert [str(n) for n in gm.graph.nodes] == before and "trident_prefill_attention" not in gm.meta
+
+
+def test_the_gpu_check_is_not_run_without_a_gpu():
+    q = torch.zeros(1, H, 5, D)
+    assert PA._gpu_check(q, q, q, None, True, None) == "not checked on cpu"
+
+
+def test_explain_lists_the_choice():
+    gm = _captured(_attention)
+    PA.set_check(lambda *a: None)
+    try:
+        with knobs.scope(prefill_attention="all"):
+            opt = trident.optimize(gm)
+    finally:
+        PA.set_check(None)
+    text = trident.explain(opt)
+    assert "prefill attention (a symbolic query length):" in text and "memory-efficient SDPA" in text, text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prefill_lengths_never_seen_equal_eager_cuda(dtype):
+    """HF's prefill over a StaticCache: a boolean mask [1, 1, L, S], torch's SDPA (cuDNN on
+    sm_90); the symbolic capture serves lengths it never saw, each equal to eager's."""
+    cache = 128
+    k = torch.randn(1, H, cache, D, device="cuda", dtype=dtype)
+    v = torch.randn(1, H, cache, D, device="cuda", dtype=dtype)
+
+    def prefill(x, k, v):
+        length = x.shape[1]
+        q = x.view(1, length, H, D).transpose(1, 2)
+        mask = torch.ones(length, cache, dtype=torch.bool, device=x.device).tril()[None, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(1, length, H * D)
+
+    x = torch.randn(1, 17, H * D, device="cuda", dtype=dtype)
+    gm = trident.capture(prefill, x, k, v, dynamic=True, static_inputs=(1, 2))
+    traced_cudnn = PA.CUDNN in _targets(gm)
+    opt = trident.optimize(gm)
+    if traced_cudnn:
+        assert "memory-efficient SDPA in place of cuDNN's" in trident.explain(opt), trident.explain(opt)
+    for length in (17, 33, 50, 101):
+        x = torch.randn(1, length, H * D, device="cuda", dtype=dtype)
+        torch.testing.assert_close(opt(x, k, v), prefill(x, k, v), rtol=2e-2, atol=2e-2)

@@ -1,0 +1,210 @@
+"""Prefill attention on a backend that plans nothing per length (Note [Prefill attention without per-length plans]).
+
+Note [Prefill attention without per-length plans]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A trace records `scaled_dot_product_attention` as the backend torch chose for the example; on
+an H100 or H200 with a mask that is cuDNN's (`_scaled_dot_product_cudnn_attention`, its boolean
+mask already made a bias of 0 / -65504 by torch's SDPA). cuDNN builds an execution graph for each
+new shape, kept in a process-wide cache: a prompt length new to the process costs that planning.
+Measured on an H100 at 0bf8375 (results/bench_dynamic_pdl_profile_0bf8375.json,
+tools/probe_sdpa_prefill.py): a new prompt length took trident.compile ~53 ms on Llama-1B + Liger,
+~42 ms of it in `aten::_cudnn_attention_forward`; Llama-1B's prefill attention alone over a
+512-position StaticCache, 16 layer calls of a new length: cuDNN 38-43 ms, the memory-efficient
+backend 0.7 ms; warm, 38.6-40.3 us against 38.5-44.3 us a call, the results the same within
+bf16's rounding.
+
+A capture whose query length is symbolic serves every prompt length, and a chat's prompts seldom
+repeat one: this pass makes such a cuDNN attention the memory-efficient op, given what torch's SDPA
+gives that backend: the same bias, expanded to [B, H, L, S] (preprocess_mask). Conditions (else the
+node stays as traced): the knob's device (CUDA by default), a symbolic query length, no dropout, no
+debug mask, only the output read (the log-sum-exp is laid out differently by the two), a bias
+absent or of the query's dtype, four-dimensional, with every stride but the last a multiple of 8
+elements and the last 1 (the kernel's alignment; torch pads an unaligned bias, this pass leaves
+it to cuDNN), broadcast only over dimensions of static size, and the memory-efficient output
+laid out as cuDNN's. At planning, on CUDA, both ops run on stand-ins of the example's sizes and
+must agree within the dtype's tolerance (a backend that refuses the shapes or differs keeps
+cuDNN; `explain()` says which and why). A static query length keeps cuDNN: it plans once.
+Knob TRIDENT_PREFILL_ATTENTION: "cuda" (default), "all" (any device: the check is the tests'),
+"" (off).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Optional
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .. import knobs, logs
+from .common import bound_args, node_val, stand_in
+
+aten = torch.ops.aten
+
+CUDNN = aten._scaled_dot_product_cudnn_attention.default
+EFFICIENT = aten._scaled_dot_product_efficient_attention.default
+ALIGN = 8  # elements: the memory-efficient kernel's bias strides (torch's preprocess_mask)
+
+_check: Optional[Callable] = None  # tests stand in for the GPU's check (set_check)
+
+
+def set_check(fn: Optional[Callable]) -> None:
+    """Install `fn(q, k, v, bias, is_causal, scale) -> Optional[str]` (the values of the trace; a
+    reason when the memory-efficient op must not replace cuDNN's) in place of running both on
+    stand-ins; None puts the GPU's check back."""
+    global _check
+    _check = fn
+
+
+def _known(a, b) -> bool:
+    return bool(statically_known_true(a == b)) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else a == b
+
+
+def _multiple(s) -> bool:
+    return bool(statically_known_true(s % ALIGN == 0)) if isinstance(s, torch.SymInt) else s % ALIGN == 0
+
+
+def _hint(s) -> int:
+    """The example's value of a size (never a guard)."""
+    if isinstance(s, torch.SymInt):
+        node = s.node
+        return int(node.hint) if node.hint is not None else int(node.shape_env.size_hint(node.expr))
+    return int(s)
+
+
+class _Example:
+    """A traced value's metadata at the example's sizes, as stand_in reads it."""
+
+    def __init__(self, v: torch.Tensor, device: torch.device):
+        self.shape = tuple(_hint(s) for s in v.shape)
+        self._stride = tuple(_hint(s) for s in v.stride())
+        self._offset = _hint(v.storage_offset())
+        self.dtype, self.device = v.dtype, device
+
+    def stride(self):
+        return self._stride
+
+    def storage_offset(self):
+        return self._offset
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def is_complex(self):
+        return self.dtype.is_complex
+
+
+def _gpu_check(q, k, v, bias, is_causal, scale) -> Optional[str]:
+    """Both ops on stand-ins of the example's sizes, on q's device; a reason when they do not agree."""
+    if q.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return f"not checked on {q.device}"
+    try:
+        with torch.cuda.device(q.device):
+            g = torch.Generator(device=q.device).manual_seed(0)
+            qs, ks, vs = (stand_in(_Example(t, q.device), g) for t in (q, k, v))
+            bs = stand_in(_Example(bias, q.device), g) if bias is not None else None
+            want = CUDNN(qs, ks, vs, bs, False, 0.0, is_causal, False, scale=scale)[0]
+            got = EFFICIENT(qs, ks, vs, None if bs is None else bs.expand(*qs.shape[:3], ks.shape[2]), False, 0.0,
+                            is_causal, scale=scale)[0]
+            tol = 2e-2 if q.dtype in (torch.bfloat16, torch.float16) else 2e-4
+            torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    except Exception as e:  # noqa: BLE001 - a backend refusing the shapes, or a difference: cuDNN stays
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return None
+
+
+def _why_not(node: torch.fx.Node, mode: str):
+    """(None, expand sizes) when `node` may become the memory-efficient op, else (reason, None)."""
+    args = bound_args(node)
+    q, k, bias = node_val(args["query"]), node_val(args["key"]), node_val(args.get("attn_bias"))
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4:
+        return "not a four-dimensional query", None
+    if (mode == "cuda" and q.device.type != "cuda") or not isinstance(q.shape[2], torch.SymInt):
+        return "", None  # another device than the knob's, or a static query length (planned once): silent
+    if args.get("dropout_p", 0.0) != 0.0 or args.get("return_debug_mask", False):
+        return "dropout or a debug mask", None
+    if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users) or any(
+            u.args[1] != 0 and u.users for u in node.users):
+        return "more than its output is read", None
+    sizes = None
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 4 or bias.dtype != q.dtype:
+            return "a bias not four-dimensional in the query's dtype", None
+        if not (_known(bias.stride(-1), 1) and all(_multiple(s) for s in bias.stride()[:-1])):
+            return f"a bias whose strides are not multiples of {ALIGN} elements (torch would pad it)", None
+        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        sizes = []
+        for have, want in zip(bias.shape, target):
+            if _known(have, want):
+                sizes.append(-1)
+            elif _known(have, 1) and type(want) is int:
+                sizes.append(want)
+            else:
+                return "a bias broadcast over a symbolic size", None
+    return None, sizes
+
+
+def prefill_attention(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every cuDNN attention of a symbolic query length the knob allows; returns how many."""
+    mode = knobs.prefill_attention()
+    if not mode:
+        return 0
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not CUDNN:
+            continue
+        why, sizes = _why_not(node, mode)
+        if why == "":
+            continue
+        args = bound_args(node)
+        q, k = node_val(args["query"]), node_val(args["key"])
+        shape = f"B={q.shape[0]} H={q.shape[1]} L={q.shape[2]} S={k.shape[2]} D={q.shape[3]} {q.dtype}"
+        if why is None:
+            why = (_check or _gpu_check)(q, k, node_val(args["value"]), node_val(args.get("attn_bias")),
+                                         bool(args.get("is_causal", False)), args.get("scale"))
+        if why is None:
+            why = _rewrite(gm, node, args, sizes)
+        if why is None:
+            count += 1
+            line = f"{shape}: memory-efficient SDPA in place of cuDNN's (no plan per new length)"
+        else:
+            logs.lowering.debug("prefill attention %s stays cuDNN's: %s", shape, why)
+            line = f"{shape}: cuDNN's as traced ({why})"
+        gm.meta.setdefault("trident_prefill_attention", []).append(line)
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, args: dict, sizes) -> Optional[str]:
+    """`node` as the memory-efficient op; a reason (and the graph unchanged) where it cannot be."""
+    q_node, k_node, v_node, b_node = args["query"], args["key"], args["value"], args.get("attn_bias")
+    bias, causal, scale = node_val(b_node), bool(args.get("is_causal", False)), args.get("scale")
+    b_val = bias.expand(*sizes) if bias is not None and any(s != -1 for s in sizes) else bias
+    try:
+        val = EFFICIENT(node_val(q_node), node_val(k_node), node_val(v_node), b_val, False, 0.0, causal, scale=scale)
+    except Exception as e:  # noqa: BLE001 - the backend's meta function refuses: cuDNN stays
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    out = next((u for u in node.users if u.args[1] == 0), None)
+    traced = node_val(out) if out is not None else None
+    if traced is not None and not (all(_known(a, b) for a, b in zip(val[0].shape, traced.shape))
+                                   and all(_known(a, b) for a, b in zip(val[0].stride(), traced.stride()))):
+        return "the memory-efficient output is laid out otherwise"
+    with gm.graph.inserting_before(node):
+        b_new = b_node
+        if b_val is not bias:
+            b_new = gm.graph.call_function(aten.expand.default, (b_node, sizes))
+            b_new.meta["val"] = b_val
+        new = gm.graph.call_function(EFFICIENT, (q_node, k_node, v_node, b_new, False),
+                                     {"dropout_p": 0.0, "is_causal": causal, "scale": scale})
+        new.meta["val"] = val
+        item = gm.graph.call_function(operator.getitem, (new, 0))
+        item.meta.update(out.meta if out is not None else {})
+        item.meta["val"] = val[0]
+    if out is not None:
+        out.replace_all_uses_with(item)
+    for u in list(node.users):
+        gm.graph.erase_node(u)
+    gm.graph.erase_node(node)
+    return None
