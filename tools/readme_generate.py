@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -115,6 +116,17 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
     return out
 
 
+def _common(text: str, top: int = 25) -> list:
+    """The most repeated lines of a door's stderr (glog's "W1206 10:33:12.123000 1234 " prefix
+    dropped), with counts, and its first lines: what the user scrolls through."""
+    counts: dict = {}
+    for line in text.splitlines():
+        line = re.sub(r"^[IWEF]\d{4} [\d:.]+ \d+ ", "", line)[:160]
+        counts[line] = counts.get(line, 0) + 1
+    return sorted(([n, line] for line, n in counts.items()), reverse=True)[:top] + [[0, ln[:160]] for ln in
+                                                                                  text.splitlines()[:15]]
+
+
 def _ours(entry: dict) -> list:
     return [w for w in entry.get("warnings", []) if "trident" in w["where"].split(os.sep)] + \
         [r for r in entry.get("log_lines", []) if r["logger"].startswith("trident")]
@@ -151,6 +163,7 @@ def main():
         entry = json.loads(line[7:]) if line else {"door": door, "error": f"exit {proc.returncode}",
                                                    "stderr_tail": proc.stderr[-3000:]}
         entry["stderr_lines"] = len(proc.stderr.splitlines())
+        entry["stderr_common"] = _common(proc.stderr)
         report["doors"][door] = entry
         failed |= "error" in entry or (args.strict and bool(_ours(entry)))
         print(door, {k: entry.get(k) for k in ("first_s", "second_s", "tokens_equal", "first_differing_step",
