@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 
 import expecttest
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import trident
 from tests.runtime.test_graph_replay import _inplace_reference, _inplace_scaled_add
@@ -95,3 +98,44 @@ def test_progress_bar_while_a_miss_compiles_kernels(capsys):
             assert launches >= logs.PROGRESS_MIN_ITEMS and f"/{launches} " in err, err
     with knobs.scope(progress="sometimes"), pytest.raises(ValueError, match="TRIDENT_PROGRESS"):
         knobs.progress()
+
+
+@triton.jit
+def _analysed_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3, mask=mask)
+
+
+def _tripled(x):
+    out = torch.empty_like(x)
+    _analysed_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+    return out
+
+
+def test_torch_failing_to_analyse_a_launch_is_one_line_of_trident_log(monkeypatch, caplog):
+    """Note [torch's launch analysis, quietly]: torch 2.11 fails to compile Liger's RMSNorm to TTIR
+    for its analysis of what a launch writes and logs the traceback, ~540 lines a layer. While
+    Trident traces and plans, that is one TRIDENT_LOG=lowering line naming the exception; torch's
+    fallback (every tensor written) is kept, so the result is right. With torch's logger at DEBUG
+    the record is torch's own, traceback and all; outside Trident the filter is gone."""
+    import torch._higher_order_ops.triton_kernel_wrap as tkw
+
+    def refuse(*args, **kwargs):
+        raise AttributeError("'float' object has no attribute 'to'")
+
+    monkeypatch.setattr(tkw, "generate_ttir", refuse)
+    caplog.set_level(logging.DEBUG, logger="trident.lowering")
+    x = torch.randn(100)
+    opt = trident.optimize(trident.capture(_tripled, x))
+    torch.testing.assert_close(opt(x), x * 3)
+    assert not [r for r in caplog.records if r.name == tkw.log.name]
+    ours = [r.getMessage() for r in caplog.records if r.name == "trident.lowering" and "could not tell" in r.getMessage()]
+    assert ours and all("AttributeError: 'float' object has no attribute 'to'" in m for m in ours), ours
+    assert logs._analysis_filter not in logging.getLogger(tkw.log.name).filters
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger=tkw.log.name)
+    monkeypatch.setattr(sys.modules["trident.passes.outline_regions"], "_WRITTEN", {})  # analysed again
+    trident.optimize(trident.capture(_tripled, x))
+    warned = [r for r in caplog.records if r.name == tkw.log.name and r.levelno == logging.WARNING]
+    assert warned and warned[0].exc_info is not None

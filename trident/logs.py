@@ -14,9 +14,13 @@ is logged on the hit path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 from typing import Iterable, TypeVar
+
+import torch._higher_order_ops.triton_kernel_wrap as tkw
 
 from . import knobs
 
@@ -53,6 +57,56 @@ def configure(value: "str | None" = None) -> None:
             logger.propagate = True
             if _handler in logger.handlers:
                 logger.removeHandler(_handler)
+
+
+_analysis_lock = threading.Lock()
+_analysis_depth = 0
+
+
+class _AnalysisFailure(logging.Filter):
+    """Note [torch's launch analysis, quietly]: torch works out which tensors a Triton launch
+    writes by compiling the kernel to TTIR (identify_mutated_tensors in torch 2.11,
+    identify_accessed_tensors in 2.13); where that fails it takes
+    every tensor argument as written and logs a WARNING with the whole traceback. torch 2.11 fails
+    for any kernel that calls a method on a float argument (it passes floats to the compiler as
+    constants: Liger-Kernel's RMSNorm does `eps.to(tl.float32)`), so every trace of a Liger model
+    printed ~540 lines of traceback a layer: ~7,600 lines on the first `generate()` of a 16-layer
+    Llama (tools/readme_generate.py on an H100 at c79fb30). While Trident traces and plans, such
+    a record becomes one line of TRIDENT_LOG=lowering, with the exception; the analysis and its
+    fallback are torch's, unchanged. With torch's logger at DEBUG (TORCH_LOGS) the record is left
+    as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or not record.exc_info or "assuming every input is mutated" not in str(
+                record.msg):
+            return True
+        error = record.exc_info[1]
+        lowering.debug("torch could not tell which tensors a Triton launch writes (%s: %s): it takes every tensor "
+                       "argument as written", type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return False
+
+
+_analysis_filter = _AnalysisFailure()
+
+
+@contextlib.contextmanager
+def torch_analysis_quiet():
+    """Note [torch's launch analysis, quietly], for the duration of a trace or a plan."""
+    global _analysis_depth
+    logger = tkw.log  # "torch._dynamo" in torch 2.11 and 2.13
+    if logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    with _analysis_lock:
+        _analysis_depth += 1
+        logger.addFilter(_analysis_filter)
+    try:
+        yield
+    finally:
+        with _analysis_lock:
+            _analysis_depth -= 1
+            if not _analysis_depth:
+                logger.removeFilter(_analysis_filter)
 
 
 def _short_name(record: logging.LogRecord) -> bool:

@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
-from . import knobs
+from . import knobs, logs
 from .capture import data_dependent, ensure_triton_driver
 from .errors import GuardError, OperatorError, TridentError, UnsupportedError
 from .passes import (
@@ -306,7 +306,8 @@ def optimize(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     torch.ops.trident.scm call. Returns a new GraphModule; `gm` is left unchanged."""
     ensure_triton_driver()
     try:
-        return _optimize(gm)
+        with logs.torch_analysis_quiet():  # Note [torch's launch analysis, quietly]
+            return _optimize(gm)
     except TridentError:
         raise
     except Exception as e:

@@ -38,7 +38,7 @@ from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from .. import triton_state
+from .. import logs, triton_state
 from ..errors import CaptureError
 from ..scm.tuning import HeuristicFailed, heuristic_values
 from .collectives import check_graph, collectives_as_functional
@@ -619,7 +619,7 @@ def capture(
         # Note [Collectives in regions]: dist.all_reduce & co. traced as functional collectives
         # Note [Module attributes a trace rebinds]: the user's modules as the trace found them
         with triton_state.exclusive(), _state_as_found(roots) as attributes, _launches_as_hops(log), \
-                _no_real_compute(), _compiling(dynamic), collectives_as_functional():
+                _no_real_compute(), _compiling(dynamic), collectives_as_functional(), logs.torch_analysis_quiet():
             # Tensors the function closes over (module parameters and buffers, a KV cache) become
             # constants of the graph bound to those very tensors (Note [Closed-over tensors]).
             mode = "symbolic" if dynamic else "fake"

@@ -61,6 +61,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .. import logs
 from ..scm.guards import TracedValue, shares_storage
 from .frames import user_line
 
@@ -135,7 +136,7 @@ def _writes_of(node: torch.fx.Node) -> list:
     if t is torch.ops.higher_order.triton_kernel_wrapper_mutation:
         args = node.kwargs["kwargs"]
         try:  # torch's own analysis of the kernel's TTIR: the pointer arguments it stores through
-            with _disable_current_modes():
+            with _disable_current_modes(), logs.torch_analysis_quiet():  # Note [torch's launch analysis, quietly]
                 names = tkw.get_mutated_tensors(
                     node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"],
                     {k: v.meta["val"] if isinstance(v, torch.fx.Node) else v for k, v in args.items()},

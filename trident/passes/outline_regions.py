@@ -36,7 +36,7 @@ from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.numbers import int_oo
 from triton.runtime.jit import JITFunction
 
-from .. import disk_cache, knobs
+from .. import disk_cache, knobs, logs
 from ..errors import UnsupportedError
 from ..scm import sizes as S
 from ..scm.guards import FactEquals, SizeRelation
@@ -152,10 +152,11 @@ def written_params(node: torch.fx.Node) -> list[str]:
             names = disk_cache.load("written", stored_key, lambda v: isinstance(v, list) and set(v) <= tensors)
         if names is None:
             try:
-                names = tkw.get_mutated_tensors(
-                    node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs,
-                    node.kwargs["tma_descriptor_metadata"],
-                )
+                with logs.torch_analysis_quiet():  # Note [torch's launch analysis, quietly]
+                    names = tkw.get_mutated_tensors(
+                        node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs,
+                        node.kwargs["tma_descriptor_metadata"],
+                    )
                 if stored_key is not None:  # the analysis' own answer, not the fallback below
                     disk_cache.store("written", stored_key, sorted(set(names)))
             except Exception:

@@ -25,7 +25,9 @@ laid out as cuDNN's. At planning, on CUDA, both ops run on stand-ins of the exam
 must agree within the dtype's tolerance (a backend that refuses the shapes or differs keeps
 cuDNN; `explain()` says which and why). A static query length keeps cuDNN: it plans once.
 Knob TRIDENT_PREFILL_ATTENTION: "cuda" (default), "all" (any device: the check is the tests'),
-"" (off).
+"" (off). Measured with it on an H100 at 05bed9c (tools/bench_dynamic.py, Llama-1B + Liger over a
+StaticCache, results/bench_dynamic_prefill_attention_05bed9c.json): a new prompt length 10-33 ms
+against 52-74 with cuDNN kept, a length seen before 4.73 ms against 5.18 (medians).
 """
 
 from __future__ import annotations
