@@ -23,7 +23,9 @@ Each variant runs in a process of its own, as a user's program would: the proces
 cold pass fills -- cuDNN's attention graphs (one per prompt length: ~40 ms each on an H100),
 cuBLAS's heuristics, the allocator's blocks, Triton's loaded kernels -- are never filled by a
 variant that ran before (in one process, the variants after eager had found eager's cuDNN graphs
-built: their cold passes looked ~40 ms a length cheaper than a user's first run). Eager runs first;
+built: their cold passes looked ~40 ms a length cheaper than a user's first run); nor are the
+on-disk caches of Triton and Inductor: each variant's process gets empty ones (`--shared-caches`
+keeps the environment's). Eager runs first;
 its last logits are the reference the others are checked against.
 """
 
@@ -179,6 +181,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150, help="per variant (its cold pass: ~35-90 s on an H100)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shared-caches", action="store_true",
+                    help="let the variants share Triton's and Inductor's caches (the environment's); by default "
+                         "each variant's process gets empty ones, so that cold passes compare (at 05bed9c the "
+                         "second variant's planning call took 9.8 s against the first's 23.2, its kernels compiled)")
     ap.add_argument("--profile-call", type=int, default=None,
                     help="profile this cold call (0-based) of each variant: host functions and kernels (its time "
                          "in cold_ms includes the profilers')")
@@ -221,7 +227,11 @@ def main() -> None:
                        "--calls", str(args.calls), "--max-len", str(args.max_len), "--budget-s", str(args.budget_s),
                        "--device", dev] + (["--tiny"] if args.tiny else []) + (
                        ["--profile-call", str(args.profile_call)] if args.profile_call is not None else [])
-                rc = subprocess.run(cmd).returncode
+                env = dict(os.environ)
+                if not args.shared_caches:  # each variant compiles as a first run does, whatever ran before it
+                    for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+                        env[var] = tempfile.mkdtemp(prefix=f"{var.lower()}_", dir=tmp)
+                rc = subprocess.run(cmd, env=env).returncode
                 try:
                     with open(part) as f:
                         entry = json.load(f)
