@@ -80,17 +80,37 @@ def test_causal_attention_without_a_bias():
     assert aten.expand.default not in _targets(gm)
 
 
+def test_an_unaligned_bias_of_a_static_key_length_is_padded_as_torch_pads_it():
+    """A StaticCache of 13 positions: the bias's rows do not start at multiples of 8 elements, so
+    it is padded by 3 keys and sliced back to 13 (torch's pad_bias), then expanded; what the check
+    runs the memory-efficient op on is the same bias."""
+    gm = _captured(_attention, cache=13)
+    seen = []
+    assert _run(gm, check=lambda *a: seen.append(a[-2:])) == 1
+    assert seen == [(3, [-1, H, -1, -1])]
+    eff = next(n for n in gm.graph.nodes if n.target is PA.EFFICIENT)
+    expand = eff.args[3]
+    sliced = expand.args[0]
+    padded = sliced.args[0]
+    assert expand.target is aten.expand.default and sliced.target is aten.slice.Tensor and sliced.args[1:] == (-1, 0, 13)
+    assert padded.target is aten.constant_pad_nd.default and padded.args[1:] == ([0, 3], 0.0)
+    assert sliced.meta["val"].stride()[-2] == 16 and sliced.meta["val"].shape[-1] == 13
+    bias = torch.randn(1, 1, 5, 13)
+    want = torch.nn.functional.pad(bias, (0, 3))[..., :13].expand(1, H, 5, 13)
+    got = PA._efficient_bias(bias, 3, [-1, H, -1, -1])
+    assert torch.equal(got, want) and got.stride() == want.stride() and got.stride()[2] == 16
+
+
 @pytest.mark.parametrize("case,reason", [
-    (dict(cache=13), "strides are not multiples of 8"),
     (dict(lse=True), "more than its output is read"),
     (dict(bias_dtype=torch.float64), "not four-dimensional in the query's dtype"),
-    (dict(static=False), "strides are not multiples of 8"),
+    (dict(static=False), "a bias of a symbolic key length whose strides are not multiples of 8"),
     (dict(row_bias=True), "a bias broadcast over a symbolic size"),
 ])
 def test_what_keeps_cudnn_is_said(case, reason):
-    """An unaligned bias (torch would pad it; a symbolic cache length is not known aligned), the
-    log-sum-exp read, a bias of another dtype, one bias row for every query row of a symbolic
-    length: cuDNN's op stays, and the line says why."""
+    """The log-sum-exp read, a bias of another dtype, an unaligned bias of a symbolic key length
+    (torch pads it by a symbolic amount), one bias row for every query row of a symbolic length:
+    cuDNN's op stays, and the line says why."""
     gm = _captured(_attention, **case)
     assert _run(gm) == 0
     assert PA.CUDNN in _targets(gm) and PA.EFFICIENT not in _targets(gm)
@@ -131,11 +151,11 @@ def test_explain_lists_the_choice():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_prefill_lengths_never_seen_equal_eager_cuda(dtype):
+@pytest.mark.parametrize("dtype,cache", [(torch.bfloat16, 128), (torch.float16, 128), (torch.bfloat16, 100)])
+def test_prefill_lengths_never_seen_equal_eager_cuda(dtype, cache):
     """HF's prefill over a StaticCache: a boolean mask [1, 1, L, S], torch's SDPA (cuDNN on
-    sm_90); the symbolic capture serves lengths it never saw, each equal to eager's."""
-    cache = 128
+    sm_90); the symbolic capture serves lengths it never saw, each equal to eager's (a cache of
+    100 positions: the bias padded to rows of 104 elements)."""
     k = torch.randn(1, H, cache, D, device="cuda", dtype=dtype)
     v = torch.randn(1, H, cache, D, device="cuda", dtype=dtype)
 
@@ -151,6 +171,6 @@ def test_prefill_lengths_never_seen_equal_eager_cuda(dtype):
     opt = trident.optimize(gm)
     if traced_cudnn:
         assert "memory-efficient SDPA in place of cuDNN's" in trident.explain(opt), trident.explain(opt)
-    for length in (17, 33, 50, 101):
+    for length in (17, 33, 50, 97):
         x = torch.randn(1, length, H * D, device="cuda", dtype=dtype)
         torch.testing.assert_close(opt(x, k, v), prefill(x, k, v), rtol=2e-2, atol=2e-2)

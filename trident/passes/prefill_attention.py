@@ -18,10 +18,11 @@ repeat one: this pass makes such a cuDNN attention the memory-efficient op, give
 gives that backend: the same bias, expanded to [B, H, L, S] (preprocess_mask). Conditions (else the
 node stays as traced): the knob's device (CUDA by default), a symbolic query length, no dropout, no
 debug mask, only the output read (the log-sum-exp is laid out differently by the two), a bias
-absent or of the query's dtype, four-dimensional, with every stride but the last a multiple of 8
-elements and the last 1 (the kernel's alignment; torch pads an unaligned bias, this pass leaves
-it to cuDNN), broadcast only over dimensions of static size, and the memory-efficient output
-laid out as cuDNN's. At planning, on CUDA, both ops run on stand-ins of the example's sizes and
+absent or of the query's dtype, four-dimensional, broadcast only over dimensions of static size,
+with every stride but the last a multiple of 8 elements and the last 1 (the kernel's alignment)
+or else a static key length, where it is padded and sliced back as torch's preprocess_mask does
+(torch pads a symbolic key length by a symbolic amount: that bias stays with cuDNN), and the
+memory-efficient output laid out as cuDNN's. At planning, on CUDA, both ops run on stand-ins of the example's sizes and
 must agree within the dtype's tolerance (a backend that refuses the shapes or differs keeps
 cuDNN; `explain()` says which and why). A static query length keeps cuDNN: it plans once.
 Knob TRIDENT_PREFILL_ATTENTION: "cuda" (default), "all" (any device: the check is the tests'),
@@ -96,8 +97,21 @@ class _Example:
         return self.dtype.is_complex
 
 
-def _gpu_check(q, k, v, bias, is_causal, scale) -> Optional[str]:
-    """Both ops on stand-ins of the example's sizes, on q's device; a reason when they do not agree."""
+def _efficient_bias(bias: Optional[torch.Tensor], pad: int, sizes) -> Optional[torch.Tensor]:
+    """The bias as the memory-efficient op takes it, as torch's preprocess_mask makes it: padded
+    by `pad` keys and sliced back (its rows then start at multiples of 8 elements), expanded to
+    `sizes` (-1: the size it has). The same ops the rewritten graph runs."""
+    if bias is None:
+        return None
+    if pad:
+        length = bias.shape[-1]
+        bias = aten.slice.Tensor(aten.constant_pad_nd.default(bias, [0, pad], 0.0), -1, 0, length)
+    return bias.expand(*sizes) if any(s != -1 for s in sizes) else bias
+
+
+def _gpu_check(q, k, v, bias, is_causal, scale, pad=0, sizes=(-1, -1, -1, -1)) -> Optional[str]:
+    """Both ops on stand-ins of the example's sizes, on q's device, cuDNN's on the bias as traced,
+    the memory-efficient one on it as the rewrite gives it; a reason when they do not agree."""
     if q.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return f"not checked on {q.device}"
     try:
@@ -106,8 +120,8 @@ def _gpu_check(q, k, v, bias, is_causal, scale) -> Optional[str]:
             qs, ks, vs = (stand_in(_Example(t, q.device), g) for t in (q, k, v))
             bs = stand_in(_Example(bias, q.device), g) if bias is not None else None
             want = CUDNN(qs, ks, vs, bs, False, 0.0, is_causal, False, scale=scale)[0]
-            got = EFFICIENT(qs, ks, vs, None if bs is None else bs.expand(*qs.shape[:3], ks.shape[2]), False, 0.0,
-                            is_causal, scale=scale)[0]
+            got = EFFICIENT(qs, ks, vs, _efficient_bias(bs, pad, [_hint(x) for x in sizes]), False, 0.0, is_causal,
+                            scale=scale)[0]
             tol = 2e-2 if q.dtype in (torch.bfloat16, torch.float16) else 2e-4
             torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     except Exception as e:  # noqa: BLE001 - a backend refusing the shapes, or a difference: cuDNN stays
@@ -116,7 +130,9 @@ def _gpu_check(q, k, v, bias, is_causal, scale) -> Optional[str]:
 
 
 def _why_not(node: torch.fx.Node, mode: str):
-    """(None, expand sizes) when `node` may become the memory-efficient op, else (reason, None)."""
+    """(None, (pad, expand sizes)) when `node` may become the memory-efficient op, else (reason,
+    None): the bias is padded by `pad` keys where its strides are not aligned (only a static key
+    length: torch pads by a symbolic amount there, which this pass does not build)."""
     args = bound_args(node)
     q, k, bias = node_val(args["query"]), node_val(args["key"]), node_val(args.get("attn_bias"))
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4:
@@ -128,12 +144,14 @@ def _why_not(node: torch.fx.Node, mode: str):
     if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users) or any(
             u.args[1] != 0 and u.users for u in node.users):
         return "more than its output is read", None
-    sizes = None
+    sizes, pad = [-1] * 4, 0
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or bias.dim() != 4 or bias.dtype != q.dtype:
             return "a bias not four-dimensional in the query's dtype", None
         if not (_known(bias.stride(-1), 1) and all(_multiple(s) for s in bias.stride()[:-1])):
-            return f"a bias whose strides are not multiples of {ALIGN} elements (torch would pad it)", None
+            if type(bias.shape[-1]) is not int or not _known(bias.shape[-1], k.shape[2]):
+                return f"a bias of a symbolic key length whose strides are not multiples of {ALIGN} elements", None
+            pad = ALIGN - bias.shape[-1] % ALIGN  # as torch's pad_bias: its rows start at multiples of 8
         target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         sizes = []
         for have, want in zip(bias.shape, target):
@@ -143,7 +161,7 @@ def _why_not(node: torch.fx.Node, mode: str):
                 sizes.append(want)
             else:
                 return "a bias broadcast over a symbolic size", None
-    return None, sizes
+    return None, (pad, sizes)
 
 
 def prefill_attention(gm: torch.fx.GraphModule) -> int:
@@ -155,7 +173,7 @@ def prefill_attention(gm: torch.fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not CUDNN:
             continue
-        why, sizes = _why_not(node, mode)
+        why, plan = _why_not(node, mode)
         if why == "":
             continue
         args = bound_args(node)
@@ -163,9 +181,9 @@ def prefill_attention(gm: torch.fx.GraphModule) -> int:
         shape = f"B={q.shape[0]} H={q.shape[1]} L={q.shape[2]} S={k.shape[2]} D={q.shape[3]} {q.dtype}"
         if why is None:
             why = (_check or _gpu_check)(q, k, node_val(args["value"]), node_val(args.get("attn_bias")),
-                                         bool(args.get("is_causal", False)), args.get("scale"))
+                                         bool(args.get("is_causal", False)), args.get("scale"), *plan)
         if why is None:
-            why = _rewrite(gm, node, args, sizes)
+            why = _rewrite(gm, node, args, *plan)
         if why is None:
             count += 1
             line = f"{shape}: memory-efficient SDPA in place of cuDNN's (no plan per new length)"
@@ -179,11 +197,14 @@ def prefill_attention(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, args: dict, sizes) -> Optional[str]:
+def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, args: dict, pad: int, sizes) -> Optional[str]:
     """`node` as the memory-efficient op; a reason (and the graph unchanged) where it cannot be."""
     q_node, k_node, v_node, b_node = args["query"], args["key"], args["value"], args.get("attn_bias")
     bias, causal, scale = node_val(b_node), bool(args.get("is_causal", False)), args.get("scale")
-    b_val = bias.expand(*sizes) if bias is not None and any(s != -1 for s in sizes) else bias
+    try:
+        b_val = _efficient_bias(bias, pad, sizes)
+    except Exception as e:  # noqa: BLE001 - fake propagation refuses the bias's ops: cuDNN stays
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     try:
         val = EFFICIENT(node_val(q_node), node_val(k_node), node_val(v_node), b_val, False, 0.0, causal, scale=scale)
     except Exception as e:  # noqa: BLE001 - the backend's meta function refuses: cuDNN stays
@@ -195,9 +216,15 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, args: dict, sizes) -
         return "the memory-efficient output is laid out otherwise"
     with gm.graph.inserting_before(node):
         b_new = b_node
-        if b_val is not bias:
-            b_new = gm.graph.call_function(aten.expand.default, (b_node, sizes))
-            b_new.meta["val"] = b_val
+        if bias is not None and pad:
+            padded = gm.graph.call_function(aten.constant_pad_nd.default, (b_node, [0, pad], 0.0))
+            padded.meta["val"] = aten.constant_pad_nd.default(bias, [0, pad], 0.0)
+            b_new = gm.graph.call_function(aten.slice.Tensor, (padded, -1, 0, bias.shape[-1]))
+            b_new.meta["val"] = aten.slice.Tensor(padded.meta["val"], -1, 0, bias.shape[-1])
+        if bias is not None and any(s != -1 for s in sizes):
+            expanded = gm.graph.call_function(aten.expand.default, (b_new, sizes))
+            expanded.meta["val"] = b_val
+            b_new = expanded
         new = gm.graph.call_function(EFFICIENT, (q_node, k_node, v_node, b_new, False),
                                      {"dropout_p": 0.0, "is_causal": causal, "scale": scale})
         new.meta["val"] = val
