@@ -6,16 +6,18 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
 
 import expecttest
 import pytest
 import torch
+import torch._higher_order_ops.triton_kernel_wrap as tkw
 import triton
 import triton.language as tl
 
 import trident
 from tests.runtime.test_graph_replay import _inplace_reference, _inplace_scaled_add
-from trident import knobs, logs
+from trident import disk_cache, knobs, logs
 
 
 def _normalized(records) -> str:
@@ -113,24 +115,27 @@ def _tripled(x):
     return out
 
 
-def test_torch_failing_to_analyse_a_launch_is_one_line_of_trident_log(monkeypatch, caplog):
+def test_torch_failing_to_analyse_a_launch_is_one_line_of_trident_log(monkeypatch, caplog, tmp_path):
     """Note [torch's launch analysis, quietly]: torch 2.11 fails to compile Liger's RMSNorm to TTIR
     for its analysis of what a launch writes and logs the traceback, ~540 lines a layer. While
     Trident traces and plans, that is one TRIDENT_LOG=lowering line naming the exception; torch's
     fallback (every tensor written) is kept, so the result is right. With torch's logger at DEBUG
     the record is torch's own, traceback and all; outside Trident the filter is gone."""
-    import torch._higher_order_ops.triton_kernel_wrap as tkw
-
     def refuse(*args, **kwargs):
         raise AttributeError("'float' object has no attribute 'to'")
 
     monkeypatch.setattr(tkw, "generate_ttir", refuse)
     caplog.set_level(logging.DEBUG, logger="trident.lowering")
+    stored = []
+    monkeypatch.setattr(disk_cache, "store", lambda kind, *args: stored.append(kind))
     x = torch.randn(100)
-    opt = trident.optimize(trident.capture(_tripled, x))
+    with knobs.scope(cache_dir=str(tmp_path)):  # torch's fallback is not kept as the kernel's analysis
+        opt = trident.optimize(trident.capture(_tripled, x))
+    assert "written" not in stored
     torch.testing.assert_close(opt(x), x * 3)
     assert not [r for r in caplog.records if r.name == tkw.log.name]
-    ours = [r.getMessage() for r in caplog.records if r.name == "trident.lowering" and "could not tell" in r.getMessage()]
+    ours = [r.getMessage() for r in caplog.records
+            if r.name == "trident.lowering" and "could not tell" in r.getMessage()]
     assert ours and all("AttributeError: 'float' object has no attribute 'to'" in m for m in ours), ours
     assert logs._analysis_filter not in logging.getLogger(tkw.log.name).filters
     caplog.clear()
@@ -139,3 +144,28 @@ def test_torch_failing_to_analyse_a_launch_is_one_line_of_trident_log(monkeypatc
     trident.optimize(trident.capture(_tripled, x))
     warned = [r for r in caplog.records if r.name == tkw.log.name and r.levelno == logging.WARNING]
     assert warned and warned[0].exc_info is not None
+
+
+def test_only_the_threads_inside_trident_have_torchs_analysis_warning_condensed(caplog):
+    """The filter sits on torch's logger for the whole process while any thread traces: a record
+    of another thread (a user's own torch.compile beside) is torch's, as is every record while
+    torch's logger is at DEBUG; either way the failure is noted for the thread inside."""
+    try:
+        raise AttributeError("'float' object has no attribute 'to'")
+    except AttributeError as e:
+        error, info = e, (type(e), e, e.__traceback__)
+    record = logging.LogRecord(tkw.log.name, logging.WARNING, __file__, 1,
+                               "Encountered an exception in identify_accessed_tensors, assuming every input is mutated",
+                               None, info)
+    with logs.torch_analysis_quiet() as seen:
+        with logs.torch_analysis_quiet() as inner:
+            record.thread = threading.get_ident() + 1
+            assert logs._analysis_filter.filter(record) and not seen
+            record.thread = threading.get_ident()
+            assert not logs._analysis_filter.filter(record) and seen == inner == [error]
+            other = logging.LogRecord(tkw.log.name, logging.WARNING, __file__, 1, "another warning", None, info)
+            other.thread = threading.get_ident()
+            assert logs._analysis_filter.filter(other) and seen == [error]
+        caplog.set_level(logging.DEBUG, logger=tkw.log.name)
+        assert logs._analysis_filter.filter(record) and seen == [error, error] and inner == [error]
+    assert logs._analysis_filter not in tkw.log.filters and not logs._analysis_threads

@@ -4,7 +4,9 @@ to 32 as HF's repeat_kv does, head dim 64, bf16) over a StaticCache of 512 posit
 boolean mask [1, 1, L, 512]. Question (issue 25, results at 0bf8375): a new prompt length costs
 ~42 ms in `aten::_cudnn_attention_forward` over 16 layers; does another backend serve the same call
 without that cost, and how much slower is it warm? Each backend runs in a process of its own (the
-cuDNN graph cache is process-wide). Prints one JSON line per backend.
+cuDNN graph cache is process-wide) and calls the backend once first at a length not measured (the
+process's first call loads libraries and makes handles: 810 ms for cuDNN at c79fb30). Prints one
+JSON line per backend.
 
     python tools/probe_sdpa_prefill.py [--lengths 97,211,333,401] [--layers 16]
 """
@@ -32,6 +34,12 @@ def one(backend: str, lengths: list[int], layers: int) -> dict:
     k = torch.randn(1, 32, CACHE, 64, device=dev, dtype=dt, generator=g)
     v = torch.randn(1, 32, CACHE, 64, device=dev, dtype=dt, generator=g)
     out = {"backend": backend, "new_ms": [], "warm_us": [], "max_abs_vs_math": []}
+    warm = max(lengths) + 1  # the process's first call (handles, libraries) at a length not measured
+    with sdpa_kernel(BACKENDS[backend]):
+        try:
+            F.scaled_dot_product_attention(torch.randn(1, 32, warm, 64, device=dev, dtype=dt), k, v)
+        except RuntimeError:
+            pass  # the backend refuses: said below, per length
     for L in lengths:
         q = torch.randn(1, 32, L, 64, device=dev, dtype=dt, generator=g)
         causal = torch.zeros(1, 1, L, CACHE, device=dev, dtype=torch.bool)
@@ -70,6 +78,11 @@ def main():
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
+    if max(lengths) >= CACHE:
+        sys.exit(f"--lengths: expected prompt lengths below the cache's {CACHE} positions; got {args.lengths}")
+    unknown = sorted(set(args.backends.split(",")) - set(BACKENDS))
+    if unknown:
+        sys.exit(f"--backends: expected names from {', '.join(BACKENDS)}; got {', '.join(unknown)}")
     if args.one:
         print(json.dumps(one(args.one, lengths, args.layers)), flush=True)
         return

@@ -1,7 +1,8 @@
 """README's `generate()` block as a user runs it, and what the user is told while it runs.
 
-Each door of README.md's "Hugging Face `generate()`" section, each on a fresh Llama-3.2-1B-shaped model in a process of its own
-(random weights, bf16, Liger-Kernel applied with its defaults, `apply_liger_kernel_to_llama(model=model)`):
+Each door of README.md's "Hugging Face `generate()`" section, each on a fresh Llama-3.2-1B-shaped
+model in a process of its own (random weights, bf16, Liger-Kernel applied with its defaults,
+`apply_liger_kernel_to_llama(model=model)`):
 
   door1_dynamic   model.forward = trident.compile(model.forward); model.generate(ids, max_new_tokens=N)
   door1_static    door1 with model.generate(ids, ..., cache_implementation="static")
@@ -9,7 +10,8 @@ Each door of README.md's "Hugging Face `generate()`" section, each on a fresh Ll
   door3           model.forward = torch.compile(model.forward, backend="trident"), dynamic cache
 
 then `trident.explain(model.forward)`. Recorded per door: every Python warning and every log
-record at WARNING or above (any logger), the wall time of the first and second generate(), and
+record at WARNING or above (the root logger's, and torch's, which does not propagate), the most
+repeated lines of its stderr, the wall time of the first and second generate(), and
 whether the tokens equal eager's (bf16: where they part, the step). A door that warns a CUDA user
 about something that is not so (a bf16 kernel "runs on the CPU through Triton's interpreter":
 e515c59) shows here. Exit status 1 when a door raised, or when a warning or log line names
@@ -81,8 +83,10 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
     model.generation_config.disable_compile = True
     want = model.generate(ids, **kw)  # eager's tokens
     model.generation_config.disable_compile = False
-    records, handler = [], _Records()
-    logging.getLogger().addHandler(handler)
+    seen, handler = [], _Records()
+    loggers = [logging.getLogger(), logging.getLogger("torch")]  # torch's loggers do not propagate to the root
+    for logger in loggers:
+        logger.addHandler(handler)
     out = {"door": door}
     try:
         with warnings.catch_warnings(record=True) as seen:
@@ -101,8 +105,6 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
                 _sync(dev)
                 walls.append(round(time.perf_counter() - t0, 3))
             text = trident.explain(model.forward) if door != "door2" else ""
-        records = [{"category": w.category.__name__, "message": str(w.message)[:400],
-                    "where": f"{os.path.relpath(w.filename)}:{w.lineno}"} for w in seen]
         differ = (got[0] != want[0]).nonzero()
         out.update(first_s=walls[0], second_s=walls[1], tokens_equal=bool(torch.equal(got, want)),
                    first_differing_step=int(differ[0, 0]) - PROMPT if len(differ) else None,
@@ -110,8 +112,10 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
     except Exception as e:  # noqa: BLE001 - a door that raises is the finding
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     finally:
-        logging.getLogger().removeHandler(handler)
-    out["warnings"] = records
+        for logger in loggers:
+            logger.removeHandler(handler)
+    out["warnings"] = [{"category": w.category.__name__, "message": str(w.message)[:400],
+                        "where": f"{os.path.relpath(w.filename)}:{w.lineno}"} for w in seen]
     out["log_lines"] = handler.lines
     return out
 

@@ -310,7 +310,9 @@ _KNOBS = {
         "cuda",
         "in a capture of a symbolic query length (prompts of any length), cuDNN's attention becomes the "
         "memory-efficient SDPA op, which plans nothing per new length (Note [Prefill attention without per-length "
-        "plans]): 'cuda' (the default), 'all', '' (off: cuDNN plans each new prompt length, ~40 ms on an H100)",
+        "plans]): 'cuda' (the default), 'all' (any device; but its check runs both ops on CUDA only, so elsewhere "
+        "nothing changes unless a test installs a check), '' (off: cuDNN plans each new prompt length, ~40 ms on "
+        "an H100)",
         _DEVICE_MODE,
     ),
     "cache_attention": _Knob(

@@ -60,27 +60,36 @@ def configure(value: "str | None" = None) -> None:
 
 
 _analysis_lock = threading.Lock()
-_analysis_depth = 0
+_analysis_threads: dict = {}  # thread id -> the lists of the contexts it is inside, outermost first
 
 
 class _AnalysisFailure(logging.Filter):
     """Note [torch's launch analysis, quietly]: torch works out which tensors a Triton launch
     writes by compiling the kernel to TTIR (identify_mutated_tensors in torch 2.11,
-    identify_accessed_tensors in 2.13); where that fails it takes
-    every tensor argument as written and logs a WARNING with the whole traceback. torch 2.11 fails
-    for any kernel that calls a method on a float argument (it passes floats to the compiler as
-    constants: Liger-Kernel's RMSNorm does `eps.to(tl.float32)`), so every trace of a Liger model
-    printed ~540 lines of traceback a layer: ~7,600 lines on the first `generate()` of a 16-layer
-    Llama (tools/readme_generate.py on an H100 at c79fb30). While Trident traces and plans, such
-    a record becomes one line of TRIDENT_LOG=lowering, with the exception; the analysis and its
-    fallback are torch's, unchanged. With torch's logger at DEBUG (TORCH_LOGS) the record is left
-    as it is."""
+    identify_accessed_tensors in 2.13); where that fails it takes every tensor argument as written
+    and logs a WARNING with the whole traceback. torch 2.11 fails for any kernel that calls a
+    method on a float argument (it passes floats to the compiler as constants: Liger-Kernel's
+    RMSNorm does `eps.to(tl.float32)`), so every trace of a Liger model printed ~540 lines of
+    traceback a layer: ~7,600 lines on the first `generate()` of a 16-layer Llama
+    (tools/readme_generate.py on an H100 at c79fb30). In a thread inside torch_analysis_quiet
+    (Trident tracing or planning) such a record becomes one line of TRIDENT_LOG=lowering with the
+    exception, and each enclosing context notes the failure (outline_regions then keeps torch's
+    fallback answer out of its caches); records of other threads, and every record while torch's
+    logger is at DEBUG (TORCH_LOGS), are left as they are. The analysis and its fallback are
+    torch's, unchanged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.WARNING or not record.exc_info or "assuming every input is mutated" not in str(
                 record.msg):
             return True
+        contexts = _analysis_threads.get(record.thread)
+        if not contexts:
+            return True
         error = record.exc_info[1]
+        for seen in contexts:
+            seen.append(error)
+        if tkw.log.isEnabledFor(logging.DEBUG):
+            return True
         lowering.debug("torch could not tell which tensors a Triton launch writes (%s: %s): it takes every tensor "
                        "argument as written", type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         return False
@@ -91,22 +100,22 @@ _analysis_filter = _AnalysisFailure()
 
 @contextlib.contextmanager
 def torch_analysis_quiet():
-    """Note [torch's launch analysis, quietly], for the duration of a trace or a plan."""
-    global _analysis_depth
-    logger = tkw.log  # "torch._dynamo" in torch 2.11 and 2.13
-    if logger.isEnabledFor(logging.DEBUG):
-        yield
-        return
+    """Note [torch's launch analysis, quietly], for this thread while inside; yields the list of
+    the analysis failures seen in it (empty: none)."""
+    me, seen = threading.get_ident(), []
     with _analysis_lock:
-        _analysis_depth += 1
-        logger.addFilter(_analysis_filter)
+        _analysis_threads.setdefault(me, []).append(seen)
+        tkw.log.addFilter(_analysis_filter)  # once: addFilter keeps one of each
     try:
-        yield
+        yield seen
     finally:
         with _analysis_lock:
-            _analysis_depth -= 1
-            if not _analysis_depth:
-                logger.removeFilter(_analysis_filter)
+            contexts = _analysis_threads[me]
+            del contexts[next(i for i, c in enumerate(contexts) if c is seen)]  # by identity: lists compare equal
+            if not contexts:
+                del _analysis_threads[me]
+            if not _analysis_threads:
+                tkw.log.removeFilter(_analysis_filter)
 
 
 def _short_name(record: logging.LogRecord) -> bool:

@@ -5,6 +5,7 @@ eager's result or raise a TridentError that says what was expected -- nothing el
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import triton.language as tl
 
 import trident
 from tests import kernels as K
+from trident.runtime.cpu_launcher import make_cpu_runner
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool,
           torch.complex64]
@@ -136,8 +138,6 @@ def test_bfloat16_kernels_on_the_cpu_path_are_warned_about_once():
     """Triton 3.6's interpreter does bfloat16 arithmetic on the values' bit patterns (a bf16
     axpy gives garbage, as under TRITON_INTERPRET=1): a kernel taking bf16 tensors on the CPU
     is named in one RuntimeWarning; float32 ones are not warned about."""
-    import warnings
-
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         trident.optimize(trident.capture(_twice, torch.randn(N)))(torch.randn(N))
@@ -162,10 +162,6 @@ def test_the_bfloat16_warning_waits_for_a_run_on_the_cpu():
     """Every kernel a region registers gets a CPU runner, on a GPU too, where it is never used: a
     bf16 CUDA model must not be told its kernels run through the interpreter. The warning comes
     with the runner's first run, once."""
-    import warnings
-
-    from trident.runtime.cpu_launcher import make_cpu_runner
-
     types = ["*bf16", "*bf16", "i32"]
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -4,6 +4,8 @@ result of the trident backend)."""
 
 from __future__ import annotations
 
+import collections
+
 import torch
 from torch._dynamo.utils import counters
 
@@ -202,8 +204,9 @@ def explain(gm) -> str:
         lines.extend(f"  {line}" for line in attention)
     prefill = gm.meta.get("trident_prefill_attention", [])
     if prefill:  # Note [Prefill attention without per-length plans]
-        lines.append("prefill attention (a symbolic query length):")
-        lines.extend(f"  {line}" for line in prefill)
+        lines.append("prefill attention (symbolic lengths):")
+        counts = collections.Counter(prefill)  # a model's layers repeat one line
+        lines.extend(f"  {line}" + (f" (x{counts[line]})" if counts[line] > 1 else "") for line in counts)
     writes = gm.meta.get("trident_cache_writes_apart", [])  # fuse_cache_attention: None where given
     if writes:  # Note [The cache write inside the attention]
         inside = sum(w is None for w in writes)

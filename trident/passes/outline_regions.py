@@ -152,12 +152,12 @@ def written_params(node: torch.fx.Node) -> list[str]:
             names = disk_cache.load("written", stored_key, lambda v: isinstance(v, list) and set(v) <= tensors)
         if names is None:
             try:
-                with logs.torch_analysis_quiet():  # Note [torch's launch analysis, quietly]
+                with logs.torch_analysis_quiet() as failed:  # Note [torch's launch analysis, quietly]
                     names = tkw.get_mutated_tensors(
                         node.kwargs["kernel_idx"], node.kwargs["constant_args_idx"], kwargs,
                         node.kwargs["tma_descriptor_metadata"],
                     )
-                if stored_key is not None:  # the analysis' own answer, not the fallback below
+                if stored_key is not None and not failed:  # the analysis' own answer, not torch's fallback
                     disk_cache.store("written", stored_key, sorted(set(names)))
             except Exception:
                 names = list(tensors)

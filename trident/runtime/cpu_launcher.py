@@ -388,6 +388,7 @@ def make_cpu_runner(
     kernel a region registers gets one, on a GPU too (unused there): the bfloat16 warning waits for
     its first run, so a CUDA model never hears of the interpreter."""
     interpreted = interp.InterpretedFunction(jit_fn.fn)
+    bf16 = any(t.lstrip("*") == "bf16" for t in param_types)
     declared = {p.name for p in jit_fn.params if p.is_constexpr}
     # a declared constexpr as the bare value, as Triton's GridExecutor passes it (a tl.constexpr
     # wrapper turns `i * BLOCK + tl.arange(0, BLOCK)` into a constexpr holding a tensor, whose
@@ -395,7 +396,8 @@ def make_cpu_runner(
     const_args = {k: (v if k in declared else interp._implicit_cvt(v)) for k, v in constexprs.items()}
 
     def run(grid: tuple[int, int, int], values: list) -> None:
-        _warn_bfloat16(jit_fn, param_types)
+        if bf16:
+            _warn_bfloat16(jit_fn, param_types)
         args = dict(const_args)
         for name, ty, value in zip(param_names, param_types, values):
             args[name] = _arg(ty, value)
