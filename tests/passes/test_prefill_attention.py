@@ -211,6 +211,65 @@ def test_explain_lists_the_choice():
     assert "prefill attention (symbolic lengths):" in text and "memory-efficient SDPA" in text, text
 
 
+@pytest.fixture
+def efficient_on_the_cpu():
+    """The memory-efficient op with a CPU kernel for this test only (torch has none): the math
+    backend's result in the layout the op's meta function gives; the biases it was called with."""
+    calls = []
+
+    def efficient(q, k, v, bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+        calls.append(None if bias is None else (tuple(bias.shape), bias.stride()))
+        out = aten._scaled_dot_product_attention_math(q, k, v, bias, dropout_p, is_causal, None, scale=scale)[0]
+        b, h, length, d = out.shape
+        laid = torch.empty(b, length, h, d, dtype=out.dtype).transpose(1, 2)
+        laid.copy_(out)
+        seed = torch.empty((), dtype=torch.int64)
+        return laid, torch.empty(b, h, 0), seed, seed.clone()
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_scaled_dot_product_efficient_attention", efficient, "CPU")
+    try:
+        yield calls
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("cache", [16, 13])
+def test_lengths_never_seen_equal_sdpa_through_the_runtime(efficient_on_the_cpu, cache):
+    """End to end on the CPU, the native runtime running the rewritten region: HF's boolean mask
+    made cuDNN's bias (0 / -65504) as torch's SDPA makes it, a StaticCache of 16 positions (aligned)
+    or 13 (the bias padded to rows of 16 elements); prompt lengths the capture never saw equal SDPA's."""
+    k, v = torch.randn(1, H, cache, D), torch.randn(1, H, cache, D)
+
+    def mask(x, k):
+        return torch.ones(x.shape[1], k.shape[2], dtype=torch.bool).tril()[None, None]
+
+    def traced(x, k, v):
+        q = x.view(1, x.shape[1], H, D).transpose(1, 2)
+        bias = torch.where(mask(x, k).logical_not(), -65504.0, 0.0).to(x.dtype)
+        out = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False, 0.0, False, False, scale=0.125)[0]
+        return out.transpose(1, 2).reshape(1, x.shape[1], H * D)
+
+    def sdpa(x, k, v):
+        q = x.view(1, x.shape[1], H, D).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask(x, k), scale=0.125)
+        return out.transpose(1, 2).reshape(1, x.shape[1], H * D)
+
+    gm = trident.capture(traced, torch.randn(1, 7, H * D), k, v, dynamic=True, static_inputs=(1, 2))
+    PA.set_check(lambda *a: None)
+    try:
+        with knobs.scope(prefill_attention="all"):
+            opt = trident.optimize(gm)
+    finally:
+        PA.set_check(None)
+    assert "memory-efficient SDPA in place of cuDNN's" in trident.explain(opt)
+    for length in (7, 3, 11, cache):
+        x = torch.randn(1, length, H * D)
+        torch.testing.assert_close(opt(x, k, v), sdpa(x, k, v))
+    assert [shape for shape, _ in efficient_on_the_cpu] == [(1, H, n, cache) for n in (7, 3, 11, cache)]
+    assert all(stride[2] == 16 for _, stride in efficient_on_the_cpu)  # rows at multiples of 8 elements
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
 @pytest.mark.parametrize("dtype,cache", [(torch.bfloat16, 128), (torch.float16, 128), (torch.bfloat16, 100)])
 def test_prefill_lengths_never_seen_equal_eager_cuda(dtype, cache):
