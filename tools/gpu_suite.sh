@@ -5,7 +5,7 @@
 # in a test cannot cost the measurements.
 #   env: BENCH_DECODE/BENCH_GEMM/BENCH_GEMV (GEMV_MODELS, GEMV_SWEEP=1, GEMV_ACC2D=1, GEMV_BUDGET_S)/BENCH_LAUNCH/BENCH_STAGING/BENCH_HF/BENCH_DYNAMIC/BENCH_GENERATE/BENCH_RECURRENT/RUN_TESTS/
 #        SANITIZE (1/0), RECUR_VARIANTS, RECUR_BUDGET_S (per variant), GEN_MODELS, GEN_KERNELS, GEN_CACHES, GEN_VARIANTS, GEN_BUDGET_S, GEN_PROFILE, GEN_HOST_PROFILE, DECODE_MODELS,
-#        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS, BENCH_BATCHES, BATCH_BUDGET_S, BATCH_STEPS,
+#        DYN_KERNELS, DYN_BUDGET_S (per variant), DYN_CALLS, BENCH_README (README_DOORS, README_LAYERS, README_NEW), BENCH_BATCHES, BATCH_BUDGET_S, BATCH_STEPS,
 #        DECODE_BATCHES, DECODE_VARIANTS, DECODE_BUDGET_S, HF_MODELS, HF_KERNELS, HF_VARIANTS, HF_CASE_BUDGET_S,
 #        HF_PROFILE (variants whose device time per kernel bench_hf records),
 #        TESTS (pytest arguments, default: every test), SANITIZE_TESTS (pytest arguments run under
@@ -68,6 +68,10 @@ if [[ "${BENCH_DYNAMIC:-0}" == 1 ]]; then  # issue 11: prefills of random length
   python3 tools/bench_dynamic.py --out "$OUT/bench_dynamic.json" --kernels "${DYN_KERNELS:-liger}" \
     --budget-s "${DYN_BUDGET_S:-75}" --calls "${DYN_CALLS:-32}" 2>&1 \
     | grep --line-buffered -v "^W1\|Warning\|warn\|^ \|^$" | tee "$OUT/bench_dynamic.log" | cut -c1-400 | tail -20
+fi
+if [[ "${BENCH_README:-0}" == 1 ]]; then  # the README's generate() doors and what a user is told (tools/readme_generate.py)
+  python3 tools/readme_generate.py --out "$OUT/readme_generate.json" --doors "${README_DOORS:-door1_dynamic,door1_static,door2,door3}" \
+    --layers "${README_LAYERS:-0}" --new "${README_NEW:-32}" 2>&1 | tail -20
 fi
 if [[ "${BENCH_BATCHES:-0}" == 1 ]]; then  # issue 11: decode with the batch changing (tools/bench_batches.py)
   python3 tools/bench_batches.py --out "$OUT/bench_batches.json" --budget-s "${BATCH_BUDGET_S:-40}" \
