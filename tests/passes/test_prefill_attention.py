@@ -63,6 +63,16 @@ def _run(gm, mode="all", check=None):
         PA.set_check(None)
 
 
+def _optimized(gm):
+    """trident.optimize with the pass on for the CPU, its GPU check agreeing."""
+    PA.set_check(lambda *a: None)
+    try:
+        with knobs.scope(prefill_attention="all"):
+            return trident.optimize(gm)
+    finally:
+        PA.set_check(None)
+
+
 def _targets(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
@@ -201,12 +211,7 @@ def test_stand_ins_take_the_examples_sizes_of_a_symbolic_value():
 
 def test_explain_lists_the_choice():
     gm = _captured(_attention)
-    PA.set_check(lambda *a: None)
-    try:
-        with knobs.scope(prefill_attention="all"):
-            opt = trident.optimize(gm)
-    finally:
-        PA.set_check(None)
+    opt = _optimized(gm)
     text = trident.explain(opt)
     assert "prefill attention (symbolic lengths):" in text and "memory-efficient SDPA" in text, text
 
@@ -256,12 +261,7 @@ def test_lengths_never_seen_equal_sdpa_through_the_runtime(efficient_on_the_cpu,
         return out.transpose(1, 2).reshape(1, x.shape[1], H * D)
 
     gm = trident.capture(traced, torch.randn(1, 7, H * D), k, v, dynamic=True, static_inputs=(1, 2))
-    PA.set_check(lambda *a: None)
-    try:
-        with knobs.scope(prefill_attention="all"):
-            opt = trident.optimize(gm)
-    finally:
-        PA.set_check(None)
+    opt = _optimized(gm)
     assert "memory-efficient SDPA in place of cuDNN's" in trident.explain(opt)
     for length in (7, 3, 11, cache):
         x = torch.randn(1, length, H * D)

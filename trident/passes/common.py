@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch._higher_order_ops.triton_kernel_wrap import (
     kernel_side_table,
     triton_kernel_wrapper_functional,
@@ -208,6 +209,23 @@ def launch_kwargs(node: torch.fx.Node) -> dict:
     _, options = resolve_kernel(kernel_side_table.get_kernel(node.kwargs["kernel_idx"]))
     constants = kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])
     return {**(options or {}), **constants, **node.kwargs["kwargs"]}
+
+
+def known_equal(a, b) -> bool:
+    """a == b where it holds for every size a symbolic capture admits, without adding a guard."""
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return bool(statically_known_true(a == b))
+    return a == b
+
+
+def size_hint(v) -> int:
+    """The example's value of a size (never a guard: int() of a SymInt would specialize it)."""
+    if isinstance(v, torch.SymInt):
+        node = v.node
+        if node.hint is not None:
+            return int(node.hint)
+        return int(node.shape_env.size_hint(node.expr))  # torch 2.11 and 2.13 both have these
+    return int(v)
 
 
 def node_val(x):

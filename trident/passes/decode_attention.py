@@ -56,7 +56,6 @@ import sys
 from typing import Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import disk_cache, knobs, logs, triton_state
 from ..kernels import attention as attention_module
@@ -75,7 +74,7 @@ from ..kernels.attention import (
     one_pass_wide_block_n,
     workspace_elements,
 )
-from .common import bound_args, call_counters, emit_launch, node_val, stand_in
+from .common import bound_args, call_counters, emit_launch, known_equal, node_val, stand_in
 from . import timing
 from .timing import graph_median_us
 
@@ -95,15 +94,11 @@ _SDPA = {
 _VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
 
 
-def _known(a, b) -> bool:
-    return statically_known_true(a == b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else a == b
-
-
 def _equal(a, b) -> bool:
     """a == b, guarding on it when sizes are symbolic (the trace's call guard then checks it on
     every call): lengths SDPA requires equal (keys and values, keys and mask) may be distinct
     symbols of a capture (a DynamicCache's keys and values are separate inputs)."""
-    if _known(a, b):
+    if known_equal(a, b):
         return True
     if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
         return bool(a == b)
@@ -116,7 +111,7 @@ def _full_slice(x) -> bool:
         return False
     v, sv = node_val(x), node_val(x.args[0])
     return (v is not None and sv is not None and v.dim() == sv.dim()
-            and all(_known(a, b) for a, b in zip(v.shape, sv.shape)))
+            and all(known_equal(a, b) for a, b in zip(v.shape, sv.shape)))
 
 
 def _unrepeated(node: torch.fx.Node):
@@ -152,7 +147,7 @@ def _unrepeated(node: torch.fx.Node):
 def _contiguous(t: torch.Tensor) -> bool:
     b, h, s, d = t.shape
     want = (h * s * d, s * d, d, 1)
-    return all(_known(a, w) or _known(n, 1) for a, w, n in zip(t.stride(), want, t.shape)) and _known(
+    return all(known_equal(a, w) or known_equal(n, 1) for a, w, n in zip(t.stride(), want, t.shape)) and known_equal(
         t.storage_offset(), 0
     )
 
@@ -161,17 +156,17 @@ def _mask_strides(mask: torch.Tensor, lq: int):
     """The mask's strides over batch, head and query (0 where it broadcasts), or None."""
     if mask.dim() != 4:
         return None
-    if not (_known(mask.stride(3), 1) or _known(mask.shape[3], 1)):
+    if not (known_equal(mask.stride(3), 1) or known_equal(mask.shape[3], 1)):
         return None
     out = []
     for i in range(3):
-        if _known(mask.shape[i], 1):
+        if known_equal(mask.shape[i], 1):
             out.append(0)
         elif type(mask.stride(i)) is int:
             out.append(mask.stride(i))
         else:
             return None
-    if not (_known(mask.shape[2], lq) or _known(mask.shape[2], 1)):
+    if not (known_equal(mask.shape[2], lq) or known_equal(mask.shape[2], 1)):
         return None
     return out
 
@@ -205,9 +200,9 @@ def _rewrite(gm, node: torch.fx.Node, mode: str) -> bool:
     G = H // hkv
     if G != gk and not (gk == 1 and (G == 1 or a.get("enable_gqa", False))):
         return False  # heads neither repeated by the chain nor grouped by SDPA itself
-    if not (_known(k.shape[0], B) and _known(v.shape[0], B) and _known(v.shape[1], hkv)):
+    if not (known_equal(k.shape[0], B) and known_equal(v.shape[0], B) and known_equal(v.shape[1], hkv)):
         return False
-    if not (_known(k.shape[3], D) and _known(v.shape[3], D) and _equal(k.shape[2], v.shape[2])):
+    if not (known_equal(k.shape[3], D) and known_equal(v.shape[3], D) and _equal(k.shape[2], v.shape[2])):
         return False
     if not (_contiguous(k) and _contiguous(v)):
         return False
@@ -355,7 +350,7 @@ def _unpadded(node):
         return node
     if not (isinstance(pad, (list, tuple)) and len(pad) == 2 and pad[0] == 0 and type(pad[1]) is int and pad[1] >= 0):
         return node
-    return x if end is not None and _known(end, xv.shape[-1]) else node
+    return x if end is not None and known_equal(end, xv.shape[-1]) else node
 
 
 def _boolean_mask(mask_node, lq: int, length):
@@ -371,7 +366,7 @@ def _boolean_mask(mask_node, lq: int, length):
     c, m = node_val(cond), node_val(mask_node)
     if not (isinstance(c, torch.Tensor) and isinstance(m, torch.Tensor)) or c.dtype != torch.bool or c.dim() != m.dim():
         return None
-    if not all(_known(a, b) for a, b in zip(c.shape, m.shape)) or c.device != m.device:
+    if not all(known_equal(a, b) for a, b in zip(c.shape, m.shape)) or c.device != m.device:
         return None
     if _constant(keep) != 0.0 or _constant(drop) != float("-inf"):
         return None

@@ -48,6 +48,7 @@ from .common import (
     is_allocation,
     is_launch,
     is_size_node,
+    size_hint,
     is_view_op,
     launch_kernel,
     launch_kwargs,
@@ -486,18 +487,8 @@ def region_program(region: Region):
     return program, inputs, results, redirects, views
 
 
-def _hint(v) -> int:
-    """The example value of a size (never a guard: int() of a SymInt would specialize it)."""
-    if isinstance(v, torch.SymInt):
-        node = v.node
-        if node.hint is not None:
-            return int(node.hint)
-        return int(node.shape_env.size_hint(node.expr))  # torch 2.11 and 2.13 both have these
-    return int(v)
-
-
 def _hinted_facts(val: torch.Tensor) -> TensorFacts:
-    return TensorFacts(val.dtype, val.device, tuple(_hint(s) for s in val.shape), tuple(_hint(s) for s in val.stride()))
+    return TensorFacts(val.dtype, val.device, tuple(size_hint(s) for s in val.shape), tuple(size_hint(s) for s in val.stride()))
 
 
 def _layout_exprs(val: torch.Tensor) -> tuple:

@@ -44,7 +44,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import knobs, logs
-from .common import bound_args, node_val, stand_in
+from .common import bound_args, known_equal, node_val, size_hint, stand_in
 
 aten = torch.ops.aten
 
@@ -65,29 +65,17 @@ def set_check(fn: Optional[Callable]) -> None:
     _CHECKED.clear()
 
 
-def _known(a, b) -> bool:
-    return bool(statically_known_true(a == b)) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else a == b
-
-
 def _multiple(s) -> bool:
     return bool(statically_known_true(s % ALIGN == 0)) if isinstance(s, torch.SymInt) else s % ALIGN == 0
-
-
-def _hint(s) -> int:
-    """The example's value of a size (never a guard)."""
-    if isinstance(s, torch.SymInt):
-        node = s.node
-        return int(node.hint) if node.hint is not None else int(node.shape_env.size_hint(node.expr))
-    return int(s)
 
 
 class _Example:
     """A traced value's metadata at the example's sizes, as stand_in reads it."""
 
     def __init__(self, v: torch.Tensor, device: torch.device):
-        self.shape = tuple(_hint(s) for s in v.shape)
-        self._stride = tuple(_hint(s) for s in v.stride())
-        self._offset = _hint(v.storage_offset())
+        self.shape = tuple(size_hint(s) for s in v.shape)
+        self._stride = tuple(size_hint(s) for s in v.stride())
+        self._offset = size_hint(v.storage_offset())
         self.dtype, self.device = v.dtype, device
 
     def stride(self):
@@ -144,7 +132,7 @@ def _gpu_check(q, k, v, bias, is_causal, scale, pad=0, sizes=(-1, -1, -1, -1)) -
             g = torch.Generator(device=q.device).manual_seed(0)
             qs, ks, vs, bs = (stand_in(e, g) if e is not None else None for e in examples)
             want = CUDNN(qs, ks, vs, bs, False, 0.0, is_causal, False, scale=scale)[0]
-            got = EFFICIENT(qs, ks, vs, _efficient_bias(bs, pad, [_hint(x) for x in sizes]), False, 0.0, is_causal,
+            got = EFFICIENT(qs, ks, vs, _efficient_bias(bs, pad, [size_hint(x) for x in sizes]), False, 0.0, is_causal,
                             scale=scale)[0]
             tol = 2e-2 if q.dtype in (torch.bfloat16, torch.float16) else 2e-4
             torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
@@ -171,26 +159,26 @@ def _why_not(node: torch.fx.Node, mode: str):
     if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users) or any(
             u.args[1] != 0 and u.users for u in node.users):
         return "more than its output is read", None
-    if not (_known(q.shape[1], k.shape[1]) and _known(k.shape[1], v.shape[1])):
+    if not (known_equal(q.shape[1], k.shape[1]) and known_equal(k.shape[1], v.shape[1])):
         return "key/value heads not known to equal the query's (the memory-efficient op takes equal heads)", None
-    if not all(_known(t.stride(-1), 1) and _multiple(t.storage_offset()) for t in (q, k, v)):
+    if not all(known_equal(t.stride(-1), 1) and _multiple(t.storage_offset()) for t in (q, k, v)):
         return f"a query, key or value not contiguous over its head size or not at a multiple of {ALIGN} elements", None
     sizes, pad = [-1] * 4, 0
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or bias.dim() != 4 or bias.dtype != q.dtype:
             return "a bias not four-dimensional in the query's dtype", None
-        if not _known(bias.shape[-1], k.shape[2]):
+        if not known_equal(bias.shape[-1], k.shape[2]):
             return "a bias broadcast over the keys", None
-        if not (_known(bias.stride(-1), 1) and all(_multiple(s) for s in bias.stride()[:-1])
+        if not (known_equal(bias.stride(-1), 1) and all(_multiple(s) for s in bias.stride()[:-1])
                 and _multiple(bias.storage_offset())):
             if type(bias.shape[-1]) is not int:
                 return f"a bias of a symbolic key length whose rows are not at multiples of {ALIGN} elements", None
             pad = ALIGN - bias.shape[-1] % ALIGN  # as torch's pad_bias: its rows start at multiples of 8
         target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         for i, (have, want) in enumerate(zip(bias.shape, target)):
-            if _known(have, want):
+            if known_equal(have, want):
                 continue
-            if _known(have, 1) and type(want) is int:
+            if known_equal(have, 1) and type(want) is int:
                 sizes[i] = want
             else:
                 return "a bias broadcast over a symbolic size", None
@@ -265,8 +253,8 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, args: dict, pad: int
     outs = [u for u in node.users if u.args[1] == 0]
     for out in outs:
         traced = node_val(out)
-        if traced is not None and not (all(_known(a, b) for a, b in zip(val[0].shape, traced.shape))
-                                       and all(_known(a, b) for a, b in zip(val[0].stride(), traced.stride()))):
+        if traced is not None and not (all(known_equal(a, b) for a, b in zip(val[0].shape, traced.shape))
+                                       and all(known_equal(a, b) for a, b in zip(val[0].stride(), traced.stride()))):
             return "the memory-efficient output is laid out otherwise"
     with gm.graph.inserting_before(node):
         b_new = b_node
