@@ -72,6 +72,16 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
+def _eager_margin(forward, want, got, at: int) -> dict:
+    """Eager's logits for position `at`, where the door's tokens part from eager's: its margin
+    between its own token and the door's, and its largest logit (a near-tie at bf16 when the
+    margin is a few of the logits' rounding steps, 2**-7 of the largest)."""
+    with torch.no_grad():
+        logits = forward(input_ids=want[:, :at]).logits[0, -1].float()
+    return {"eager_margin_there": round((logits[want[0, at]] - logits[got[0, at]]).item(), 5),
+            "eager_logit_max_there": round(logits.abs().max().item(), 4)}
+
+
 def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
     from transformers import CompileConfig
 
@@ -82,6 +92,7 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
         kw["cache_implementation"] = "static"
     model.generation_config.disable_compile = True
     want = model.generate(ids, **kw)  # eager's tokens
+    eager_forward = model.forward  # eager's logits where the tokens part (the doors replace model.forward)
     model.generation_config.disable_compile = False
     seen, handler = [], _Records()
     loggers = [logging.getLogger(), logging.getLogger("torch")]  # torch's loggers do not propagate to the root
@@ -109,6 +120,8 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
         out.update(first_s=walls[0], second_s=walls[1], tokens_equal=bool(torch.equal(got, want)),
                    first_differing_step=int(differ[0, 0]) - PROMPT if len(differ) else None,
                    explain_lines=len(text.splitlines()), explain_head=text.splitlines()[:6])
+        if len(differ):
+            out.update(_eager_margin(eager_forward, want, got, int(differ[0, 0])))
     except Exception as e:  # noqa: BLE001 - a door that raises is the finding
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     finally:
@@ -170,7 +183,7 @@ def main():
         entry["stderr_common"] = _common(proc.stderr)
         report["doors"][door] = entry
         failed |= "error" in entry or (args.strict and bool(_ours(entry)))
-        print(door, {k: entry.get(k) for k in ("first_s", "second_s", "tokens_equal", "first_differing_step",
+        print(door, {k: entry.get(k) for k in ("first_s", "second_s", "tokens_equal", "first_differing_step", "eager_margin_there",
                                                  "error")}, f"{len(entry.get('warnings', []))} warnings,",
               f"{len(entry.get('log_lines', []))} log lines, {len(_ours(entry))} of them Trident's", flush=True)
         for w in _ours(entry):
