@@ -58,7 +58,7 @@ INTS = {  # reader, default, lowest, highest (None: unbounded)
     "graph_limit": (knobs.graph_limit, 4, 0, 16),
     "graph_bytes": (knobs.graph_bytes, 4 << 30, 0, None),
     "graph_stage_written_bytes": (knobs.graph_stage_written_bytes, 16 << 20, 0, None),
-    "captures": (knobs.captures, 8, 0, None),
+    "captures": (knobs.captures, 32, 0, None),
 }
 STRS = {"dump_dir": knobs.dump_dir, "repro_dir": knobs.repro_dir, "cache_dir": knobs.cache_dir}
 BAD_WORDS = ["maybe", "2", "-1", "enable", "yes please", "tru", "o", "nope"]

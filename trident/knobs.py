@@ -410,10 +410,10 @@ _KNOBS = {
     ),
     "captures": _Knob(
         "TRIDENT_CAPTURES",
-        "8",
+        "32",
         "captures one front-door callable keeps (a trident.compile'd function, each graph torch.compile hands the "
-        "trident backend); past it a call of a new signature runs eagerly, said in explain() (Note [One capture "
-        "cache]); 0: every call eager",
+        "trident backend); past it a call of a new signature runs eagerly, said once as a warning and in explain() "
+        "(Note [One capture cache]); 0: every call eager",
         Int(0),
     ),
     "dynamo_symbolic": _Knob(

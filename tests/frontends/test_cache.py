@@ -3,6 +3,8 @@ backend's side: tests/capture/test_dynamo.py, the TRIDENT_CAPTURES=2 case)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 
@@ -17,16 +19,20 @@ def _axpy(x, y):
     return out
 
 
-def test_past_the_bound_new_signatures_run_eagerly():
+def test_past_the_bound_new_signatures_run_eagerly(caplog):
     """TRIDENT_CAPTURES=2: a trident.compile'd function's third static signature runs eagerly
-    (correctly), said in eager_log with the leaf that changed; the first two keep hitting, none
-    is dropped."""
-    with knobs.scope(captures=2):
+    (correctly), said in eager_log with the leaf that changed, and once as a warning naming the
+    knob; the first two keep hitting, none is dropped."""
+    with knobs.scope(captures=2), caplog.at_level(logging.WARNING, logger="trident.misses"):
         compiled = trident.compile(_axpy, dynamic=False)
         for n in (64, 128, 192, 64, 128, 192):
             for _ in range(2):
                 x, y = torch.randn(n), torch.randn(n)
                 torch.testing.assert_close(compiled(x, y), 2.0 * x + y)
+    said = [r.getMessage() for r in caplog.records if "captures (TRIDENT_CAPTURES) reached" in r.getMessage()]
+    assert said == ["trident.compile(_axpy): 2 captures (TRIDENT_CAPTURES) reached; calls of a signature none of "
+                    "them serves run eagerly from now on. Raise TRIDENT_CAPTURES (e.g. TRIDENT_CAPTURES=32) if "
+                    "this function meets more shapes; trident.explain() lists each eager call and what changed."], said
     assert len(compiled.captures) == 2
     assert "past TRIDENT_CAPTURES=2 captures of this function" in compiled.eager_log[-1]
     # the leaf that changed, in the caller's words (issue 22: every eager call says why)

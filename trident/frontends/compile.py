@@ -45,7 +45,7 @@ with a warning (`eager_reason`), as torch.compile(backend="trident") does; expla
 every eager call why, naming the leaf that changed (`cache.seen: 33 -> 34`). Except a call whose
 trace failed on a tensor's values: its family goes through torch.compile(backend="trident")
 (Note [Data-dependent calls through Dynamo]).
-At most TRIDENT_CAPTURES (8) captures per function; past it calls of new signatures run eagerly
+At most TRIDENT_CAPTURES (32) captures per function; past it calls of new signatures run eagerly
 (Note [One capture cache], the same rule as the backend's).
 NOT guarded: Python globals and module attributes other than registered parameters and buffers
 (a flag on the module, `model.config` values, a plain tensor attribute rebound to a new tensor)

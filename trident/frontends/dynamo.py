@@ -15,7 +15,7 @@ inputs are sizes of its tensors (Note [Dynamic Dynamo graphs]); otherwise, and f
 a capture cannot serve, its arguments at run time are concrete tensors and ints, so a compiled
 graph is a small cache keyed by the signature of its arguments (`compile.signature`: per tensor dtype, device, sizes and
 strides; every Python scalar's value), each entry one static capture: a new size is a new capture, never an error.
-The cache is the one both doors keep (Note [One capture cache]: TRIDENT_CAPTURES, 8 per graph); past
+The cache is the one both doors keep (Note [One capture cache]: TRIDENT_CAPTURES, 32 per graph); past
 it calls of new signatures run Dynamo's graph eagerly, and explain() says so. A graph Trident cannot capture or optimize (a TridentError:
 something it does not support) runs eagerly too, for that signature, with a warning on the
 `trident.misses` logger and the reason in explain(). Trident is inference only (`trident.scm` has no derivative):
