@@ -62,3 +62,37 @@ def test_generate_equals_eager(arch, kernels, monkeypatch):
     assert torch.equal(first, want) and torch.equal(second, want), (want.tolist(), first.tolist(), second.tolist())
     assert model.forward.captures
     assert model.forward.eager_calls == eager_calls, trident.explain(model.forward)
+
+
+def test_serving_shapes_stay_captured_under_the_default_bound(monkeypatch, caplog):
+    """One Gemma2 + Liger model served as a program serves it: both cache kinds, two prompt
+    lengths and a left-padded batch of 2, each generate() twice. generate() multiplies the
+    forward's families (prefill and decode, each cache kind, batch 1 and n, the sliding window
+    before and after it fills: 18 captures here); under the default TRIDENT_CAPTURES every second
+    call runs nothing eagerly and the bound is never reported (at 8 the static cache's calls ran
+    eagerly: Note [One capture cache]). Tokens equal eager's throughout."""
+    model = _model("gemma2", "liger", monkeypatch)
+    inputs = {
+        "p5": dict(input_ids=torch.tensor([[5, 7, 9, 11, 13]])),
+        "p7": dict(input_ids=torch.tensor([[3, 1, 4, 1, 5, 9, 6]])),
+        "b2pad": dict(input_ids=torch.tensor([[0, 0, 5, 7, 9], [3, 1, 4, 1, 5]]),
+                      attention_mask=torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])),
+    }
+    calls = [(cache, name) for cache in ("dynamic", "static") for name in inputs]
+
+    def generate(cache, name):
+        kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        if cache == "static":
+            kw["cache_implementation"] = "static"
+        return model.generate(**inputs[name], **kw)
+
+    with torch.no_grad(), caplog.at_level("WARNING", logger="trident.misses"):
+        want = {c: generate(*c) for c in calls}
+        model.forward = trident.compile(model.forward)
+        for c in calls:
+            for _ in range(2):
+                eager_calls = model.forward.eager_calls
+                assert torch.equal(generate(*c), want[c]), c
+            assert model.forward.eager_calls == eager_calls, (c, trident.explain(model.forward))
+    assert len(model.forward.captures) > 8  # more than the old bound: what this test guards
+    assert not [r for r in caplog.records if "TRIDENT_CAPTURES" in r.getMessage()]
