@@ -72,14 +72,14 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def _eager_margin(forward, want, got, at: int) -> dict:
-    """Eager's logits for position `at`, where the door's tokens part from eager's: its margin
-    between its own token and the door's, and its largest logit (a near-tie at bf16 when the
-    margin is a few of the logits' rounding steps, 2**-7 of the largest)."""
-    with torch.no_grad():
-        logits = forward(input_ids=want[:, :at]).logits[0, -1].float()
-    return {"eager_margin_there": round((logits[want[0, at]] - logits[got[0, at]]).item(), 5),
-            "eager_logit_max_there": round(logits.abs().max().item(), 4)}
+def _eager_margin(logits, want, got, at: int) -> dict:
+    """Where the door's tokens part from eager's (position `at`): eager's margin between its own
+    token and the door's in the logits its generate() chose by (`logits`: generate()'s
+    output_logits, one per new token), and its largest logit (a near-tie at bf16 when the margin is
+    a few of the logits' rounding steps, 2**-7 of the largest) -- as bench_generate's field."""
+    step = logits[at - PROMPT][0].float()
+    return {"eager_margin_there": round((step[want[0, at]] - step[got[0, at]]).item(), 5),
+            "eager_logit_max_there": round(step.abs().max().item(), 4)}
 
 
 def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
@@ -91,8 +91,8 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
     if door in ("door1_static", "door2"):
         kw["cache_implementation"] = "static"
     model.generation_config.disable_compile = True
-    want = model.generate(ids, **kw)  # eager's tokens
-    eager_forward = model.forward  # eager's logits where the tokens part (the doors replace model.forward)
+    eager = model.generate(ids, **kw, return_dict_in_generate=True, output_logits=True)  # eager's tokens and logits
+    want = eager.sequences
     model.generation_config.disable_compile = False
     seen, handler = [], _Records()
     loggers = [logging.getLogger(), logging.getLogger("torch")]  # torch's loggers do not propagate to the root
@@ -120,13 +120,13 @@ def run_door(door: str, dev: str, tiny: bool, layers: int, new: int) -> dict:
         out.update(first_s=walls[0], second_s=walls[1], tokens_equal=bool(torch.equal(got, want)),
                    first_differing_step=int(differ[0, 0]) - PROMPT if len(differ) else None,
                    explain_lines=len(text.splitlines()), explain_head=text.splitlines()[:6])
-        if len(differ):
-            out.update(_eager_margin(eager_forward, want, got, int(differ[0, 0])))
     except Exception as e:  # noqa: BLE001 - a door that raises is the finding
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
+    if "error" not in out and len(differ):
+        out.update(_eager_margin(eager.logits, want, got, int(differ[0, 0])))
     out["warnings"] = [{"category": w.category.__name__, "message": str(w.message)[:400],
                         "where": f"{os.path.relpath(w.filename)}:{w.lineno}"} for w in seen]
     out["log_lines"] = handler.lines
@@ -183,8 +183,8 @@ def main():
         entry["stderr_common"] = _common(proc.stderr)
         report["doors"][door] = entry
         failed |= "error" in entry or (args.strict and bool(_ours(entry)))
-        print(door, {k: entry.get(k) for k in ("first_s", "second_s", "tokens_equal", "first_differing_step", "eager_margin_there",
-                                                 "error")}, f"{len(entry.get('warnings', []))} warnings,",
+        shown = ("first_s", "second_s", "tokens_equal", "first_differing_step", "eager_margin_there", "error")
+        print(door, {k: entry.get(k) for k in shown}, f"{len(entry.get('warnings', []))} warnings,",
               f"{len(entry.get('log_lines', []))} log lines, {len(_ours(entry))} of them Trident's", flush=True)
         for w in _ours(entry):
             print("   ", w, flush=True)

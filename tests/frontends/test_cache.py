@@ -19,10 +19,11 @@ def _axpy(x, y):
     return out
 
 
-def test_past_the_bound_new_signatures_run_eagerly(caplog):
+def test_past_the_bound_new_signatures_run_eagerly(caplog, monkeypatch):
     """TRIDENT_CAPTURES=2: a trident.compile'd function's third static signature runs eagerly
     (correctly), said in eager_log with the leaf that changed, and once as a warning naming the
     knob; the first two keep hitting, none is dropped."""
+    monkeypatch.setattr(logging.getLogger("trident.misses"), "propagate", True)  # to caplog, under TRIDENT_LOG too
     with knobs.scope(captures=2), caplog.at_level(logging.WARNING, logger="trident.misses"):
         compiled = trident.compile(_axpy, dynamic=False)
         for n in (64, 128, 192, 64, 128, 192):
@@ -31,7 +32,7 @@ def test_past_the_bound_new_signatures_run_eagerly(caplog):
                 torch.testing.assert_close(compiled(x, y), 2.0 * x + y)
     said = [r.getMessage() for r in caplog.records if "captures (TRIDENT_CAPTURES) reached" in r.getMessage()]
     assert said == ["trident.compile(_axpy): 2 captures (TRIDENT_CAPTURES) reached; calls of a signature none of "
-                    "them serves run eagerly from now on. Raise TRIDENT_CAPTURES (e.g. TRIDENT_CAPTURES=32) if "
+                    "them serves run eagerly from now on. Raise TRIDENT_CAPTURES (e.g. TRIDENT_CAPTURES=4) if "
                     "this function meets more shapes; trident.explain() lists each eager call and what changed."], said
     assert len(compiled.captures) == 2
     assert "past TRIDENT_CAPTURES=2 captures of this function" in compiled.eager_log[-1]
@@ -41,6 +42,20 @@ def test_past_the_bound_new_signatures_run_eagerly(caplog):
     hits = [v["hits"] for opt in compiled.captures.values() for v in trident.cache_info(opt).values()]
     assert hits == [3, 3]  # 64 and 128: captured at their second call, then hit twice more
     assert compiled.eager_calls == 3 + 3  # the first call of each size, then 192 past the bound three times
+
+
+def test_no_captures_asked_for_runs_eagerly_without_a_warning(caplog, monkeypatch):
+    """TRIDENT_CAPTURES=0 asks for every call eager: each says why, none warns that a bound was
+    reached (there is nothing to raise it for)."""
+    monkeypatch.setattr(logging.getLogger("trident.misses"), "propagate", True)
+    with knobs.scope(captures=0), caplog.at_level(logging.WARNING, logger="trident.misses"):
+        compiled = trident.compile(_axpy)
+        for n in (64, 64, 128):
+            x, y = torch.randn(n), torch.randn(n)
+            torch.testing.assert_close(compiled(x, y), 2.0 * x + y)
+    assert not compiled.captures and compiled.eager_calls == 3
+    assert "past TRIDENT_CAPTURES=0" in compiled.eager_log[-1], compiled.eager_log
+    assert not [r for r in caplog.records if "TRIDENT_CAPTURES" in r.getMessage()]
 
 
 def test_compiling_a_module_gives_a_module_back():

@@ -9,6 +9,7 @@ Greedy tokens equal eager's, and the second `generate()` runs no call eagerly.""
 from __future__ import annotations
 
 import importlib
+import logging
 
 import pytest
 import torch
@@ -71,6 +72,7 @@ def test_serving_shapes_stay_captured_under_the_default_bound(monkeypatch, caplo
     before and after it fills: 18 captures here); under the default TRIDENT_CAPTURES every second
     call runs nothing eagerly and the bound is never reported (at 8 the static cache's calls ran
     eagerly: Note [One capture cache]). Tokens equal eager's throughout."""
+    monkeypatch.setattr(logging.getLogger("trident.misses"), "propagate", True)  # to caplog, under TRIDENT_LOG too
     model = _model("gemma2", "liger", monkeypatch)
     inputs = {
         "p5": dict(input_ids=torch.tensor([[5, 7, 9, 11, 13]])),

@@ -9,16 +9,18 @@ reason), the count and the reasons of eager calls, and the lock under which capt
 One bound for both, TRIDENT_CAPTURES (32): a callable that would need one more capture runs that
 call eagerly instead, says so once as a warning on the `trident.misses` logger (shown on stderr
 unless the program configures logging, as Dynamo's "hit config.recompile_limit" is) and in
-explain() for every such call -- as Dynamo's own recompile limit does, so a
-program cycling through more signatures than the bound never thrashes (a capture costs
-seconds, an eager call what eager costs) and memory stays bounded. Symbolic captures make the
-bound rarely reached: one serves every size of a family (Note [Symbolic sizes]). But HF's generate()
-multiplies the families of one forward: prefill and decode, each cache kind, batch 1 and batch n (sizes
-0 and 1 stay static), a sliding window before and after it fills (Note [Symbolic regimes]). Llama
-through both cache kinds, at two prompt lengths and batch 1 and 2, takes 10 captures; Gemma2 (sliding
-windows) 18; at Dynamo's 8 (its recompile limit, whose graphs are per frame, each one family) the
-second cache kind or batch size of such a program ran eagerly. Hence 32: past it, the program is
-meeting signatures no symbolic capture serves, and each capture costs seconds.
+explain() for every such call -- as Dynamo's own recompile limit does, so a program cycling
+through more signatures than the bound never thrashes (a capture costs seconds, an eager call
+what eager costs) and memory stays bounded (each capture holds its plans and its regions' CUDA
+graphs, at most TRIDENT_GRAPH_BYTES a region: 2-92 MB a region in the benchmarks' decode and
+prefill steps, `graph_bytes` in results/). Symbolic captures make the bound rarely reached: one
+serves every size of a family (Note [Symbolic sizes]). But HF's generate() multiplies the
+families of one forward: prefill and decode, each cache kind, batch 1 and batch n (sizes 0 and 1
+stay static), a sliding window before and after it fills (Note [Symbolic regimes]). Llama
+through both cache kinds, at two prompt lengths and batch 1 and 2, takes 10 captures; Gemma2
+(sliding windows) 18; at Dynamo's 8 (its recompile limit, whose graphs are per frame, each one
+family) the second cache kind or batch size of such a program ran eagerly. Hence 32: past it, the
+program is meeting signatures no symbolic capture serves, and each capture costs seconds.
 A symbolic capture whose guards refuse a call before anything ran (`retry_static`) lets the
 door serve that call with a static capture of its own, the same rule in both doors.
 """
@@ -56,14 +58,15 @@ class CaptureCache:
     def overflow(self) -> str:
         """The reason a call runs eagerly once the cache is full; the first time, a warning."""
         what = "function" if self.door.startswith("trident") else "graph"
-        if not self.overflowed:
+        bound = knobs.captures()
+        if not self.overflowed and bound > 0:  # 0 asks for every call eager: nothing to warn of
             self.overflowed = True
             logs.misses.warning(
                 "%s: %d captures (TRIDENT_CAPTURES) reached; calls of a signature none of them serves run "
-                "eagerly from now on. Raise TRIDENT_CAPTURES (e.g. TRIDENT_CAPTURES=32) if this %s meets more "
+                "eagerly from now on. Raise TRIDENT_CAPTURES (e.g. TRIDENT_CAPTURES=%d) if this %s meets more "
                 "shapes; trident.explain() lists each eager call and what changed.",
-                self.door, knobs.captures(), what)
-        return f"a new signature past TRIDENT_CAPTURES={knobs.captures()} captures of this {what}: it runs eagerly"
+                self.door, bound, 2 * bound, what)
+        return f"a new signature past TRIDENT_CAPTURES={bound} captures of this {what}: it runs eagerly"
 
     def eager(self, reason: str) -> None:
         """Count an eager call and keep why it ran eagerly."""

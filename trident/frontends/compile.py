@@ -578,6 +578,8 @@ class CompiledFunction(ServedByCache):
             reason = None
             if first:
                 reason, self._seen[key] = self._why_new(call)
+                if self.cache.full():  # not "run eagerly once": past the bound every call of it is eager
+                    reason = self.cache.overflow() + (f" ({self._seen[key]})" if self._seen[key] else "")
             elif opt is None and self.cache.full():
                 changed = self._seen.get(key) or self._changed(call)
                 reason = self.cache.overflow() + (f" ({changed})" if changed else "")
@@ -886,6 +888,8 @@ class CompiledFunction(ServedByCache):
         regimes]): symbolic where asked and the family has fewer than REGIMES of them, else
         static; None with the reason the call runs eagerly instead (the capture cache is full,
         or Trident cannot capture it). Under the lock."""
+        if key in self.cache.refused:  # captured before and refused: no bound is the reason
+            return None, self.cache.refused[key]
         if self.cache.full():
             return None, self.cache.overflow()
         family = call.family()

@@ -84,6 +84,7 @@ import collections
 import functools
 import inspect
 import itertools
+import os
 import sys
 import types
 import weakref
@@ -116,7 +117,8 @@ from .state import carrier
 class CompiledGraph(ServedByCache):
     """The callable Dynamo gets for one graph (Note [Dynamo graphs and static capture])."""
 
-    def __init__(self, gm: torch.fx.GraphModule, frames: frozenset = frozenset(), module=None, static_key=None):
+    def __init__(self, gm: torch.fx.GraphModule, frames: frozenset = frozenset(), module=None, static_key=None,
+                 where: str = ""):
         self.gm = gm
         self.frames = frames  # (file, name, first line) of the Python frames on the stack when Dynamo compiled it
         self._module = weakref.ref(module) if module is not None else None  # the `self` of its frame
@@ -125,7 +127,8 @@ class CompiledGraph(ServedByCache):
         # specialize Python scalars): its one capture is taken with no per-call Python walk.
         self._static_key = static_key
         self._static: Optional[torch.fx.GraphModule] = None
-        self.cache = CaptureCache("torch.compile(backend='trident')")  # Note [One capture cache]
+        # Note [One capture cache]; `where` (the frame Dynamo compiled) tells one graph's messages from another's
+        self.cache = CaptureCache(f"torch.compile(backend='trident'){where}")
         # Note [Dynamic Dynamo graphs]: for a graph with symbolic sizes whose int inputs are all
         # sizes or strides of its tensor inputs, one symbolic capture (over the tensors alone)
         self._size_inputs = _size_inputs(gm) if static_key is None else None
@@ -369,7 +372,7 @@ def trident_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode
     """The Dynamo backend registered as "trident" (on import, and as a torch_dynamo_backends
     entry point of the trident-scm distribution); mode and options: Note [Backend arguments]."""
     _take_backend_arguments(mode, options, unknown)
-    compiled = CompiledGraph(gm, _stack_frames(), _frame_module(), _static_key(example_inputs))
+    compiled = CompiledGraph(gm, _stack_frames(), _frame_module(), _static_key(example_inputs), _frame_where())
     _COMPILED.append(compiled)
     return compiled
 
@@ -387,6 +390,17 @@ def _static_key(example_inputs) -> Optional[tuple]:
         return ("static", signature(example_inputs))
     except Exception:
         return None
+
+
+def _frame_where() -> str:
+    """` graph of forward (modeling_llama.py:412)`: the frame Dynamo compiles, for messages ('' if unknown)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+    except Exception:
+        return ""
+    return f" graph of {code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
 
 
 def _frame_module():
